@@ -1,0 +1,462 @@
+"""The graph bundle: one versioned file holding a captured training step.
+
+A bundle (``graph.pt`` by convention) holds the forward and backward FX graphs
+of one training step with their ZeRO-3 ops and profiled costs, the parameter
+table, how the forward's outputs feed the backward, the step's non-parameter
+inputs, and how every figure was obtained (provenance).
+
+On disk it is a ``torch.save`` of plain data only (dicts, lists, tuples, str,
+int, float, bool, None and tensors), read back with
+``torch.load(weights_only=True)``: loading never executes code from the file.
+Call targets are stored as qualified names (``'aten.mm.default'``) and resolved
+only from an allow-list of namespaces (aten, prims, operator, dcsched, dc).
+The schema is documented in ``docs/bundle-format.md``.
+
+Python API: :func:`load` and :func:`save` (atomic).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+import os
+import pickle
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+import torch
+import torch.fx
+
+from . import ops
+from .errors import BundleError
+from .roles import qualified_name
+
+FORMAT = "dcsched-bundle"
+#: Bump when the on-disk schema changes; readers refuse newer versions.
+BUNDLE_VERSION = 1
+
+#: Python functions a graph may call, besides torch ops.
+ALLOWED_OPERATORS = frozenset({
+    "getitem", "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "neg", "pos", "abs",
+    "eq", "ne", "lt", "le", "gt", "ge", "and_", "or_", "xor", "not_", "invert", "lshift", "rshift",
+})
+ALLOWED_OP_NAMESPACES = ("aten", "prims", "dcsched", "dc")
+
+_NODE_OPS = ("placeholder", "call_function", "get_attr", "output")
+#: Node meta kept in a bundle; everything else (FakeTensors, stack traces) is dropped.
+KEPT_META = ("device_time", "tensor_size", "out", "ds_id", "time_source")
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamInfo:
+    """A trainable parameter, sharded ZeRO-3 style. ``shape``/``dtype`` are the full parameter's."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    ds_id: int
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype.itemsize
+
+
+@dataclasses.dataclass(frozen=True)
+class InputInfo:
+    """A non-parameter input of the step (batch, targets, buffers).
+
+    ``value`` holds the tensor itself when it was small enough to keep;
+    otherwise ``low``/``high`` bound its values (inclusive), so replay can make
+    valid ones, e.g. token ids below the vocabulary size.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    value: torch.Tensor | None = None
+    low: float | None = None
+    high: float | None = None
+
+
+@dataclasses.dataclass
+class Bundle:
+    """One captured training step. See the module docstring and ``docs/bundle-format.md``.
+
+    ``forward_placeholders[i]`` says what the forward graph's i-th placeholder
+    is: ``{"kind": "param", "ds_id": d}`` or ``{"kind": "input", "index": k}``
+    (into ``inputs``). The forward graph outputs ``num_user_outputs`` user
+    outputs (the loss first) followed by the tensors saved for the backward.
+    ``backward_placeholders[j]`` is ``{"kind": "saved", "index": i}`` (the
+    forward's i-th output) or ``{"kind": "tangent", "index": k}`` (the gradient
+    fed for the k-th user output). The backward's i-th output is the gradient
+    of the forward's i-th placeholder: for a parameter, the ``reduce_grad``
+    node's output (this rank's shard); None where there is none.
+    """
+
+    forward: torch.fx.Graph
+    backward: torch.fx.Graph | None
+    params: list[ParamInfo]
+    inputs: list[InputInfo]
+    forward_placeholders: list[dict]
+    backward_placeholders: list[dict]
+    num_user_outputs: int = 1
+    graph_ids: dict[str, int] = dataclasses.field(default_factory=lambda: {"forward": 0, "backward": 1})
+    constants: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    provenance: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def graphs(self) -> dict[str, torch.fx.Graph]:
+        """The graphs by name, forward first; a bundle without backward has one."""
+        found = {"forward": self.forward}
+        if self.backward is not None:
+            found["backward"] = self.backward
+        return found
+
+    def with_graphs(self, **graphs: torch.fx.Graph) -> "Bundle":
+        """A copy with some graphs replaced (e.g. ``with_graphs(forward=g)``)."""
+        return dataclasses.replace(self, **graphs, provenance=dict(self.provenance))
+
+    def param_by_ds_id(self) -> dict[int, ParamInfo]:
+        return {p.ds_id: p for p in self.params}
+
+
+# ---------------------------------------------------------------------------
+# Encoding graph arguments as plain data
+# ---------------------------------------------------------------------------
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _dtype_from_name(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r}")
+    return dtype
+
+
+def _encode(value: Any) -> Any:
+    if isinstance(value, torch.fx.Node):
+        return {"$node": value.name}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, torch.dtype):
+        return {"$dtype": _dtype_name(value)}
+    if isinstance(value, torch.device):
+        return {"$device": str(value)}
+    if isinstance(value, torch.layout):
+        return {"$layout": str(value).removeprefix("torch.")}
+    if isinstance(value, torch.memory_format):
+        return {"$memory_format": str(value).removeprefix("torch.")}
+    if isinstance(value, slice):
+        return {"$slice": [_encode(value.start), _encode(value.stop), _encode(value.step)]}
+    if isinstance(value, tuple):  # torch.Size included
+        return {"$tuple": [_encode(v) for v in value]}
+    if isinstance(value, list):
+        return [_encode(v) for v in value]
+    if isinstance(value, dict):
+        return {"$dict": [[str(k), _encode(v)] for k, v in value.items()]}
+    raise TypeError(f"cannot store a graph argument of type {type(value).__name__}")
+
+
+def _decode(value: Any, env: dict[str, torch.fx.Node], refs: list[str]) -> Any:
+    if isinstance(value, list):
+        return [_decode(v, env, refs) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if len(value) != 1:
+        raise ValueError(f"malformed argument {value!r}")
+    (tag, payload), = value.items()
+    if tag == "$node":
+        refs.append(payload)
+        return env[payload]
+    if tag == "$tuple":
+        return tuple(_decode(v, env, refs) for v in payload)
+    if tag == "$dict":
+        return {k: _decode(v, env, refs) for k, v in payload}
+    if tag == "$dtype":
+        return _dtype_from_name(payload)
+    if tag == "$device":
+        return torch.device(payload)
+    if tag == "$layout":
+        return getattr(torch, payload)
+    if tag == "$memory_format":
+        return getattr(torch, payload)
+    if tag == "$slice":
+        return slice(*(_decode(v, env, refs) for v in payload))
+    raise ValueError(f"unknown argument tag {tag!r}")
+
+
+def _output_spec(val: Any) -> Any:
+    """Shapes and dtypes of a node's output, from its FakeTensor ``meta['val']``."""
+    if isinstance(val, torch.Tensor):
+        return {"shape": [int(s) for s in val.shape], "dtype": _dtype_name(val.dtype)}
+    if isinstance(val, (tuple, list)):
+        return [_output_spec(v) for v in val]
+    return None
+
+
+def _plain(value: Any) -> bool:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    return False
+
+
+def _encode_meta(node: torch.fx.Node) -> dict:
+    meta = {key: node.meta[key] for key in KEPT_META if key in node.meta and _plain(node.meta[key])}
+    if "out" not in meta and "val" in node.meta:
+        meta["out"] = _output_spec(node.meta["val"])
+    return meta
+
+
+def encode_graph(graph: torch.fx.Graph) -> list[dict]:
+    """The plain-data form of an FX graph: one dict per node, in graph order."""
+    nodes = []
+    for node in graph.nodes:
+        if node.op not in _NODE_OPS:
+            raise BundleError(None, f"node {node.name}: op {node.op!r} cannot be stored (only {_NODE_OPS})")
+        target = node.target if node.op != "call_function" else qualified_name(node.target)
+        try:
+            args, kwargs = _encode(node.args), _encode(dict(node.kwargs))
+        except TypeError as exc:
+            raise BundleError(None, f"node {node.name}: {exc}") from None
+        nodes.append({"name": node.name, "op": node.op, "target": target,
+                      "args": args, "kwargs": kwargs, "meta": _encode_meta(node)})
+    return nodes
+
+
+def resolve_target(name: str):
+    """The callable a stored qualified op name stands for, from the allow-list only.
+
+    Raises ValueError with the reason when the name is not allowed or unknown.
+    """
+    namespace, _, rest = name.partition(".")
+    if namespace == "operator":
+        if rest not in ALLOWED_OPERATORS:
+            raise ValueError(f"'{name}' is not an allowed operator function")
+        return getattr(operator, rest)
+    if namespace not in ALLOWED_OP_NAMESPACES:
+        raise ValueError(f"target '{name}' is not an allowed op (allowed: aten, prims, operator, dcsched, dc)")
+    if namespace == "dc":
+        ops.ensure_deepspeed_ops()
+    op_name, _, overload = rest.partition(".")
+    try:
+        packet = getattr(getattr(torch.ops, namespace), op_name)
+        return getattr(packet, overload or "default")
+    except (AttributeError, RuntimeError):
+        raise ValueError(f"unknown op '{name}' (not in torch {torch.__version__})") from None
+
+
+def decode_graph(nodes: list[dict], graph_name: str) -> torch.fx.Graph:
+    """Rebuild an FX graph from :func:`encode_graph`'s form, checking it on the way.
+
+    Raises ValueError naming the problem: a dangling node reference, a cycle,
+    an unknown or disallowed op, a malformed node.
+    """
+    if not isinstance(nodes, list):
+        raise ValueError(f"graph '{graph_name}' is not a list of nodes")
+    names = [n.get("name") if isinstance(n, dict) else None for n in nodes]
+    if any(not isinstance(n, str) for n in names):
+        raise ValueError(f"graph '{graph_name}' holds a node without a name")
+    if len(set(names)) != len(names):
+        raise ValueError(f"graph '{graph_name}' holds two nodes of one name")
+    _check_references(nodes, set(names), graph_name)
+
+    graph = torch.fx.Graph()
+    env: dict[str, torch.fx.Node] = {}
+    for entry in nodes:
+        name, op = entry["name"], entry.get("op")
+        if op not in _NODE_OPS:
+            raise ValueError(f"node {name}: unknown node kind {op!r}")
+        refs: list[str] = []
+        args = _decode(entry.get("args", {"$tuple": []}), env, refs)
+        kwargs = _decode(entry.get("kwargs", {"$dict": []}), env, refs)
+        if not isinstance(args, tuple) or not isinstance(kwargs, dict):
+            raise ValueError(f"node {name}: malformed args or kwargs")
+        if op == "call_function":
+            try:
+                target = resolve_target(entry["target"])
+            except ValueError as exc:
+                raise ValueError(f"node {name}: {exc}") from None
+        else:
+            target = entry.get("target", name)
+        node = graph.create_node(op, target, args, kwargs, name=name)
+        if node.name != name:
+            raise ValueError(f"node name {name!r} is not a valid FX node name")
+        node.meta.update(entry.get("meta", {}))
+        env[name] = node
+    graph.lint()
+    return graph
+
+
+def _references(value: Any, out: list[str]) -> None:
+    if isinstance(value, list):
+        for v in value:
+            _references(v, out)
+    elif isinstance(value, dict):
+        if set(value) == {"$node"}:
+            out.append(value["$node"])
+        else:
+            for v in value.values():
+                _references(v, out)
+
+
+def _check_references(nodes: list[dict], names: set[str], graph_name: str) -> None:
+    """Dangling references and cycles, reported before any graph is built."""
+    deps = nx.DiGraph()
+    out_of_order = None
+    seen: set[str] = set()
+    for entry in nodes:
+        refs: list[str] = []
+        _references([entry.get("args"), entry.get("kwargs")], refs)
+        for ref in refs:
+            if ref not in names:
+                raise ValueError(f"graph '{graph_name}': node {entry['name']} refers to '{ref}', "
+                                 "which is not in the graph")
+            deps.add_edge(ref, entry["name"])
+            if ref not in seen and out_of_order is None:
+                out_of_order = (entry["name"], ref)
+        seen.add(entry["name"])
+    if out_of_order is None:
+        return
+    try:
+        cycle = nx.find_cycle(deps)
+    except nx.NetworkXNoCycle:
+        raise ValueError(f"graph '{graph_name}': node {out_of_order[0]} reads {out_of_order[1]}, "
+                         "which comes after it (nodes must be stored in a topological order)") from None
+    path = " -> ".join([edge[0] for edge in cycle] + [cycle[0][0]])
+    raise ValueError(f"graph '{graph_name}' has a cycle: {path}")
+
+
+# ---------------------------------------------------------------------------
+# The file
+# ---------------------------------------------------------------------------
+
+def to_data(bundle: Bundle) -> dict:
+    """The plain-data form of a bundle, as stored on disk."""
+    graphs = {name: {"graph_id": bundle.graph_ids.get(name), "nodes": encode_graph(graph)}
+              for name, graph in bundle.graphs.items()}
+    return {
+        "format": FORMAT,
+        "version": BUNDLE_VERSION,
+        "graphs": graphs,
+        "params": [{"name": p.name, "shape": list(p.shape), "dtype": _dtype_name(p.dtype), "ds_id": p.ds_id}
+                   for p in bundle.params],
+        "inputs": [{"name": i.name, "shape": list(i.shape), "dtype": _dtype_name(i.dtype),
+                    "value": i.value, "low": i.low, "high": i.high} for i in bundle.inputs],
+        "forward_placeholders": [dict(p) for p in bundle.forward_placeholders],
+        "backward_placeholders": [dict(p) for p in bundle.backward_placeholders],
+        "num_user_outputs": bundle.num_user_outputs,
+        "constants": dict(bundle.constants),
+        "provenance": dict(bundle.provenance),
+    }
+
+
+def from_data(data: Any, path=None) -> Bundle:
+    """Check and rebuild a bundle from its plain-data form (see :func:`to_data`)."""
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise BundleError(path, "not a dcsched graph bundle (no 'dcsched-bundle' header)")
+    version = data.get("version")
+    if not isinstance(version, int):
+        raise BundleError(path, "bundle has no version number")
+    if version > BUNDLE_VERSION:
+        raise BundleError(path, f"bundle version {version} was written by a newer dcsched "
+                                f"(this one reads up to version {BUNDLE_VERSION}); upgrade dcsched")
+    try:
+        graphs = {name: decode_graph(entry["nodes"], name) for name, entry in data["graphs"].items()}
+        if "forward" not in graphs:
+            raise ValueError("bundle has no forward graph")
+        params = [ParamInfo(p["name"], tuple(int(s) for s in p["shape"]), _dtype_from_name(p["dtype"]),
+                            int(p["ds_id"])) for p in data["params"]]
+        inputs = [InputInfo(i["name"], tuple(int(s) for s in i["shape"]), _dtype_from_name(i["dtype"]),
+                            i.get("value"), i.get("low"), i.get("high")) for i in data.get("inputs", [])]
+        return Bundle(
+            forward=graphs["forward"],
+            backward=graphs.get("backward"),
+            params=params,
+            inputs=inputs,
+            forward_placeholders=list(data.get("forward_placeholders", [])),
+            backward_placeholders=list(data.get("backward_placeholders", [])),
+            num_user_outputs=int(data.get("num_user_outputs", 1)),
+            graph_ids={name: entry.get("graph_id") for name, entry in data["graphs"].items()},
+            constants=dict(data.get("constants", {})),
+            provenance=dict(data.get("provenance", {})),
+        )
+    except BundleError:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError, RuntimeError) as exc:
+        detail = str(exc) if not isinstance(exc, KeyError) else f"missing field {exc}"
+        raise BundleError(path, detail) from None
+
+
+def load(path: str | os.PathLike) -> Bundle:
+    """Read a bundle. Never executes code from the file; raises :class:`BundleError` with the reason."""
+    path = Path(path)
+    if not path.is_file():
+        raise BundleError(path, "no such file" if not path.exists() else "not a file")
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        reason = "holds objects other than plain data, refused without running them"
+        if "GLOBAL" in first or "Unsupported global" in str(exc) or "global" in first.lower():
+            raise BundleError(path, f"not a dcsched bundle: it {reason}") from None
+        raise BundleError(path, f"not a dcsched bundle (unreadable pickle: {first[:120]})") from None
+    except (EOFError, zipfile.BadZipFile) as exc:
+        raise BundleError(path, "file is truncated or corrupt") from None
+    except RuntimeError as exc:
+        text = str(exc).lower()
+        if "zip" in text or "central directory" in text or "failed finding" in text or "eof" in text:
+            raise BundleError(path, "file is truncated or corrupt") from None
+        raise BundleError(path, f"not a readable torch file ({str(exc).splitlines()[0][:120]})") from None
+    except (ValueError, OSError, UnicodeDecodeError) as exc:
+        raise BundleError(path, f"not a dcsched bundle ({type(exc).__name__})") from None
+    return from_data(data, path)
+
+
+def save(bundle: Bundle, path: str | os.PathLike, *, overwrite: bool = True) -> Path:
+    """Write ``bundle`` to ``path`` atomically (a temporary file renamed into place).
+
+    With ``overwrite=False`` an existing file is an error.
+    """
+    path = Path(path)
+    if not overwrite and path.exists():
+        raise BundleError(path, "exists already (pass --force / overwrite=True to replace it)")
+    data = to_data(bundle)
+    write_atomic(path, lambda handle: torch.save(data, handle))
+    return path
+
+
+def write_atomic(path: str | os.PathLike, write) -> None:
+    """Call ``write(binary_file)`` on a temporary file beside ``path``, then rename it into place.
+
+    A failure leaves no partial file behind.
+    """
+    path = Path(path)
+    directory = path.parent if str(path.parent) else Path(".")
+    if not directory.is_dir():
+        raise BundleError(path, f"directory {directory} does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

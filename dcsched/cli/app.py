@@ -1,0 +1,76 @@
+"""The typer application and the one place errors become exit codes.
+
+Command modules (``show``, ``profile``, ``schedule``, ``replay``) attach
+themselves to :data:`app`; they only parse options, call the functional core
+and render its results.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from rich.console import Console
+
+from ..errors import DcschedError, ResultMismatch
+
+app = typer.Typer(
+    name="dcsched",
+    help="Schedule ZeRO-3 (DeepCompile-style) training graphs: profile a script into a graph bundle, "
+         "reorder its all-gathers and releases, simulate memory and overlap, replay it for real.\n\n"
+         "Figures are stored in bytes and milliseconds; sizes accept SI and IEC suffixes "
+         "(GB = 10^9 bytes, GiB = 2^30 bytes).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+)
+
+#: Reports go to stdout; progress and errors to stderr.
+console = Console()
+err_console = Console(stderr=True)
+
+
+def fail(message: str, code: int = 2) -> None:
+    """Print one error line and exit."""
+    err_console.print(f"[bold red]dcsched: error:[/] {message}", highlight=False, soft_wrap=True)
+    raise SystemExit(code)
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Run the CLI; returns the exit code (0 ok, 1 result mismatch, 2 bad input)."""
+    # Standalone mode: typer reports usage errors itself (exit code 2) and
+    # exits through SystemExit; dcsched's own errors propagate to here.
+    try:
+        app(args=argv, prog_name="dcsched")
+    except ResultMismatch as exc:
+        err_console.print(f"[bold red]dcsched: results differ:[/] {exc}", highlight=False, soft_wrap=True)
+        return 1
+    except DcschedError as exc:
+        err_console.print(f"[bold red]dcsched: error:[/] {exc}", highlight=False, soft_wrap=True)
+        return exc.exit_code
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        return 130
+    return 0
+
+
+def main() -> None:
+    sys.exit(run())
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from .. import __version__
+        console.print(f"dcsched {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="Print dcsched's version and exit."),
+) -> None:
+    """Keeps typer in multi-command mode and hosts the global options."""

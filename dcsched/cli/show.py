@@ -1,0 +1,59 @@
+"""``dcsched show``: what a bundle holds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from .. import bundle as bundle_io
+from ..summary import summarize
+from ..units import format_bytes, format_ms
+from .app import app, console
+
+
+@app.command()
+def show(
+    path: Path = typer.Argument(..., help="Graph bundle to summarise (graph.pt)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON (bytes and ms)."),
+    params: bool = typer.Option(True, "--params/--no-params", help="List every parameter with its size."),
+) -> None:
+    """Summarise a bundle: graphs, node counts by role, parameters and sizes, total compute and
+    communication (ms), and how the figures were obtained."""
+    summary = summarize(bundle_io.load(path))
+    if as_json:
+        console.print_json(json.dumps(summary))
+        return
+    console.print(f"[bold]{path}[/]")
+    table = Table(title="Graphs", title_justify="left")
+    for column in ("graph", "id", "nodes", "compute", "gather/wait/release/reduce", "compute time", "comm time"):
+        table.add_column(column, justify="right" if column not in ("graph",) else "left")
+    for name, g in summary["graphs"].items():
+        r = g["roles"]
+        table.add_row(name, str(g["graph_id"]), str(g["nodes"]), str(r["compute"]),
+                      f"{r['allgather']}/{r['wait']}/{r['release']}/{r['reduce']}",
+                      format_ms(g["compute_ms"]), format_ms(g["comm_ms"]))
+    console.print(table)
+    if any(g["unprofiled"] for g in summary["graphs"].values()):
+        console.print("[yellow]some nodes have no device_time (unprofiled)[/]")
+    if params:
+        ptable = Table(title=f"Parameters ({len(summary['params'])}, {format_bytes(summary['param_bytes'])})",
+                       title_justify="left")
+        for column in ("ds_id", "name", "shape", "dtype", "size"):
+            ptable.add_column(column, justify="right" if column in ("ds_id", "size") else "left")
+        for p in summary["params"]:
+            ptable.add_row(str(p["ds_id"]), p["name"], "x".join(map(str, p["shape"])) or "scalar", p["dtype"],
+                           format_bytes(p["bytes"]))
+        console.print(ptable)
+    prov = summary["provenance"]
+    if prov:
+        ptable = Table(title="How the figures were obtained", title_justify="left", show_header=False)
+        ptable.add_column("key")
+        ptable.add_column("value")
+        for key, value in prov.items():
+            ptable.add_row(key, json.dumps(value) if not isinstance(value, str) else value)
+        console.print(ptable)
+    else:
+        console.print("[yellow]no provenance recorded[/]")

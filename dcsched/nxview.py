@@ -1,0 +1,144 @@
+"""A networkx view of an FX graph, and the way back from an order to an FX graph.
+
+Schedulers and the simulator work on this view, so they are pure functions of
+plain data. One vertex per FX node, keyed by the node's name, with attributes:
+
+``role``         a :class:`dcsched.roles.Role` value ('compute', 'allgather', ...)
+``ds_id``        the parameter id of a comm node, else None
+``graph_id``     the graph id argument of a comm node, else None
+``n_users``      for a release: how many releases free the buffer
+``device_time``  milliseconds (None when the graph was never profiled)
+``tensor_size``  bytes of the node's outputs (None when unknown)
+``position``     index in the input order
+``target``       qualified op name ('aten.mm.default'), '' for placeholder/output
+``aliasing``     output aliases an input, as DeepSpeed's last-use analysis sees it
+``view_like``    allocates nothing and keeps its source alive (simulator)
+
+One edge per data dependency, args first and then kwargs, in the order the
+node reads them (so ``view.pred[v]`` iterates the inputs in argument order).
+Edge attribute ``via_kwargs`` is True for a dependency that only kwargs carry.
+``view.graph['output']`` names the output node.
+
+>>> import torch, torch.fx
+>>> g = torch.fx.Graph()
+>>> x = g.placeholder("x")
+>>> y = g.create_node("call_function", torch.ops.aten.relu.default, (x,), name="relu")
+>>> _ = g.output((y,))
+>>> v = to_networkx(g)
+>>> list(v.nodes), v.nodes["relu"]["role"], list(v.edges)
+(['x', 'relu', 'output'], 'compute', [('x', 'relu'), ('relu', 'output')])
+>>> [n.name for n in to_fx(g, ["x", "relu", "output"]).nodes]
+['x', 'relu', 'output']
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import networkx as nx
+import torch.fx
+
+from .errors import GraphError
+from .roles import Role, ds_id_of, graph_id_of, is_aliasing, is_view_like, n_users_of, qualified_name, role_of
+
+
+def input_nodes(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The nodes ``node`` reads, args before kwargs, each once, in reading order."""
+    seen: dict[torch.fx.Node, bool] = {}
+    torch.fx.node.map_arg(node.args, lambda n: seen.setdefault(n, False))
+    torch.fx.node.map_arg(node.kwargs, lambda n: seen.setdefault(n, True))
+    return list(seen)
+
+
+def _kwarg_only_inputs(node: torch.fx.Node) -> set[torch.fx.Node]:
+    in_args: set[torch.fx.Node] = set()
+    torch.fx.node.map_arg(node.args, in_args.add)
+    in_kwargs: set[torch.fx.Node] = set()
+    torch.fx.node.map_arg(node.kwargs, in_kwargs.add)
+    return in_kwargs - in_args
+
+
+def to_networkx(graph: torch.fx.Graph) -> nx.DiGraph:
+    """Build the networkx view of ``graph`` (see the module docstring)."""
+    view = nx.DiGraph()
+    output = None
+    for position, node in enumerate(graph.nodes):
+        role = role_of(node)
+        if role is Role.OUTPUT:
+            output = node.name
+        view.add_node(
+            node.name,
+            role=role.value,
+            ds_id=ds_id_of(node),
+            graph_id=graph_id_of(node),
+            n_users=n_users_of(node),
+            device_time=node.meta.get("device_time"),
+            tensor_size=node.meta.get("tensor_size"),
+            position=position,
+            target=qualified_name(node.target) if node.op == "call_function" else "",
+            aliasing=is_aliasing(node),
+            view_like=is_view_like(node),
+        )
+        kwarg_only = _kwarg_only_inputs(node)
+        for source in input_nodes(node):
+            view.add_edge(source.name, node.name, via_kwargs=source in kwarg_only)
+    view.graph["output"] = output
+    return view
+
+
+def missing_costs(view: nx.DiGraph) -> dict[str, list[str]]:
+    """Nodes lacking ``device_time`` or ``tensor_size``: {'device_time': [...], 'tensor_size': [...]}.
+
+    Placeholders and the output node need neither.
+    """
+    missing: dict[str, list[str]] = {"device_time": [], "tensor_size": []}
+    for name, data in view.nodes(data=True):
+        if data["role"] in (Role.PLACEHOLDER.value, Role.OUTPUT.value):
+            continue
+        for key in missing:
+            if data.get(key) is None:
+                missing[key].append(name)
+    return {key: names for key, names in missing.items() if names}
+
+
+def check_order(view: nx.DiGraph, order: Sequence[str]) -> None:
+    """Raise :class:`GraphError` unless ``order`` is a topological order of exactly ``view``'s vertices."""
+    if len(order) != view.number_of_nodes() or set(order) != set(view.nodes):
+        extra = set(order) - set(view.nodes)
+        missing = set(view.nodes) - set(order)
+        raise GraphError(
+            f"order is not a permutation of the graph's nodes (missing {sorted(missing)[:5]}, "
+            f"unknown {sorted(extra)[:5]}, {len(order)} given for {view.number_of_nodes()})")
+    placed: set[str] = set()
+    for name in order:
+        for source in view.pred[name]:
+            if source not in placed:
+                raise GraphError(f"order runs {name!r} before its input {source!r}")
+        placed.add(name)
+
+
+def to_fx(graph: torch.fx.Graph, order: Iterable[str]) -> torch.fx.Graph:
+    """A new FX graph holding ``graph``'s nodes (names, targets, args, meta) in ``order``.
+
+    ``order`` must be a topological order of all of ``graph``'s node names.
+    """
+    by_name = {node.name: node for node in graph.nodes}
+    order = list(order)
+    if len(order) != len(by_name) or set(order) != set(by_name):
+        raise GraphError(f"order holds {len(order)} names for a graph of {len(by_name)} nodes, "
+                         "or names that are not in the graph")
+    new_graph = torch.fx.Graph()
+    env: dict[str, torch.fx.Node] = {}
+
+    def lookup(node: torch.fx.Node) -> torch.fx.Node:
+        try:
+            return env[node.name]
+        except KeyError:
+            raise GraphError(f"order runs a reader of {node.name!r} before {node.name!r} itself") from None
+
+    for name in order:
+        new_node = new_graph.node_copy(by_name[name], lookup)
+        if new_node.name != name:  # node_copy may rename on clash; names are the schedulers' keys
+            raise GraphError(f"node {name!r} could not keep its name in the rebuilt graph")
+        env[name] = new_node
+    return new_graph

@@ -1,0 +1,182 @@
+"""ZeRO-3 communication ops with DeepSpeed DeepCompile's schemas.
+
+dcsched inserts four ops into captured graphs, exactly where DeepCompile inserts
+its ``torch.ops.dc.*`` ops, so graphs from either origin look alike and every
+part of dcsched treats them the same way:
+
+    allgather_param(Tensor a, int graph_id, int id, ScalarType? dtype=None) -> Tensor
+    wait_allgather(Tensor(a) a, int graph_id, int id) -> Tensor(a)
+    release_param(Tensor(a) a, int graph_id, int id, int n_users) -> Tensor(a)
+    reduce_grad(Tensor a, int graph_id, int id) -> Tensor
+
+``graph_id`` identifies the graph and ``id`` is the parameter's ds_id.
+
+The kernels delegate to :data:`RUNTIME`, a :class:`Zero3Runtime`. In one
+process (world size 1) the shard is the whole parameter, yet the all-gather
+still allocates a fresh buffer that is freed at the parameter's last release,
+so memory behaves as in a sharded run. ``reduce_grad`` returns this rank's
+shard of the gradient (the whole gradient at world size 1).
+
+The ops carry alias annotations, which AOT autograd cannot trace: they are
+inserted after partitioning and graphs holding them are executed as FX graphs,
+never re-traced.
+"""
+
+from __future__ import annotations
+
+import torch
+
+NAMESPACE = "dcsched"
+#: DeepSpeed's namespace; graphs built by DeepSpeed use it.
+DEEPSPEED_NAMESPACE = "dc"
+
+SCHEMAS = {
+    "allgather_param": "allgather_param(Tensor a, int graph_id, int id, ScalarType? dtype=None) -> Tensor",
+    "wait_allgather": "wait_allgather(Tensor(a) a, int graph_id, int id) -> Tensor(a)",
+    "release_param": "release_param(Tensor(a) a, int graph_id, int id, int n_users) -> Tensor(a)",
+    "reduce_grad": "reduce_grad(Tensor a, int graph_id, int id) -> Tensor",
+}
+
+
+class Zero3Runtime:
+    """Process-wide state behind the ops: gathered buffers and release counts.
+
+    The single-process behaviour lives here; :mod:`dcsched.replay` installs a
+    distributed runtime (a subclass) for runs under ``torchrun``.
+    """
+
+    world_size = 1
+    rank = 0
+
+    def __init__(self) -> None:
+        self.gathered: dict[tuple[int, int], torch.Tensor] = {}
+        self.release_counts: dict[tuple[int, int], int] = {}
+
+    def reset(self) -> None:
+        self.gathered.clear()
+        self.release_counts.clear()
+
+    # -- kernels -----------------------------------------------------------
+    def allgather(self, shard: torch.Tensor, graph_id: int, ds_id: int, dtype) -> torch.Tensor:
+        # A fresh buffer, as a real all-gather allocates one, so the copy
+        # costs memory until the last release frees it.
+        full = shard.to(dtype=dtype, copy=True) if dtype is not None else shard.clone()
+        self.gathered[(graph_id, ds_id)] = full
+        return full
+
+    def wait(self, gathered: torch.Tensor, graph_id: int, ds_id: int) -> torch.Tensor:
+        return gathered.view_as(gathered)
+
+    def release(self, value: torch.Tensor, graph_id: int, ds_id: int, n_users: int) -> torch.Tensor:
+        key = (graph_id, ds_id)
+        count = self.release_counts.get(key, 0) + 1
+        if count >= n_users:
+            self.release_counts.pop(key, None)
+            buffer = self.gathered.pop(key, None)
+            if buffer is not None:
+                # Free the storage even though views of it may still be
+                # referenced, as DeepCompile does; the graph guarantees none
+                # of them is read again.
+                buffer.untyped_storage().resize_(0)
+        else:
+            self.release_counts[key] = count
+        return value.view_as(value)
+
+    def reduce(self, grad: torch.Tensor, graph_id: int, ds_id: int) -> torch.Tensor:
+        return grad.clone()
+
+    # -- shapes for fake tensors -------------------------------------------
+    def reduced_shard_like(self, grad: torch.Tensor, graph_id: int, ds_id: int) -> torch.Tensor:
+        return torch.empty_like(grad)
+
+
+RUNTIME: Zero3Runtime = Zero3Runtime()
+
+
+def set_runtime(runtime: Zero3Runtime) -> Zero3Runtime:
+    """Install ``runtime`` behind the ops; returns the previous one."""
+    global RUNTIME
+    previous, RUNTIME = RUNTIME, runtime
+    return previous
+
+
+def _allgather(a, graph_id, id, dtype=None):
+    return RUNTIME.allgather(a, graph_id, id, dtype)
+
+
+def _wait(a, graph_id, id):
+    return RUNTIME.wait(a, graph_id, id)
+
+
+def _release(a, graph_id, id, n_users):
+    return RUNTIME.release(a, graph_id, id, n_users)
+
+
+def _reduce(a, graph_id, id):
+    return RUNTIME.reduce(a, graph_id, id)
+
+
+def _allgather_fake(a, graph_id, id, dtype=None):
+    return torch.empty_like(a, dtype=dtype if dtype is not None else a.dtype)
+
+
+def _alias_fake(a, *_):
+    return a.view_as(a)
+
+
+def _reduce_fake(a, graph_id, id):
+    return RUNTIME.reduced_shard_like(a, graph_id, id)
+
+
+_KERNELS = {
+    "allgather_param": (_allgather, _allgather_fake),
+    "wait_allgather": (_wait, _alias_fake),
+    "release_param": (_release, _alias_fake),
+    "reduce_grad": (_reduce, _reduce_fake),
+}
+
+_libraries: dict[str, torch.library.Library] = {}
+
+
+def _define(namespace: str) -> None:
+    lib = torch.library.Library(namespace, "DEF")
+    for name, schema in SCHEMAS.items():
+        kernel, fake = _KERNELS[name]
+        lib.define(schema)
+        for key in ("CPU", "CUDA"):
+            lib.impl(name, kernel, key)
+        lib.impl(name, fake, "Meta")
+        torch.library.register_fake(f"{namespace}::{name}", fake, lib=lib)
+    _libraries[namespace] = lib
+
+
+def _namespace_has_ops(namespace: str) -> bool:
+    packet = getattr(getattr(torch.ops, namespace), "allgather_param", None)
+    return packet is not None and hasattr(packet, "default")
+
+
+def _safe_namespace_has_ops(namespace: str) -> bool:
+    try:
+        return _namespace_has_ops(namespace)
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def ensure_deepspeed_ops() -> None:
+    """Make ``torch.ops.dc.*`` available, backed by dcsched's kernels.
+
+    Registered lazily, only when a graph needs them, and only if DeepSpeed has
+    not registered its own: defining them at import time would clash with
+    DeepSpeed's extension when both are loaded in one process.
+    """
+    if DEEPSPEED_NAMESPACE not in _libraries and not _safe_namespace_has_ops(DEEPSPEED_NAMESPACE):
+        _define(DEEPSPEED_NAMESPACE)
+
+
+if NAMESPACE not in _libraries and not _safe_namespace_has_ops(NAMESPACE):
+    _define(NAMESPACE)
+
+allgather_param = torch.ops.dcsched.allgather_param.default
+wait_allgather = torch.ops.dcsched.wait_allgather.default
+release_param = torch.ops.dcsched.release_param.default
+reduce_grad = torch.ops.dcsched.reduce_grad.default

@@ -1,0 +1,147 @@
+"""What each node of a ZeRO-3 graph does, read from its op (never its name alone).
+
+A node's role is one of :class:`Role`. The communication ops are recognised by
+their qualified op name in either the ``dcsched`` or DeepSpeed's ``dc``
+namespace, so graphs built by DeepSpeed and by dcsched are treated alike.
+
+>>> import torch, torch.fx
+>>> from dcsched import ops
+>>> g = torch.fx.Graph()
+>>> p = g.placeholder("p")
+>>> ag = g.call_function(ops.allgather_param, (p, 0, 3))
+>>> role_of(p), role_of(ag), ds_id_of(ag)
+(<Role.PLACEHOLDER: 'placeholder'>, <Role.ALLGATHER: 'allgather'>, 3)
+"""
+
+from __future__ import annotations
+
+import enum
+import operator
+
+import torch
+import torch.fx
+
+COMM_NAMESPACES = ("dcsched", "dc")
+
+
+class Role(str, enum.Enum):
+    PLACEHOLDER = "placeholder"
+    COMPUTE = "compute"
+    ALLGATHER = "allgather"
+    WAIT = "wait"
+    RELEASE = "release"
+    REDUCE = "reduce"
+    OUTPUT = "output"
+
+
+_OP_ROLES = {
+    "allgather_param": Role.ALLGATHER,
+    "wait_allgather": Role.WAIT,
+    "release_param": Role.RELEASE,
+    "reduce_grad": Role.REDUCE,
+}
+
+#: Roles of the inserted ZeRO-3 ops; their args[2] is the ds_id.
+COMM_ROLES = frozenset(_OP_ROLES.values())
+
+
+def qualified_name(target) -> str:
+    """``'aten.mm.default'``-style name of a call target (what bundles store).
+
+    >>> qualified_name(torch.ops.aten.mm.default)
+    'aten.mm.default'
+    >>> qualified_name(operator.getitem)
+    'operator.getitem'
+    """
+    if isinstance(target, torch._ops.OpOverload):
+        return f"{target.namespace}.{target._opname}.{target._overloadname}"
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        return f"{target._qualified_op_name.replace('::', '.')}"
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        return f"higher_order.{target.name()}"
+    if isinstance(target, str):
+        return target
+    module = getattr(target, "__module__", None) or ""
+    if module in ("_operator", "operator"):
+        module = "operator"
+    return f"{module}.{getattr(target, '__name__', repr(target))}"
+
+
+def _comm_op(target) -> str | None:
+    """The op name ('allgather_param', ...) if ``target`` is a ZeRO-3 comm op."""
+    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        namespace, _, name = target._schema.name.partition("::") if isinstance(
+            target, torch._ops.OpOverload) else target._qualified_op_name.partition("::")
+        if namespace in COMM_NAMESPACES and name in _OP_ROLES:
+            return name
+    return None
+
+
+def role_of_target(op: str, target) -> Role:
+    if op == "placeholder":
+        return Role.PLACEHOLDER
+    if op == "output":
+        return Role.OUTPUT
+    name = _comm_op(target) if op == "call_function" else None
+    return _OP_ROLES[name] if name else Role.COMPUTE
+
+
+def role_of(node: torch.fx.Node) -> Role:
+    return role_of_target(node.op, node.target)
+
+
+def ds_id_of(node: torch.fx.Node) -> int | None:
+    """The parameter id of a comm node (its ``id`` argument), else None."""
+    if role_of(node) in COMM_ROLES:
+        return int(node.args[2]) if len(node.args) > 2 else int(node.kwargs["id"])
+    return None
+
+
+def graph_id_of(node: torch.fx.Node) -> int | None:
+    if role_of(node) in COMM_ROLES:
+        return int(node.args[1]) if len(node.args) > 1 else int(node.kwargs["graph_id"])
+    return None
+
+
+def n_users_of(node: torch.fx.Node) -> int | None:
+    """``n_users`` of a release: the parameter's buffer is freed at that many releases."""
+    if role_of(node) is Role.RELEASE:
+        return int(node.args[3]) if len(node.args) > 3 else int(node.kwargs["n_users"])
+    return None
+
+
+def is_aliasing(node: torch.fx.Node) -> bool:
+    """Whether the node's output aliases an input, as DeepSpeed's ``get_last_uses`` sees it.
+
+    ``wait_allgather`` and every op whose schema returns a Tensor with an alias
+    annotation (views, in-place ops) alias; an op with no schema counts as
+    aliasing. ``release_param`` and ``operator.getitem`` do not.
+    """
+    if node.op != "call_function":
+        return False
+    role = role_of(node)
+    if role is Role.WAIT:
+        return True
+    if role is Role.RELEASE or node.target is operator.getitem:
+        return False
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:
+        return True
+    for ret in schema.returns:
+        if ret.alias_info is not None and isinstance(ret.type, torch.TensorType):
+            return True
+    return False
+
+
+def is_view_like(node: torch.fx.Node) -> bool:
+    """Nodes that allocate nothing and keep their source alive (for the simulator).
+
+    Views and in-place ops (aten ops whose schema returns an alias),
+    ``operator.getitem``, wait and release.
+    """
+    if node.op != "call_function":
+        return False
+    if node.target is operator.getitem or role_of(node) in (Role.WAIT, Role.RELEASE):
+        return True
+    schema = getattr(node.target, "_schema", None)
+    return schema is not None and any(ret.alias_info is not None for ret in schema.returns)
