@@ -411,20 +411,20 @@ def load(path: str | os.PathLike) -> Bundle:
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        reason = "holds objects other than plain data, refused without running them"
-        if "GLOBAL" in first or "Unsupported global" in str(exc) or "global" in first.lower():
-            raise BundleError(path, f"not a dcsched bundle: it {reason}") from None
-        raise BundleError(path, f"not a dcsched bundle (unreadable pickle: {first[:120]})") from None
-    except (EOFError, zipfile.BadZipFile) as exc:
+        text = str(exc)
+        if "weights only" in text.lower() or "global" in text.lower():
+            raise BundleError(path, "not a dcsched bundle: it holds objects other than plain data "
+                                    "(refused without running them)") from None
+        raise BundleError(path, "not a dcsched bundle (unreadable pickle)") from None
+    except (EOFError, zipfile.BadZipFile):
         raise BundleError(path, "file is truncated or corrupt") from None
     except RuntimeError as exc:
         text = str(exc).lower()
         if "zip" in text or "central directory" in text or "failed finding" in text or "eof" in text:
             raise BundleError(path, "file is truncated or corrupt") from None
         raise BundleError(path, f"not a readable torch file ({str(exc).splitlines()[0][:120]})") from None
-    except (ValueError, OSError, UnicodeDecodeError) as exc:
-        raise BundleError(path, f"not a dcsched bundle ({type(exc).__name__})") from None
+    except Exception as exc:  # any other parse failure of foreign bytes; nothing was executed
+        raise BundleError(path, f"not a dcsched bundle (unreadable: {type(exc).__name__})") from None
     return from_data(data, path)
 
 

@@ -1,0 +1,56 @@
+"""Small hand-built bundles for tests: DeepCompile-style names and ops, no capture needed."""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+
+from dcsched import ops
+from dcsched.bundle import Bundle, InputInfo, ParamInfo
+
+aten = torch.ops.aten
+
+
+def _node(graph, target, args, name, *, kwargs=None, time=0.1, size=64):
+    node = graph.create_node("call_function", target, tuple(args), kwargs or {}, name=name)
+    node.meta.update(device_time=time, tensor_size=size)
+    return node
+
+
+def linear_forward(n_params: int = 2) -> torch.fx.Graph:
+    """x -> mm(w0) -> relu -> mm(w1) ... -> sum, with each weight gathered, waited and released.
+
+    Every weight is 4x4 float32 (64 bytes); the input x is 2x4.
+    """
+    g = torch.fx.Graph()
+    params = [g.placeholder(f"primals_{i + 1}") for i in range(n_params)]
+    x = g.placeholder(f"primals_{n_params + 1}")
+    for p in (*params, x):
+        p.meta.update(tensor_size=64 if p is not x else 32)
+    waits = []
+    for i, p in enumerate(params):
+        ag = _node(g, ops.allgather_param, (p, 0, i), f"allgather_ds_param_{p.name}_{i}",
+                   kwargs={"dtype": torch.float32}, time=1.0, size=64)
+        waits.append(_node(g, ops.wait_allgather, (ag, 0, i), f"wait_allgather_ds_param__{p.name}_{i}", time=0.0,
+                           size=0))
+    h = x
+    for i, (p, w) in enumerate(zip(params, waits)):
+        mm = _node(g, aten.mm.default, (h, w), f"mm_{i}", size=32)
+        rel = _node(g, ops.release_param, (mm, 0, i, 1), f"release_ds_param_{p.name}_mm_{i}_{i}", time=0.0, size=0)
+        h = _node(g, aten.relu.default, (rel,), f"relu_{i}", size=32)
+    loss = _node(g, aten.sum.default, (h,), "sum_1", size=4)
+    g.output((loss, *params, x))
+    return g
+
+
+def linear_bundle(n_params: int = 2) -> Bundle:
+    forward = linear_forward(n_params)
+    return Bundle(
+        forward=forward,
+        backward=None,
+        params=[ParamInfo(f"layers.{i}.weight", (4, 4), torch.float32, i) for i in range(n_params)],
+        inputs=[InputInfo("x", (2, 4), torch.float32, torch.randn(2, 4, generator=torch.Generator().manual_seed(0)))],
+        forward_placeholders=[{"kind": "param", "ds_id": i} for i in range(n_params)] + [{"kind": "input", "index": 0}],
+        backward_placeholders=[],
+        provenance={"device_time": "hand-written", "tensor_size": "hand-written"},
+    )

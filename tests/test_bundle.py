@@ -1,0 +1,179 @@
+"""The bundle file: round trip, and every kind of bad input refused with one line and exit code 2."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import zipfile
+
+import pytest
+import torch
+
+import dcsched
+from dcsched import bundle as bundle_io
+from dcsched.cli import run
+from dcsched.errors import BundleError
+
+from bundles import linear_bundle
+
+
+def _nodes(graph):
+    return [(n.name, n.op, str(n.target), str(n.args), str(n.kwargs)) for n in graph.nodes]
+
+
+def test_round_trip_node_for_node(tmp_path):
+    original = linear_bundle(3)
+    path = dcsched.save(original, tmp_path / "graph.pt")
+    loaded = dcsched.load(path)
+    assert _nodes(loaded.forward) == _nodes(original.forward)
+    assert [n.meta.get("device_time") for n in loaded.forward.nodes] == \
+        [n.meta.get("device_time") for n in original.forward.nodes]
+    assert loaded.params == original.params
+    assert torch.equal(loaded.inputs[0].value, original.inputs[0].value)
+    assert loaded.forward_placeholders == original.forward_placeholders
+    assert loaded.provenance == original.provenance
+    loaded.forward.lint()
+
+
+def test_save_is_atomic_and_keeps_existing_file_on_failure(tmp_path):
+    path = tmp_path / "graph.pt"
+    path.write_bytes(b"precious")
+
+    def broken(handle):
+        handle.write(b"partial")
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError):
+        bundle_io.write_atomic(path, broken)
+    assert path.read_bytes() == b"precious"
+    assert os.listdir(tmp_path) == ["graph.pt"]
+
+
+def test_save_refuses_to_overwrite_when_asked(tmp_path):
+    path = dcsched.save(linear_bundle(), tmp_path / "graph.pt")
+    with pytest.raises(BundleError, match="exists already"):
+        dcsched.save(linear_bundle(), path, overwrite=False)
+
+
+def test_dc_namespace_graphs_load(tmp_path):
+    data = bundle_io.to_data(linear_bundle())
+    for node in data["graphs"]["forward"]["nodes"]:
+        if node["op"] == "call_function" and node["target"].startswith("dcsched."):
+            node["target"] = "dc." + node["target"].removeprefix("dcsched.")
+    torch.save(data, tmp_path / "dc.pt")
+    graph = dcsched.load(tmp_path / "dc.pt").forward
+    targets = {str(n.target) for n in graph.nodes if n.op == "call_function"}
+    assert "dc.allgather_param.default" in targets
+    assert dcsched.to_networkx(graph).nodes["allgather_ds_param_primals_1_0"]["role"] == "allgather"
+
+
+class _Payload:
+    """Unpickling this would run code: it must never happen."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _bad_files(tmp_path):
+    """name -> (path, expected words in the message)."""
+    good = tmp_path / "good.pt"
+    dcsched.save(linear_bundle(), good)
+    files = {}
+
+    marker = tmp_path / "pwned"
+    payload = tmp_path / "payload.pt"
+    torch.save({"format": "dcsched-bundle", "version": 1, "x": _Payload(marker)}, payload)
+    files["code payload"] = (payload, "refused")
+
+    raw_pickle = tmp_path / "raw.pkl"
+    raw_pickle.write_bytes(pickle.dumps(_Payload(marker)))
+    files["raw pickle payload"] = (raw_pickle, "not a dcsched bundle")
+
+    truncated = tmp_path / "truncated.pt"
+    truncated.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    files["truncated"] = (truncated, "truncated or corrupt")
+
+    text = tmp_path / "notes.pt"
+    text.write_text("these are not the graphs you are looking for\n")
+    files["text file"] = (text, "not a dcsched bundle")
+
+    other = tmp_path / "weights.pt"
+    torch.save({"weight": torch.zeros(2)}, other)
+    files["other torch file"] = (other, "not a dcsched graph bundle")
+
+    data = bundle_io.to_data(linear_bundle())
+    data["version"] = bundle_io.BUNDLE_VERSION + 1
+    newer = tmp_path / "newer.pt"
+    torch.save(data, newer)
+    files["newer version"] = (newer, "newer dcsched")
+
+    def edited(name, edit):
+        data = bundle_io.to_data(linear_bundle())
+        edit(data["graphs"]["forward"]["nodes"])
+        path = tmp_path / f"{name}.pt"
+        torch.save(data, path)
+        return path
+
+    def dangle(nodes):
+        nodes[-2]["args"] = {"$tuple": [{"$node": "ghost"}]}
+
+    def cycle(nodes):
+        by_name = {n["name"]: n for n in nodes}
+        by_name["mm_0"]["args"] = {"$tuple": [{"$node": "relu_0"}, {"$node": "wait_allgather_ds_param__primals_1_0"}]}
+
+    def unknown(nodes):
+        nodes[-2]["target"] = "aten.definitely_not_an_op.default"
+
+    def forbidden(nodes):
+        nodes[-2]["target"] = "os.system"
+
+    files["dangling reference"] = (edited("dangling", dangle), "refers to 'ghost'")
+    files["cycle"] = (edited("cycle", cycle), "cycle")
+    files["unknown op"] = (edited("unknown", unknown), "unknown op 'aten.definitely_not_an_op.default'")
+    files["disallowed target"] = (edited("forbidden", forbidden), "not an allowed op")
+    return files, marker
+
+
+BAD = ["code payload", "raw pickle payload", "truncated", "text file", "other torch file", "newer version",
+       "dangling reference", "cycle", "unknown op", "disallowed target"]
+
+
+@pytest.mark.parametrize("kind", BAD)
+def test_bad_bundle_raises_bundle_error(tmp_path, kind):
+    files, marker = _bad_files(tmp_path)
+    path, words = files[kind]
+    with pytest.raises(BundleError) as info:
+        dcsched.load(path)
+    assert words in str(info.value)
+    assert str(path) in str(info.value)
+    assert not marker.exists(), "loading ran code from the file"
+
+
+@pytest.mark.parametrize("kind", BAD)
+def test_bad_bundle_cli_one_line_exit_2(tmp_path, kind, capsys):
+    files, marker = _bad_files(tmp_path)
+    path, words = files[kind]
+    before = sorted(os.listdir(tmp_path))
+    assert run(["show", str(path)]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err and words in " ".join(err.split())
+    assert sorted(os.listdir(tmp_path)) == before
+    assert not marker.exists()
+
+
+def test_missing_file(tmp_path, capsys):
+    assert run(["show", str(tmp_path / "nope.pt")]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_zip_of_other_content_is_rejected(tmp_path):
+    path = tmp_path / "archive.pt"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("hello.txt", "hi")
+    with pytest.raises(BundleError):
+        dcsched.load(path)

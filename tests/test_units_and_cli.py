@@ -1,0 +1,70 @@
+"""Size parsing, the `show` command, `python -m dcsched` and help texts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import dcsched
+from dcsched.cli import run
+from dcsched.units import format_bytes, format_ms, parse_size
+
+from bundles import linear_bundle
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("512", 512), ("1kB", 1000), ("1KiB", 1024), ("6GiB", 6 * 2**30), ("1.5GB", 1_500_000_000),
+    ("800 MiB", 800 * 2**20), ("2e3", 2000), ("1TB", 10**12), ("3g", 3 * 10**9),
+])
+def test_parse_size(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "GiB", "1.2.3GB", "5 parsecs", "-1GB"])
+def test_parse_size_rejects(text):
+    with pytest.raises(ValueError, match="not a size"):
+        parse_size(text)
+
+
+def test_formats():
+    assert format_bytes(1536) == "1.50 KiB"
+    assert format_bytes(12) == "12 B"
+    assert format_ms(1500) == "1.500 s"
+    assert format_ms(2.5) == "2.500 ms"
+
+
+def test_show_json(tmp_path, capsys):
+    path = dcsched.save(linear_bundle(2), tmp_path / "g.pt")
+    assert run(["show", str(path), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    forward = summary["graphs"]["forward"]
+    assert forward["roles"]["allgather"] == 2 and forward["roles"]["release"] == 2
+    assert forward["comm_ms"] == pytest.approx(2.0)
+    assert summary["param_bytes"] == 2 * 64
+    assert summary["provenance"]["device_time"] == "hand-written"
+
+
+def test_show_table(tmp_path, capsys):
+    path = dcsched.save(linear_bundle(2), tmp_path / "g.pt")
+    assert run(["show", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "layers.1.weight" in out and "forward" in out and "hand-written" in out
+
+
+def test_python_dash_m_matches_script(tmp_path):
+    path = dcsched.save(linear_bundle(1), tmp_path / "g.pt")
+    result = subprocess.run([sys.executable, "-m", "dcsched", "show", str(path), "--json"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["graphs"]["forward"]["roles"]["allgather"] == 1
+    bad = subprocess.run([sys.executable, "-m", "dcsched", "show", str(tmp_path / "missing.pt")],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "no such file" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_help_lists_commands(capsys):
+    assert run(["--help"]) == 0
+    assert "show" in capsys.readouterr().out
