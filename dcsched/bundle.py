@@ -452,6 +452,10 @@ def write_atomic(path: str | os.PathLike, write) -> None:
         raise BundleError(path, f"directory {directory} does not exist")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
     try:
+        # mkstemp creates the file 0600; give it the mode a plain open() would.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         with os.fdopen(fd, "wb") as handle:
             write(handle)
             handle.flush()

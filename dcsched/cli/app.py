@@ -11,6 +11,7 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from ..errors import DcschedError, ResultMismatch
 
@@ -33,7 +34,7 @@ err_console = Console(stderr=True)
 
 def fail(message: str, code: int = 2) -> None:
     """Print one error line and exit."""
-    err_console.print(f"[bold red]dcsched: error:[/] {message}", highlight=False, soft_wrap=True)
+    err_console.print(f"[bold red]dcsched: error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise SystemExit(code)
 
 
@@ -44,10 +45,10 @@ def run(argv: list[str] | None = None) -> int:
     try:
         app(args=argv, prog_name="dcsched")
     except ResultMismatch as exc:
-        err_console.print(f"[bold red]dcsched: results differ:[/] {exc}", highlight=False, soft_wrap=True)
+        err_console.print(f"[bold red]dcsched: results differ:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         return 1
     except DcschedError as exc:
-        err_console.print(f"[bold red]dcsched: error:[/] {exc}", highlight=False, soft_wrap=True)
+        err_console.print(f"[bold red]dcsched: error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         return exc.exit_code
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)

@@ -1,0 +1,73 @@
+"""Memory over simulated time for the orders compared (needs the optional ``plot`` extra).
+
+One panel per graph, one line per order (all tensors solid, gathered
+parameters dashed), x in milliseconds, y in GiB. matplotlib is imported only
+here and only when a plot is asked for; without it :func:`require_matplotlib`
+raises a one-line :class:`DcschedError` with the install command.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from .bundle import write_atomic
+from .errors import DcschedError
+from .simulate import SimResult
+
+INSTALL_HINT = "pip install 'dcsched[plot]'"
+
+
+def require_matplotlib():
+    """``matplotlib.pyplot`` on the non-interactive Agg backend, or a clear error."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise DcschedError(f"--plot needs matplotlib, which is not installed (install it with: {INSTALL_HINT})") \
+            from None
+    return plt
+
+
+def plot_memory(path: str | os.PathLike, runs: Mapping[str, Sequence[tuple[str, SimResult]]],
+                title: str | None = None) -> Path:
+    """Draw memory over time, ``runs`` = {graph name: [(order label, result), ...]}; write ``path`` atomically.
+
+    The file format follows the suffix (png, svg, pdf).
+    """
+    plt = require_matplotlib()
+    path = Path(path)
+    fmt = path.suffix.lstrip(".").lower() or "png"
+    graphs = list(runs)
+    fig, axes = plt.subplots(len(graphs), 1, figsize=(13, 3.4 * max(1, len(graphs))), squeeze=False)
+    try:
+        for ax, graph in zip(axes[:, 0], graphs):
+            for n, (label, result) in enumerate(runs[graph]):
+                times, all_bytes, gathered = result.memory_timeline()
+                color = f"C{n % 10}"
+                ax.step(times, [b / 2**30 for b in all_bytes], where="post", color=color,
+                        label=f"{label} (peak {result.peak_bytes / 2**30:.2f} GiB, step {result.step_ms:.2f} ms)")
+                ax.step(times, [b / 2**30 for b in gathered], where="post", color=color, linestyle="--",
+                        linewidth=0.8)
+            ax.set_title(f"{graph}: memory over simulated time (solid: all tensors, dashed: gathered parameters)",
+                         fontsize=9)
+            ax.set_xlabel("time (ms)")
+            ax.set_ylabel("memory (GiB)")
+            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+            ax.grid(alpha=0.3)
+        if title:
+            fig.suptitle(title, fontsize=10)
+        fig.tight_layout()
+        buffer = io.BytesIO()
+        try:
+            fig.savefig(buffer, format=fmt, dpi=110)
+        except ValueError as exc:
+            raise DcschedError(f"{path}: cannot write a plot in format '{fmt}' ({exc})") from None
+    finally:
+        plt.close(fig)
+    data = buffer.getvalue()
+    write_atomic(path, lambda handle: handle.write(data))
+    return path

@@ -1,0 +1,570 @@
+"""Simulate one order of a ZeRO-3 graph: memory over time, two-stream step time, overlap.
+
+The model (documented in full, with the lower bounds' proofs, in ``docs/simulator.md``):
+
+Memory, in program order
+    Every node allocates its ``tensor_size`` when it runs. View-like nodes
+    (views, in-place ops, ``getitem``, wait, release) allocate nothing and keep
+    their source alive. A value is freed after its last reader (readers of its
+    views included). Graph inputs are resident from the start; parameter shards
+    (placeholders an all-gather reads) stay resident, at their sharded size.
+    A gathered parameter's buffer is freed at its ``n_users``-th release,
+    whatever views of it remain. A gradient is freed after its reduce-grad,
+    which is its last reader.
+
+Time, two streams
+    Compute nodes run in order on the compute stream. All-gathers and
+    reduce-grads are issued in program order onto one communication stream
+    when the program reaches them and run there one at a time. A wait, or any
+    reader of a gathered parameter (or of a reduce-grad's result), blocks the
+    compute stream until that communication has finished. Waits, releases,
+    placeholders and the output take no time.
+
+:func:`simulate` works on a plain ``torch.fx.Graph`` or on the networkx view
+(:func:`dcsched.nxview.to_networkx`) with an order. Code that simulates many
+orders of one graph (a scheduler's search) compiles it once with
+:func:`compile_view` and calls :meth:`CompiledGraph.simulate`, which is O(N + E)
+per order over plain integer arrays.
+
+>>> import torch, torch.fx
+>>> from dcsched import ops
+>>> g = torch.fx.Graph()
+>>> w = g.placeholder("w"); w.meta["tensor_size"] = 25
+>>> ag = g.call_function(ops.allgather_param, (w, 0, 0)); ag.meta.update(device_time=2.0, tensor_size=100)
+>>> wt = g.call_function(ops.wait_allgather, (ag, 0, 0)); wt.meta.update(device_time=0.0, tensor_size=100)
+>>> y = g.create_node("call_function", torch.ops.aten.relu.default, (wt,), name="relu")
+>>> y.meta.update(device_time=3.0, tensor_size=100)
+>>> r = g.call_function(ops.release_param, (y, 0, 0, 1)); r.meta.update(device_time=0.0, tensor_size=100)
+>>> _ = g.output((r,))
+>>> res = simulate(g)
+>>> res.peak_bytes, res.peak_node, res.gathered_peak_bytes, res.step_ms, res.exposed_comm_ms
+(225, 'relu', 100, 5.0, 2.0)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Sequence
+
+import networkx as nx
+import torch.fx
+
+from .errors import GraphError
+from .nxview import to_networkx
+from .roles import Role
+
+# Node kinds of the compiled form (small ints: the simulation loop compares them).
+PLACEHOLDER, COMPUTE, ALLGATHER, WAIT, RELEASE, REDUCE, OUTPUT, CONSTANT = range(8)
+_KIND_OF_ROLE = {
+    Role.PLACEHOLDER.value: PLACEHOLDER, Role.COMPUTE.value: COMPUTE, Role.ALLGATHER.value: ALLGATHER,
+    Role.WAIT.value: WAIT, Role.RELEASE.value: RELEASE, Role.REDUCE.value: REDUCE, Role.OUTPUT.value: OUTPUT,
+}
+KIND_NAMES = ("placeholder", "compute", "allgather", "wait", "release", "reduce", "output", "constant")
+#: Kinds that run on the communication stream.
+COMM_KINDS = (ALLGATHER, REDUCE)
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamLifetime:
+    """Where one gathered parameter lives in a simulated order.
+
+    Positions index the simulated order; times are milliseconds from the step's
+    start. The buffer exists from the all-gather's issue (``issued_ms``) until
+    the node that frees it has run (``freed_ms``).
+    """
+
+    ds_id: int | None
+    size_bytes: int
+    gather_node: str
+    gather_index: int
+    free_node: str | None
+    free_index: int | None
+    issued_ms: float
+    ready_ms: float
+    freed_ms: float
+
+    @property
+    def held_nodes(self) -> int:
+        """Nodes run while the buffer exists (the all-gather's own slot excluded)."""
+        return (self.free_index - self.gather_index) if self.free_index is not None else 0
+
+    @property
+    def held_ms(self) -> float:
+        return self.freed_ms - self.issued_ms
+
+    def to_dict(self) -> dict:
+        data = dataclasses.asdict(self)
+        data.update(held_nodes=self.held_nodes, held_ms=self.held_ms)
+        return data
+
+
+@dataclasses.dataclass
+class SimResult:
+    """Figures of one simulated order. Bytes and milliseconds.
+
+    Scalars are always filled. ``order``, the per-node series (``memory`` ...
+    ``end_ms``, indexed by position in ``order``) and ``params`` are filled
+    when the simulation ran with ``detail=True`` (the default of
+    :func:`simulate`); with ``detail=False`` they are empty lists.
+    """
+
+    order: list[str]
+    peak_bytes: int
+    peak_node: str | None
+    gathered_peak_bytes: int
+    gathered_peak_node: str | None
+    step_ms: float
+    compute_ms: float
+    comm_ms: float
+    exposed_comm_ms: float
+    overlap_pct: float
+    lower_bound_ms: float
+    tight_lower_bound_ms: float
+    resident_bytes: int
+    #: memory of all tensors while each node runs (after it allocated, before frees)
+    memory: list[int] = dataclasses.field(default_factory=list, repr=False)
+    #: memory of gathered parameters while each node runs
+    gathered_memory: list[int] = dataclasses.field(default_factory=list, repr=False)
+    #: role of each node ('compute', 'allgather', ...; get_attr constants are 'constant')
+    kinds: list[str] = dataclasses.field(default_factory=list, repr=False)
+    #: when the program reaches each node (a comm node's issue time; a compute node's time before it waits)
+    reach_ms: list[float] = dataclasses.field(default_factory=list, repr=False)
+    #: when each node starts and ends on its stream
+    start_ms: list[float] = dataclasses.field(default_factory=list, repr=False)
+    end_ms: list[float] = dataclasses.field(default_factory=list, repr=False)
+    params: list[ParamLifetime] = dataclasses.field(default_factory=list, repr=False)
+
+    def figures(self) -> dict:
+        """The scalar figures as a JSON-able dict."""
+        return {
+            "peak_bytes": self.peak_bytes,
+            "peak_node": self.peak_node,
+            "gathered_peak_bytes": self.gathered_peak_bytes,
+            "gathered_peak_node": self.gathered_peak_node,
+            "step_ms": self.step_ms,
+            "compute_ms": self.compute_ms,
+            "comm_ms": self.comm_ms,
+            "exposed_comm_ms": self.exposed_comm_ms,
+            "overlap_pct": self.overlap_pct,
+            "lower_bound_ms": self.lower_bound_ms,
+            "tight_lower_bound_ms": self.tight_lower_bound_ms,
+            "resident_bytes": self.resident_bytes,
+        }
+
+    def memory_timeline(self) -> tuple[list[float], list[int], list[int]]:
+        """``(times_ms, all_bytes, gathered_bytes)``: memory as a step function of simulated time.
+
+        One sample per node, at the time it allocates (a comm node at its issue,
+        a compute node when it starts), then one at the step's end.
+        """
+        if not self.memory:
+            raise ValueError("this result was simulated with detail=False: no series")
+        times = [self.reach_ms[i] if self.kinds[i] in ("allgather", "reduce") else self.start_ms[i]
+                 for i in range(len(self.order))]
+        times.append(self.step_ms)
+        return times, self.memory + [self.memory[-1]], self.gathered_memory + [self.gathered_memory[-1]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Bounds:
+    """Lower bounds on the step time that no order beats (proofs in docs/simulator.md)."""
+
+    compute_ms: float
+    comm_ms: float
+    critical_path_ms: float
+    #: first communication any parameter-dependent compute can wait for, plus that compute
+    first_comm_then_dependent_ms: float
+    #: earliest communication start, all communication, shortest tail after a communication
+    comm_with_head_and_tail_ms: float
+
+    @property
+    def simple(self) -> float:
+        return max(self.compute_ms, self.comm_ms)
+
+    @property
+    def tight(self) -> float:
+        return max(self.compute_ms, self.comm_ms, self.critical_path_ms, self.first_comm_then_dependent_ms,
+                   self.comm_with_head_and_tail_ms)
+
+
+class CompiledGraph:
+    """A graph as flat arrays, for simulating many orders fast.
+
+    Nodes are numbered by their position in the input order. Public arrays
+    (index = node number): ``names``, ``kind`` (module constants ``COMPUTE``,
+    ``ALLGATHER``, ...), ``duration`` (ms; 0 for nodes that take no time),
+    ``size`` (bytes), ``alloc`` (bytes the node allocates when it runs),
+    ``preds`` (input node numbers, reading order), ``succs``, ``root`` (the
+    node owning the storage a node's output lives in), ``reads`` (distinct
+    storage roots a node reads), ``gates`` (communication nodes whose end a
+    node must wait for), ``ds_id``, ``n_users``. ``index`` maps names to numbers.
+    """
+
+    def __init__(self, view: nx.DiGraph, *, assume_zero: bool = False, name: str | None = None):
+        label = f"graph '{name}'" if name else "graph"
+        self.name = name
+        # networkx's own dicts (attribute dicts, adjacency in insertion = reading order): the public
+        # views wrap every lookup, which triples the cost of compiling a 100,000-node graph.
+        attrs = getattr(view, "_node", None) or {v: view.nodes[v] for v in view.nodes}
+        pred = getattr(view, "_pred", None) or {v: dict(view.pred[v]) for v in view.nodes}
+        succ = getattr(view, "_succ", None) or {v: dict(view.succ[v]) for v in view.nodes}
+        names = list(attrs)
+        if all("position" in data for data in attrs.values()):
+            names.sort(key=lambda v: attrs[v]["position"])
+        self.names: list[str] = names
+        self.index: dict[str, int] = {v: i for i, v in enumerate(names)}
+        n = len(names)
+        index = self.index
+        self.preds: list[tuple[int, ...]] = [tuple([index[p] for p in pred[v]]) for v in names]
+        self.succs: list[tuple[int, ...]] = [tuple([index[s] for s in succ[v]]) for v in names]
+        self.topo: list[int] = self._topological(view, label)
+
+        kind = [0] * n
+        duration = [0.0] * n
+        size = [0] * n
+        ds_id: list[int | None] = [None] * n
+        n_users = [1] * n
+        view_like = [False] * n
+        missing: dict[str, list[str]] = {"device_time": [], "tensor_size": []}
+        negative: list[str] = []
+        for i, v in enumerate(names):
+            data = attrs[v]
+            k = _KIND_OF_ROLE.get(data.get("role"), COMPUTE)
+            if k == COMPUTE and data.get("target", None) == "":
+                k = CONSTANT  # a get_attr node: a tensor the graph holds, resident like an input
+            kind[i] = k
+            view_like[i] = bool(data.get("view_like", False))
+            ds_id[i] = data.get("ds_id")
+            if data.get("n_users") is not None:
+                n_users[i] = int(data["n_users"])
+            time, nbytes = data.get("device_time"), data.get("tensor_size")
+            if k not in (PLACEHOLDER, OUTPUT, CONSTANT):
+                if time is None:
+                    missing["device_time"].append(v)
+                if nbytes is None:
+                    missing["tensor_size"].append(v)
+            for key, value in (("device_time", time), ("tensor_size", nbytes)):
+                if value is None:
+                    continue
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    negative.append(f"{v} {key}={value!r}")
+                    time, nbytes = (0.0, nbytes) if key == "device_time" else (time, 0)
+                elif value < 0 or math.isnan(value):
+                    negative.append(f"{v} {key}={value}")
+            duration[i] = float(time or 0.0) if k in (COMPUTE, ALLGATHER, REDUCE) else 0.0
+            size[i] = nbytes or 0
+        if negative:
+            raise GraphError(f"{label}: negative, NaN or non-numeric figures on {_some(negative)}")
+        missing = {key: names_ for key, names_ in missing.items() if names_}
+        if missing and not assume_zero:
+            what = "; ".join(f"no {key} on {_some(names_)}" for key, names_ in missing.items())
+            raise GraphError(f"{label}: {what} (profile the graph, or pass --assume-zero / assume_zero=True "
+                             "to count missing figures as 0)")
+        self.missing = missing
+        self.kind, self.duration, self.size, self.ds_id, self.n_users = kind, duration, size, ds_id, n_users
+
+        # Storage: a view-like node lives in its first input's storage.
+        root = list(range(n))
+        for i in self.topo:
+            if view_like[i] and self.preds[i] and kind[i] not in (PLACEHOLDER, OUTPUT):
+                root[i] = root[self.preds[i][0]]
+        self.root = root
+        reads = []
+        gates = []
+        no_gates = ()
+        for i, ps in enumerate(self.preds):
+            if len(ps) == 1:
+                r = (root[ps[0]],)
+            else:
+                r = tuple(dict.fromkeys([root[p] for p in ps]))
+            reads.append(r)
+            if kind[i] in COMM_KINDS or not r:
+                gates.append(no_gates)
+            else:
+                gates.append(tuple([x for x in r if kind[x] in COMM_KINDS]) or no_gates)
+        self.reads: list[tuple[int, ...]] = reads
+        self.gates: list[tuple[int, ...]] = gates
+        self.alloc = [size[i] if kind[i] in (COMPUTE, ALLGATHER, REDUCE) and not view_like[i] else 0
+                      for i in range(n)]
+        # Inputs resident from the start; parameter shards (what an all-gather reads) never leave.
+        resident = [kind[i] in (PLACEHOLDER, CONSTANT) for i in range(n)]
+        self.pinned = [kind[i] == CONSTANT or (kind[i] == PLACEHOLDER
+                       and any(kind[s] == ALLGATHER for s in self.succs[i])) for i in range(n)]
+        self.resident_bytes = sum(size[i] for i in range(n) if resident[i])
+        #: nodes owning storage that may be freed during the step
+        self.owners = [i for i in range(n) if root[i] == i and (self.alloc[i] > 0 or (resident[i] and size[i] > 0))
+                       and not self.pinned[i]]
+        self.is_input = resident
+        self.compute_ms = sum(duration[i] for i in range(n) if kind[i] == COMPUTE)
+        self.comm_ms = sum(duration[i] for i in range(n) if kind[i] in COMM_KINDS)
+        self.num_allgathers = sum(1 for k in kind if k == ALLGATHER)
+        self.num_reduces = sum(1 for k in kind if k == REDUCE)
+        self._bounds: Bounds | None = None
+
+    # -- construction helpers ------------------------------------------------
+    def _topological(self, view: nx.DiGraph, label: str) -> list[int]:
+        preds = self.preds
+        if all(p < i for i, ps in enumerate(preds) for p in ps):
+            return list(range(len(preds)))
+        try:
+            return [self.index[v] for v in nx.topological_sort(view)]
+        except nx.NetworkXUnfeasible:
+            cycle = nx.find_cycle(view)
+            path = " -> ".join([edge[0] for edge in cycle] + [cycle[0][0]])
+            raise GraphError(f"{label} has a cycle: {path}") from None
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    # -- lower bounds ----------------------------------------------------------
+    @property
+    def bounds(self) -> Bounds:
+        """Order-independent lower bounds on the step time (computed once, O(N + E))."""
+        if self._bounds is None:
+            self._bounds = self._compute_bounds()
+        return self._bounds
+
+    def _compute_bounds(self) -> Bounds:
+        kind, dur, preds, succs, topo = self.kind, self.duration, self.preds, self.succs, self.topo
+        n = len(kind)
+        # head[i]: longest chain of durations that must finish before i starts
+        head = [0.0] * n
+        for i in topo:
+            best = 0.0
+            for p in preds[i]:
+                t = head[p] + dur[p]
+                if t > best:
+                    best = t
+            head[i] = best
+        # tail[i]: longest chain of durations that must run after i ends
+        tail = [0.0] * n
+        has_dependent_compute = [False] * n
+        for i in reversed(topo):
+            best = 0.0
+            dependent = False
+            for s in succs[i]:
+                t = dur[s] + tail[s]
+                if t > best:
+                    best = t
+                if has_dependent_compute[s] or (kind[s] == COMPUTE and dur[s] > 0):
+                    dependent = True
+            tail[i] = best
+            has_dependent_compute[i] = dependent
+        critical = max((head[i] + dur[i] for i in range(n)), default=0.0)
+        # Compute that depends (transitively) on some communication.
+        after_comm = [False] * n
+        for i in topo:
+            after_comm[i] = kind[i] in COMM_KINDS or any(after_comm[p] for p in preds[i])
+        dependent_compute = sum(dur[i] for i in range(n) if kind[i] == COMPUTE and after_comm[i])
+        comm = [i for i in range(n) if kind[i] in COMM_KINDS]
+        gating = [head[c] + dur[c] for c in comm if has_dependent_compute[c]]
+        first_then_dependent = (min(gating) + dependent_compute) if gating else 0.0
+        with_head_tail = (min(head[c] for c in comm) + self.comm_ms + min(tail[c] for c in comm)) if comm else 0.0
+        return Bounds(self.compute_ms, self.comm_ms, critical, first_then_dependent, with_head_tail)
+
+    # -- the simulation ----------------------------------------------------------
+    def order_indices(self, order: Sequence | None, *, check: bool = True) -> list[int]:
+        """Node numbers of ``order`` (names or numbers; None = the input order), checked topological."""
+        if order is None:
+            return list(self.topo)
+        if isinstance(order, torch.fx.Graph):
+            order = [node.name for node in order.nodes]
+        idx = list(order)
+        if idx and not isinstance(idx[0], int):
+            try:
+                idx = [self.index[v] for v in idx]
+            except KeyError as exc:
+                raise GraphError(f"order names {exc.args[0]!r}, which is not in the graph") from None
+        if check:
+            self.check(idx)
+        return idx
+
+    def check(self, idx: Sequence[int]) -> None:
+        """Raise :class:`GraphError` unless ``idx`` runs every node once, inputs first."""
+        n = len(self.names)
+        placed = [False] * n
+        if len(idx) != n:
+            raise GraphError(f"order holds {len(idx)} nodes for a graph of {n}")
+        for i in idx:
+            if placed[i]:
+                raise GraphError(f"order runs {self.names[i]!r} twice")
+            for p in self.preds[i]:
+                if not placed[p]:
+                    raise GraphError(f"order runs {self.names[i]!r} before its input {self.names[p]!r}")
+            placed[i] = True
+
+    def free_positions(self, idx: Sequence[int]) -> list[int]:
+        """For each node number, the position in ``idx`` after which its storage is freed (-1: never).
+
+        Only storage owners (:attr:`owners`) get a position; others get -1.
+        """
+        n = len(idx)
+        kind, reads, ds_id, n_users = self.kind, self.reads, self.ds_id, self.n_users
+        last = [-1] * len(self.names)
+        released: dict[int, int] = {}
+        current: dict = {}
+        count: dict = {}
+        for pos in range(n):
+            i = idx[pos]
+            for r in reads[i]:
+                last[r] = pos
+            k = kind[i]
+            if k == ALLGATHER:
+                current[ds_id[i]] = i
+                count[ds_id[i]] = 0
+            elif k == RELEASE:
+                d = ds_id[i]
+                gather = current.get(d)
+                if gather is not None:
+                    c = count[d] + 1
+                    if c >= n_users[i]:
+                        released[gather] = pos
+                        del current[d]
+                    else:
+                        count[d] = c
+        free = [-1] * len(self.names)
+        pos_of = None
+        for r in self.owners:
+            p = released.get(r, last[r])
+            if p < 0 and not self.is_input[r]:
+                if pos_of is None:
+                    pos_of = {i: pos for pos, i in enumerate(idx)}
+                p = pos_of[r]  # nobody reads it: freed right after it runs
+            free[r] = p
+        return free
+
+    def simulate(self, order: Sequence | None = None, *, detail: bool = True, check: bool = True) -> SimResult:
+        """Simulate ``order`` (names or node numbers; None = input order). O(N + E)."""
+        idx = self.order_indices(order, check=check)
+        n = len(idx)
+        kind, dur, alloc, size, gates = self.kind, self.duration, self.alloc, self.size, self.gates
+        free = self.free_positions(idx)
+        free_all = [0] * n
+        free_gathered = [0] * n
+        for r in self.owners:
+            p = free[r]
+            if p >= 0:
+                free_all[p] += size[r]
+                if kind[r] == ALLGATHER:
+                    free_gathered[p] += size[r]
+
+        mem = self.resident_bytes
+        gmem = 0
+        peak = gpeak = -1
+        peak_pos = gpeak_pos = -1
+        tc = tq = 0.0  # compute stream's clock; when the communication stream is next free
+        done = {}
+        record = detail
+        memory, gathered, reach, start, end = [], [], [], [], []
+        for pos in range(n):
+            i = idx[pos]
+            k = kind[i]
+            a = alloc[i]
+            if a:
+                mem += a
+                if k == ALLGATHER:
+                    gmem += a
+            if mem > peak:
+                peak, peak_pos = mem, pos
+            if gmem > gpeak:
+                gpeak, gpeak_pos = gmem, pos
+            if k == ALLGATHER or k == REDUCE:
+                s = tc if tc > tq else tq
+                tq = s + dur[i]
+                done[i] = tq
+                if record:
+                    reach.append(tc)
+                    start.append(s)
+                    end.append(tq)
+            else:
+                arrived = tc
+                for g in gates[i]:
+                    e = done[g]
+                    if e > tc:
+                        tc = e
+                if record:
+                    reach.append(arrived)
+                    start.append(tc)
+                tc += dur[i]
+                if record:
+                    end.append(tc)
+            if record:
+                memory.append(mem)
+                gathered.append(gmem)
+            f = free_all[pos]
+            if f:
+                mem -= f
+                gmem -= free_gathered[pos]
+
+        step = tc if tc > tq else tq
+        exposed = max(0.0, step - self.compute_ms)
+        overlap = 100.0 if self.comm_ms <= 0 else min(100.0, max(0.0, 100.0 * (self.comm_ms - exposed) / self.comm_ms))
+        bounds = self.bounds
+        names = self.names
+        result = SimResult(
+            order=[names[i] for i in idx] if record else [],
+            peak_bytes=max(peak, self.resident_bytes) if n else self.resident_bytes,
+            peak_node=names[idx[peak_pos]] if peak_pos >= 0 else None,
+            gathered_peak_bytes=max(gpeak, 0),
+            gathered_peak_node=names[idx[gpeak_pos]] if gpeak > 0 else None,
+            step_ms=step,
+            compute_ms=self.compute_ms,
+            comm_ms=self.comm_ms,
+            exposed_comm_ms=exposed,
+            overlap_pct=overlap,
+            lower_bound_ms=bounds.simple,
+            tight_lower_bound_ms=bounds.tight,
+            resident_bytes=self.resident_bytes,
+        )
+        if record:
+            result.memory, result.gathered_memory = memory, gathered
+            result.reach_ms, result.start_ms, result.end_ms = reach, start, end
+            result.kinds = [KIND_NAMES[kind[i]] for i in idx]
+            result.params = self._lifetimes(idx, free, reach, start, end)
+        return result
+
+    def _lifetimes(self, idx, free, reach, start, end) -> list[ParamLifetime]:
+        names, kind = self.names, self.kind
+        lifetimes = []
+        for pos, i in enumerate(idx):
+            if kind[i] != ALLGATHER:
+                continue
+            p = free[i]
+            lifetimes.append(ParamLifetime(
+                ds_id=self.ds_id[i], size_bytes=self.size[i], gather_node=names[i], gather_index=pos,
+                free_node=names[idx[p]] if p >= 0 else None, free_index=p if p >= 0 else None,
+                issued_ms=reach[pos], ready_ms=end[pos], freed_ms=end[p] if p >= 0 else end[-1]))
+        return lifetimes
+
+
+def _some(names: list[str], limit: int = 8) -> str:
+    shown = ", ".join(names[:limit])
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return f"{len(names)} node{'s' if len(names) != 1 else ''} ({shown}{more})"
+
+
+def compile_view(view: nx.DiGraph | torch.fx.Graph, *, assume_zero: bool = False,
+                 name: str | None = None) -> CompiledGraph:
+    """Check ``view``'s costs and compile it for fast repeated simulation.
+
+    Raises :class:`GraphError` (naming the nodes) for a cycle, negative or NaN
+    figures, and — unless ``assume_zero`` — missing ``device_time`` or
+    ``tensor_size`` (placeholders, get_attr constants and the output need none).
+    """
+    if isinstance(view, torch.fx.Graph):
+        view = to_networkx(view)
+    return CompiledGraph(view, assume_zero=assume_zero, name=name)
+
+
+def simulate(graph: torch.fx.Graph | nx.DiGraph | CompiledGraph, order: Sequence | None = None, *,
+             assume_zero: bool = False, detail: bool = True, name: str | None = None) -> SimResult:
+    """Simulate ``graph`` run in ``order`` (node names; None = the graph's own order).
+
+    ``graph`` is a ``torch.fx.Graph`` (dcsched or DeepSpeed ``dc`` ZeRO-3 ops,
+    costs in ``node.meta['device_time']`` ms and ``['tensor_size']`` bytes), its
+    networkx view, or a :class:`CompiledGraph`. See the module docstring for
+    the model. ``detail=False`` skips the per-node series and lifetimes.
+    """
+    compiled = graph if isinstance(graph, CompiledGraph) else compile_view(graph, assume_zero=assume_zero, name=name)
+    return compiled.simulate(order, detail=detail)
