@@ -448,8 +448,10 @@ def write_atomic(path: str | os.PathLike, write) -> None:
     """
     path = Path(path)
     directory = path.parent if str(path.parent) else Path(".")
-    if not directory.is_dir():
-        raise BundleError(path, f"directory {directory} does not exist")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BundleError(path, f"cannot create directory {directory} ({exc.strerror})") from None
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
     try:
         # mkstemp creates the file 0600; give it the mode a plain open() would.

@@ -102,13 +102,19 @@ def missing_costs(view: nx.DiGraph) -> dict[str, list[str]]:
 
 
 def check_order(view: nx.DiGraph, order: Sequence[str]) -> None:
-    """Raise :class:`GraphError` unless ``order`` is a topological order of exactly ``view``'s vertices."""
+    """Raise :class:`GraphError` unless ``order`` is a topological order of exactly ``view``'s vertices
+    that keeps the placeholders in their input order."""
     if len(order) != view.number_of_nodes() or set(order) != set(view.nodes):
         extra = set(order) - set(view.nodes)
         missing = set(view.nodes) - set(order)
         raise GraphError(
             f"order is not a permutation of the graph's nodes (missing {sorted(missing)[:5]}, "
             f"unknown {sorted(extra)[:5]}, {len(order)} given for {view.number_of_nodes()})")
+    # Placeholders are the graph's calling convention (bundles map them by
+    # position), so an order must keep them in their input order.
+    placeholders = [name for name in order if view.nodes[name]["role"] == Role.PLACEHOLDER.value]
+    if placeholders != sorted(placeholders, key=lambda name: view.nodes[name]["position"]):
+        raise GraphError("order moves placeholders out of their input order (they are the graph's signature)")
     placed: set[str] = set()
     for name in order:
         for source in view.pred[name]:

@@ -86,6 +86,9 @@ class Zero3Runtime:
         return grad.clone()
 
     # -- shapes for fake tensors -------------------------------------------
+    def gathered_like(self, shard: torch.Tensor, graph_id: int, ds_id: int, dtype) -> torch.Tensor:
+        return torch.empty_like(shard, dtype=dtype if dtype is not None else shard.dtype)
+
     def reduced_shard_like(self, grad: torch.Tensor, graph_id: int, ds_id: int) -> torch.Tensor:
         return torch.empty_like(grad)
 
@@ -117,7 +120,7 @@ def _reduce(a, graph_id, id):
 
 
 def _allgather_fake(a, graph_id, id, dtype=None):
-    return torch.empty_like(a, dtype=dtype if dtype is not None else a.dtype)
+    return RUNTIME.gathered_like(a, graph_id, id, dtype)
 
 
 def _alias_fake(a, *_):

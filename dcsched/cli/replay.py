@@ -1,0 +1,110 @@
+"""``dcsched replay``: run a bundle's step for real, measure it, check it against its baseline.
+
+The work happens in :mod:`dcsched.replay` (and :mod:`dcsched.distributed` under
+torchrun); this module parses options, sets up the process group when launched
+by torchrun, and renders the report (rank 0 only).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from .. import bundle as bundle_io
+from .. import distributed
+from ..replay import ReplayReport, replay_orders, resolve_device
+from ..units import format_bytes, format_ms
+from .app import app, console
+
+
+def _with_error(text: str, error: float | None) -> str:
+    return text if error is None else f"{text} ({error:+.1f}%)"
+
+
+def render(report: ReplayReport) -> None:
+    """Print the report: one column per order, measured and simulated figures in rows."""
+    first = report.orders[0].measured
+    processes = "1 process" if report.world_size == 1 else f"{report.world_size} ranks (worst rank shown)"
+    console.print(f"[bold]dcsched replay[/] on {report.device}, {processes}, {first.iters} timed steps after "
+                  f"{first.warmup} warm-up, seed {report.seed}", highlight=False)
+    for order in report.orders:
+        if order.path:
+            console.print(f"  {order.label}: {order.path}", highlight=False)
+    table = Table(title_justify="left")
+    table.add_column("per training step")
+    for order in report.orders:
+        table.add_column(order.label, justify="right")
+    rows: dict[str, list[str]] = {"peak memory, measured": [], "peak memory, simulated (error)": [],
+                                  "step time, measured": [], "step time, simulated (error)": [],
+                                  "forward / backward, measured": []}
+    for order in report.orders:
+        m, sim, err = order.measured, order.simulated or {}, order.errors()
+        spread = "" if m.spread_percent is None else f" ±{m.spread_percent / 2:.0f}%"
+        rows["peak memory, measured"].append(format_bytes(m.peak_bytes))
+        rows["peak memory, simulated (error)"].append(_with_error(format_bytes(sim.get("peak_bytes")),
+                                                                  err["peak_bytes"]))
+        rows["step time, measured"].append(format_ms(m.step_ms) + spread)
+        rows["step time, simulated (error)"].append(_with_error(format_ms(sim.get("step_ms")), err["step_ms"]))
+        rows["forward / backward, measured"].append(f"{format_ms(m.forward_ms)} / {format_ms(m.backward_ms)}")
+    for name, cells in rows.items():
+        table.add_row(name, *cells)
+    console.print(table)
+    if report.comparison is not None:
+        c = report.comparison
+        how = "bit for bit" if c.exact else f"within tolerance ({c.tolerance})"
+        console.print(f"[green]results match[/] {how}: {c.outputs} outputs (loss and gradients), "
+                      f"largest difference {c.max_abs_error:.3g} ({c.worst_output})", highlight=False)
+    else:
+        console.print("results not compared (no --baseline)")
+    console.print(f"measured: time by {first.timer} (median of forward + backward; ± half the range), "
+                  f"memory by {first.memory_source}; {format_bytes(first.resident_bytes)} resident before "
+                  "the step", highlight=False)
+    for note in dict.fromkeys(order.simulator_note for order in report.orders):
+        console.print(f"simulated: {note}", highlight=False)
+
+
+@app.command()
+def replay(
+    path: Path = typer.Argument(..., help="Bundle to run, e.g. the scheduled graph.sched.pt."),
+    baseline: Optional[Path] = typer.Option(None, "--baseline", help="The original bundle: run it too and check "
+                                            "both compute the same loss, outputs and gradients."),
+    device: str = typer.Option("auto", "--device", help="auto (CUDA when there is a GPU), cpu, cuda or cuda:N."),
+    iters: int = typer.Option(5, "--iters", min=1, help="Timed steps; the report gives their median and spread."),
+    warmup: int = typer.Option(1, "--warmup", min=0, help="Untimed steps before measuring."),
+    seed: int = typer.Option(0, "--seed", help="Seed for the parameters and inputs (same on every rank)."),
+    exact: Optional[bool] = typer.Option(None, "--exact/--tolerant", help="Ask for bit-for-bit equal results "
+                                         "(default on the CPU) or equality within tolerance (default on a GPU)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON (bytes and ms)."),
+) -> None:
+    """Run a bundle's training step for real: measured peak memory (bytes of live tensors) and step time
+    (ms) next to the simulator's, for the bundle and its --baseline, and check both orders compute the
+    same results (exit code 1 if not).
+
+    Under [bold]torchrun --nproc-per-node W -m dcsched replay ...[/] the parameters are sharded over W
+    ranks (gloo on CPU, NCCL on CUDA); only rank 0 prints."""
+    candidate = bundle_io.load(path)
+    reference = bundle_io.load(baseline) if baseline is not None else None
+    target = resolve_device(device)
+    launch = None
+    runtime_factory = None
+    if distributed.launched():
+        launch = distributed.init(target.type)
+        target = launch.device
+        runtime_factory = lambda bundle: distributed.DistributedZero3Runtime(bundle.params)  # noqa: E731
+    try:
+        report = replay_orders(candidate, reference, device=target, seed=seed, iters=iters, warmup=warmup,
+                               runtime_factory=runtime_factory, exact=exact,
+                               paths=(str(baseline) if baseline else None, str(path)))
+    finally:
+        if launch is not None:
+            distributed.shutdown()
+    if launch is not None and launch.rank != 0:
+        return
+    if as_json:
+        console.print_json(json.dumps(report.to_dict()))
+        return
+    render(report)

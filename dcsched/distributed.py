@@ -1,0 +1,180 @@
+"""ZeRO-3 for real across processes: sharded parameters behind the dcsched ops.
+
+Under ``torchrun --nproc-per-node W`` every rank holds a 1-D shard of each
+parameter. :class:`DistributedZero3Runtime` (installed with
+:func:`dcsched.ops.set_runtime`) gives the four ops their distributed meaning:
+
+- ``allgather_param``: ``all_gather_into_tensor`` of the shards on the default
+  process group (gloo on CPU, NCCL on CUDA), started asynchronously into a
+  fresh buffer, which the op returns viewed as the full parameter;
+- ``wait_allgather``: waits on that collective's work handle;
+- ``release_param``: frees the gathered buffer at its ``n_users``-th release
+  (the single-process behaviour, inherited);
+- ``reduce_grad``: reduce-scatters the gradient, averaging over the ranks as
+  data-parallel training does, and returns this rank's 1-D shard.
+
+Parameters whose size does not divide by W are padded with zeros to the next
+multiple of W, as DeepSpeed's ZeRO-3 pads them; rank r holds elements
+``[r * n, (r + 1) * n)`` of the flattened, padded parameter (n = padded / W).
+
+>>> padded_numel(21, 2), padded_numel(28, 2), padded_numel(5, 4)
+(22, 28, 8)
+>>> shard_of(torch.arange(5.0), rank=1, world_size=2)
+tensor([3., 4., 0.])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Iterable
+
+import torch
+import torch.distributed as dist
+
+from .bundle import ParamInfo
+from .errors import DcschedError
+from .ops import Zero3Runtime
+
+# torch 2.13 renamed all_gather_into_tensor / reduce_scatter_tensor (same operations).
+_all_gather_into_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def padded_numel(numel: int, world_size: int) -> int:
+    """``numel`` rounded up to a multiple of ``world_size`` (DeepSpeed's ZeRO-3 padding)."""
+    return -(-numel // world_size) * world_size
+
+
+def shard_of(full: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    """Rank ``rank``'s 1-D shard of ``full``: its slice of the flattened tensor, zero-padded."""
+    flat = full.reshape(-1)
+    chunk = padded_numel(flat.numel(), world_size) // world_size
+    shard = torch.zeros(chunk, dtype=full.dtype, device=full.device)
+    start = rank * chunk
+    stop = min(start + chunk, flat.numel())
+    if stop > start:
+        shard[: stop - start] = flat[start:stop]
+    return shard
+
+
+class DistributedZero3Runtime(Zero3Runtime):
+    """The ZeRO-3 ops over a real process group; ``params`` gives each ds_id's full shape."""
+
+    def __init__(self, params: Iterable[ParamInfo], group=None) -> None:
+        super().__init__()
+        self.group = group
+        self.world_size = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        self.shapes: dict[int, tuple[int, ...]] = {p.ds_id: tuple(p.shape) for p in params}
+        self.pending: dict[tuple[int, int], object] = {}
+        self._average_op = True  # falls back to SUM then divide where the backend lacks AVG
+
+    def reset(self) -> None:
+        super().reset()
+        self.pending.clear()
+
+    def shard(self, full: torch.Tensor) -> torch.Tensor:
+        return shard_of(full, self.rank, self.world_size)
+
+    def _shape(self, ds_id: int) -> tuple[int, ...]:
+        try:
+            return self.shapes[ds_id]
+        except KeyError:
+            raise DcschedError(f"graph gathers parameter ds_id {ds_id}, which the bundle's "
+                               "parameter table does not list") from None
+
+    # -- kernels -----------------------------------------------------------
+    def allgather(self, shard, graph_id, ds_id, dtype):
+        shape = self._shape(ds_id)
+        numel = 1
+        for size in shape:
+            numel *= size
+        source = shard.reshape(-1)
+        if dtype is not None and dtype != source.dtype:
+            source = source.to(dtype)
+        buffer = torch.empty(source.numel() * self.world_size, dtype=source.dtype, device=source.device)
+        work = _all_gather_into_tensor(buffer, source.contiguous(), group=self.group, async_op=True)
+        self.pending[(graph_id, ds_id)] = work
+        full = buffer[:numel].view(shape)
+        self.gathered[(graph_id, ds_id)] = full
+        return full
+
+    def wait(self, gathered, graph_id, ds_id):
+        work = self.pending.pop((graph_id, ds_id), None)
+        if work is not None:
+            work.wait()
+        return gathered.view_as(gathered)
+
+    def reduce(self, grad, graph_id, ds_id):
+        flat = grad.reshape(-1)
+        total = padded_numel(flat.numel(), self.world_size)
+        if total != flat.numel():
+            flat = torch.cat([flat, flat.new_zeros(total - flat.numel())])
+        out = torch.empty(total // self.world_size, dtype=grad.dtype, device=grad.device)
+        if self._average_op:
+            try:
+                _reduce_scatter_tensor(out, flat.contiguous(), op=dist.ReduceOp.AVG, group=self.group)
+                return out
+            except (ValueError, RuntimeError):
+                self._average_op = False  # e.g. gloo builds without AVG
+        _reduce_scatter_tensor(out, flat.contiguous(), op=dist.ReduceOp.SUM, group=self.group)
+        return out.div_(self.world_size)
+
+    def reduced_shard_like(self, grad, graph_id, ds_id):
+        total = padded_numel(grad.numel(), self.world_size)
+        return grad.new_empty(total // self.world_size)
+
+    def gathered_like(self, shard, graph_id, ds_id, dtype):
+        return shard.new_empty(self._shape(ds_id), dtype=dtype if dtype is not None else shard.dtype)
+
+
+# ---------------------------------------------------------------------------
+# Process group set-up under torchrun
+# ---------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """Where this process stands in a torchrun launch."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+
+def launched() -> bool:
+    """Whether this process was started by torchrun (or alike) as one of several ranks."""
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ
+    except ValueError:
+        return False
+
+
+def init(device_type: str) -> Launch:
+    """Join the default process group from torchrun's environment: gloo on CPU, NCCL on CUDA.
+
+    Raises :class:`DcschedError` when torch.distributed or the backend is missing.
+    """
+    if not dist.is_available():
+        raise DcschedError("this torch build has no torch.distributed; run replay without torchrun")
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    available = dist.is_nccl_available() if backend == "nccl" else dist.is_gloo_available()
+    if not available:
+        raise DcschedError(f"this torch build has no {backend} backend for a {device_type} replay")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cpu")
+    if device_type == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        if backend == "nccl":
+            dist.init_process_group(backend, device_id=device)
+        else:
+            dist.init_process_group(backend)
+    return Launch(dist.get_rank(), dist.get_world_size(), local_rank, device)
+
+
+def shutdown() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
