@@ -1,0 +1,97 @@
+"""``dcsched profile``: a training script -> a profiled graph bundle."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from .. import bundle as bundle_io
+from ..errors import DcschedError
+from ..units import format_bytes, format_ms
+from .app import app, console, err_console
+
+
+def _init_distributed() -> None:
+    """Under torchrun (WORLD_SIZE > 1), join the process group so collectives are measured."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return
+    import torch
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+@app.command()
+def profile(
+    script: Path = typer.Argument(..., help="Training script to run as __main__ (it must call torch.compile on "
+                                            "its model)."),
+    script_args: Optional[List[str]] = typer.Argument(None, help="Arguments for the script, after `--`.",
+                                                      show_default=False),
+    output: Path = typer.Option(Path("graph.pt"), "-o", "--output", help="Bundle to write."),
+    module: Optional[str] = typer.Option(None, "--module",
+                                         help="Class name of the compiled module to capture when the script "
+                                              "compiles several (default: the one with the most parameters)."),
+    cost_model: str = typer.Option("measured", "--cost-model",
+                                   help="measured: run every node and time it here; analytic: estimate compute "
+                                        "time for --gpu from FLOPs and bytes (roofline), running nothing."),
+    gpu: Optional[str] = typer.Option(None, "--gpu",
+                                      help="Target GPU: h100, a100 or h200. Needed by --cost-model analytic; "
+                                           "also sets the target device memory recorded in the bundle."),
+    iters: int = typer.Option(5, "--iters", min=1, help="Timed runs per node (the median is kept)."),
+    warmup: int = typer.Option(2, "--warmup", min=0, help="Untimed runs per node before timing."),
+    world_size: int = typer.Option(8, "--world-size", min=1,
+                                   help="Ranks the parameters are sharded over (single-process profile: sets "
+                                        "shard sizes and the communication model)."),
+    bandwidth: float = typer.Option(100.0, "--bandwidth", help="Collective bandwidth in GB/s (10^9 bytes/s) "
+                                                              "for the communication model."),
+    latency: float = typer.Option(20.0, "--latency", help="Per-collective latency in microseconds for the "
+                                                         "communication model."),
+    force: bool = typer.Option(False, "--force", help="Overwrite the output file if it exists."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar (on stderr)."),
+) -> None:
+    """Capture a training script's compiled model as forward and backward aten graphs with ZeRO-3 ops, profile every node and write a graph bundle.
+
+    The script runs as __main__ with torch.compile intercepted and stops after the first forward and backward of the compiled module. Compute times are measured here (CUDA events on a GPU, perf_counter on the CPU) or, with --cost-model analytic, estimated for --gpu. All-gathers and gradient reduce-scatters are modelled as bytes*(W-1)/W / bandwidth + latency in one process, and measured under torchrun. Times are stored in milliseconds, sizes in bytes.
+
+    Example: dcsched profile examples/gpt.py -o gpt.pt --cost-model analytic --gpu h100 -- --layers 4
+    """  # noqa: E501
+    from ..capture import capture_script_step
+    from ..profile import ProfileOptions, profile_bundle
+
+    if output.exists() and not force:
+        raise DcschedError(f"{output}: exists already (pass --force to replace it)")
+    if not output.parent.exists() if str(output.parent) else False:
+        raise DcschedError(f"{output}: directory {output.parent} does not exist")
+    options = ProfileOptions(cost_model=cost_model, iters=iters, warmup=warmup, world_size=world_size,
+                             bandwidth_gbps=bandwidth, latency_us=latency, gpu=gpu, progress=progress)
+    options.check()
+    _init_distributed()
+
+    if progress:
+        err_console.print(f"capturing {script} ...", highlight=False)
+    captured = capture_script_step(script, list(script_args or []), module)
+    bundle = profile_bundle(captured.bundle, options, params=captured.params, inputs=captured.inputs)
+    bundle.provenance["script"] = str(script)
+    bundle.provenance["script_args"] = list(script_args or [])
+    if _rank() != 0:
+        return
+    bundle_io.save(bundle, output, overwrite=force)
+
+    fw, bw = bundle.forward, bundle.backward
+    total = {name: sum(float(n.meta.get("device_time", 0.0)) for n in g.nodes) for name, g in bundle.graphs.items()}
+    param_bytes = sum(p.nbytes for p in bundle.params)
+    console.print(f"wrote {output}: {captured.module_name}, {len(bundle.params)} parameters "
+                  f"({format_bytes(param_bytes)}), forward {len(fw.nodes)} nodes ({format_ms(total['forward'])}), "
+                  f"backward {len(bw.nodes) if bw is not None else 0} nodes "
+                  f"({format_ms(total.get('backward', 0.0))}); {bundle.provenance['device']}, "
+                  f"world size {bundle.provenance['world_size']}", highlight=False)

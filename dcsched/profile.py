@@ -1,0 +1,540 @@
+"""Profile a bundle: ``device_time`` (ms) and ``tensor_size`` (bytes) for every node, with provenance.
+
+Two cost models for compute nodes:
+
+* ``measured``: the graphs run for real (forward, then backward on the
+  forward's saved tensors with tangents of ones); each compute node is run
+  ``warmup`` times, then timed ``iters`` times, and the median is kept. On a
+  GPU with CUDA events, on the CPU with ``time.perf_counter_ns``.
+* ``analytic``: nothing runs; a roofline estimate for a named GPU from each
+  node's FLOPs and the bytes of its inputs and outputs
+  (:mod:`dcsched.costmodel`), so a laptop can plan for a cluster.
+
+Communication nodes: in one process (no process group, or one of size 1) the
+all-gather and the gradient reduce-scatter are modelled from their bytes with
+``bytes*(W-1)/W / bandwidth + latency`` for the stated world size W; wait and
+release cost 0. Under ``torchrun`` with a process group of size > 1 they are
+measured with real collectives of the same size.
+
+``tensor_size`` is the bytes of a node's outputs, from the recorded shapes,
+with ZeRO-3 sharding over W ranks applied: a parameter placeholder holds its
+shard (``ceil(numel/W) * itemsize``), an all-gather the gathered parameter
+(full size), a reduce-grad this rank's gradient shard.
+
+Every node also gets ``time_source`` (``measured``, ``modelled``, ``analytic``
+or ``none`` for placeholders and outputs); ``bundle.provenance`` records how the
+figures were obtained.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+from typing import Any, Callable
+
+import torch
+import torch.fx
+
+from . import costmodel, ops
+from .bundle import Bundle, InputInfo, _dtype_from_name
+from .errors import DcschedError
+from .roles import COMM_ROLES, Role, is_view_like, role_of
+
+COST_MODELS = ("measured", "analytic")
+
+
+@dataclasses.dataclass(frozen=True)
+class ProfileOptions:
+    """How to profile. Times in ms, bandwidth in GB/s (10^9 bytes/s), latency in microseconds."""
+
+    cost_model: str = "measured"
+    iters: int = 5
+    warmup: int = 2
+    world_size: int = 8
+    bandwidth_gbps: float = 100.0
+    latency_us: float = 20.0
+    #: Target GPU ('h100', 'a100', 'h200'): required by the analytic model; with
+    #: a measured profile it only names the target device's memory.
+    gpu: str | None = None
+    #: Where a measured profile runs: default CUDA if available, else CPU.
+    device: str | None = None
+    progress: bool = True
+
+    def check(self) -> None:
+        if self.cost_model not in COST_MODELS:
+            raise DcschedError(f"unknown cost model {self.cost_model!r} (choose from {', '.join(COST_MODELS)})")
+        if self.cost_model == "analytic" and self.gpu is None:
+            raise DcschedError("the analytic cost model needs a target GPU: pass --gpu h100|a100|h200")
+        if self.gpu is not None and self.gpu.lower() not in costmodel.GPUS:
+            raise DcschedError(f"unknown GPU {self.gpu!r} (choose from {', '.join(costmodel.GPUS)})")
+        if self.iters < 1:
+            raise DcschedError("--iters must be at least 1")
+        if self.warmup < 0:
+            raise DcschedError("--warmup must not be negative")
+        if self.world_size < 1:
+            raise DcschedError("--world-size must be at least 1")
+        if not self.bandwidth_gbps > 0:
+            raise DcschedError("--bandwidth must be positive (GB/s)")
+        if self.latency_us < 0:
+            raise DcschedError("--latency must not be negative (us)")
+
+
+# ---------------------------------------------------------------------------
+# Output specs and sizes
+# ---------------------------------------------------------------------------
+
+def _specs(value) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    """(shape, dtype) of every tensor in a node's ``meta['val']`` or ``meta['out']``."""
+    found: list[tuple[tuple[int, ...], torch.dtype]] = []
+
+    def walk(v):
+        if isinstance(v, torch.Tensor):
+            found.append((tuple(int(s) for s in v.shape), v.dtype))
+        elif isinstance(v, dict) and "shape" in v and "dtype" in v:
+            dtype = v["dtype"] if isinstance(v["dtype"], torch.dtype) else _dtype_from_name(v["dtype"])
+            found.append((tuple(int(s) for s in v["shape"]), dtype))
+        elif isinstance(v, (list, tuple)):
+            for item in v:
+                walk(item)
+
+    walk(value)
+    return found
+
+
+def node_specs(node: torch.fx.Node) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    if "val" in node.meta and node.meta["val"] is not None:
+        return _specs(node.meta["val"])
+    return _specs(node.meta.get("out"))
+
+
+def _nbytes(shape, dtype) -> int:
+    return math.prod(shape) * dtype.itemsize
+
+
+def _node_bytes(node: torch.fx.Node) -> int:
+    return sum(_nbytes(shape, dtype) for shape, dtype in node_specs(node))
+
+
+def _sharded_bytes(node: torch.fx.Node, world_size: int) -> int:
+    return sum(costmodel.shard_numel(math.prod(shape), world_size) * dtype.itemsize
+               for shape, dtype in node_specs(node))
+
+
+def tensor_sizes(bundle: Bundle, world_size: int) -> dict[str, dict[str, int]]:
+    """``tensor_size`` (bytes) per node of each graph, ZeRO-3 sharding over ``world_size`` ranks applied."""
+    param_placeholders = {"forward": _param_placeholder_names(bundle, "forward"),
+                          "backward": _param_placeholder_names(bundle, "backward")}
+    sizes: dict[str, dict[str, int]] = {}
+    for name, graph in bundle.graphs.items():
+        out = {}
+        for node in graph.nodes:
+            role = role_of(node)
+            if role is Role.OUTPUT:
+                out[node.name] = 0
+            elif (role is Role.PLACEHOLDER and node.name in param_placeholders[name]) or role is Role.REDUCE:
+                out[node.name] = _sharded_bytes(node, world_size)
+            else:
+                out[node.name] = _node_bytes(node)
+        sizes[name] = out
+    return sizes
+
+
+def _param_placeholder_names(bundle: Bundle, graph_name: str) -> set[str]:
+    """Placeholders holding a parameter shard: the forward's params, and the backward's saved copies of them.
+
+    The backward reads a saved parameter under its forward placeholder name.
+    """
+    forward = [n for n in bundle.forward.nodes if n.op == "placeholder"]
+    names = {node.name for node, kind in zip(forward, bundle.forward_placeholders) if kind.get("kind") == "param"}
+    graph = bundle.graphs.get(graph_name)
+    if graph_name == "forward" or graph is None:
+        return names if graph is not None else set()
+    return {n.name for n in graph.nodes if n.op == "placeholder" and n.name in names}
+
+
+# ---------------------------------------------------------------------------
+# Communication time
+# ---------------------------------------------------------------------------
+
+def _comm_bytes(node: torch.fx.Node) -> int:
+    """Bytes a collective moves: the gathered parameter, or the full gradient being reduce-scattered."""
+    return _node_bytes(node)
+
+
+def _modelled_time(node: torch.fx.Node, options: ProfileOptions) -> float:
+    role = role_of(node)
+    if role in (Role.ALLGATHER, Role.REDUCE):
+        return costmodel.comm_time_ms(_comm_bytes(node), world_size=options.world_size,
+                                      bandwidth_gbps=options.bandwidth_gbps, latency_us=options.latency_us)
+    return 0.0
+
+
+# ---------------------------------------------------------------------------
+# Analytic compute model
+# ---------------------------------------------------------------------------
+
+def _meta_tensor(shape, dtype):
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+def _as_meta(node_or_value, specs_of: Callable[[torch.fx.Node], list]):
+    if isinstance(node_or_value, torch.fx.Node):
+        specs = specs_of(node_or_value)
+        if len(specs) == 1 and not isinstance(node_or_value.meta.get("val", node_or_value.meta.get("out")),
+                                              (list, tuple)):
+            return _meta_tensor(*specs[0])
+        return tuple(_meta_tensor(*s) for s in specs)
+    return node_or_value
+
+
+def analytic_time(node: torch.fx.Node, device: costmodel.GPU) -> float:
+    """Roofline time (ms) of a compute node from its recorded shapes; views and getitems cost 0."""
+    if node.op != "call_function" or is_view_like(node):
+        return 0.0
+    args = torch.fx.node.map_arg(node.args, lambda n: _as_meta(n, node_specs))
+    kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: _as_meta(n, node_specs))
+    outs = node_specs(node)
+    out_val = _as_meta(node, node_specs)
+    flops = costmodel.node_flops(node.target, args, kwargs, out_val)
+    read = sum(_node_bytes(n) for n in node.all_input_nodes)
+    written = sum(_nbytes(shape, dtype) for shape, dtype in outs)
+    dtypes = [dtype for _, dtype in outs if dtype.is_floating_point] or [
+        dtype for n in node.all_input_nodes for _, dtype in node_specs(n) if dtype.is_floating_point]
+    dtype = dtypes[0] if dtypes else torch.float32
+    return costmodel.roofline_ms(flops, read + written, dtype, device)
+
+
+# ---------------------------------------------------------------------------
+# Measured profile: running the graphs
+# ---------------------------------------------------------------------------
+
+def _default_device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _random_param(info, device, generator) -> torch.Tensor:
+    value = torch.randn(info.shape, generator=generator, dtype=torch.float32) * 0.02
+    return value.to(device=device, dtype=info.dtype)
+
+
+def make_input(info: InputInfo, device, generator: torch.Generator | None = None) -> torch.Tensor:
+    """The stored input, or a tensor of its shape/dtype with values within its recorded range."""
+    if info.value is not None:
+        return info.value.to(device)
+    low = info.low if info.low is not None else 0.0
+    high = info.high if info.high is not None else 1.0
+    if info.dtype == torch.bool:
+        value = torch.randint(0, 2, info.shape, generator=generator).bool()
+    elif not info.dtype.is_floating_point and not info.dtype.is_complex:
+        value = torch.randint(int(low), int(high) + 1, info.shape, generator=generator, dtype=torch.int64)
+    else:
+        value = torch.rand(info.shape, generator=generator, dtype=torch.float64) * (high - low) + low
+    return value.to(device=device, dtype=info.dtype)
+
+
+class _Timer:
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def time(self, call: Callable[[], Any], iters: int, warmup: int) -> tuple[Any, float]:
+        """(last result, median milliseconds)."""
+        out = None
+        for _ in range(warmup):
+            out = call()
+            del out
+        samples = []
+        if self.cuda:
+            starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+            ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+            for i in range(iters):
+                starts[i].record()
+                out = call()
+                ends[i].record()
+            torch.cuda.synchronize()
+            samples = [s.elapsed_time(e) for s, e in zip(starts, ends)]
+        else:
+            for _ in range(iters):
+                begin = time.perf_counter_ns()
+                out = call()
+                samples.append((time.perf_counter_ns() - begin) / 1e6)
+        return out, float(statistics.median(samples))
+
+
+def _last_uses(graph: torch.fx.Graph) -> dict[torch.fx.Node, list[torch.fx.Node]]:
+    seen: set[torch.fx.Node] = set()
+    frees: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+    for node in reversed(graph.nodes):
+        for value in node.all_input_nodes:
+            if value not in seen:
+                seen.add(value)
+                frees.setdefault(node, []).append(value)
+    return frees
+
+
+def _on_device(value, device: torch.device | None):
+    """``value`` with every torch.device in it replaced by ``device`` (graphs record the capture's device)."""
+    if device is None:
+        return value
+    if isinstance(value, torch.device):
+        return device
+    if isinstance(value, (list, tuple)):
+        return type(value)(_on_device(v, device) for v in value)
+    if isinstance(value, dict):
+        return {k: _on_device(v, device) for k, v in value.items()}
+    return value
+
+
+def run_graph(graph: torch.fx.Graph, inputs: list, constants: dict[str, torch.Tensor],
+              on_node: Callable[[torch.fx.Node, Callable[[], Any]], Any] | None = None,
+              device: torch.device | str | None = None) -> list:
+    """Execute ``graph`` node by node on ``inputs``; returns its outputs.
+
+    ``on_node(node, call)`` runs each call_function node (``call()`` computes it)
+    and returns its value: the profiler times it there. Values are dropped after
+    their last reader, as in a training step. With ``device``, tensors a node
+    creates (``arange(..., device=cpu)``) are made there instead of on the
+    device the graph was captured on.
+    """
+    device = torch.device(device) if device is not None else None
+    env: dict[torch.fx.Node, Any] = {}
+    frees = _last_uses(graph)
+    placeholders = iter(inputs)
+    result = None
+    for node in graph.nodes:
+        if node.op == "placeholder":
+            env[node] = next(placeholders)
+        elif node.op == "get_attr":
+            value = constants[str(node.target)]
+            env[node] = value.to(device) if device is not None else value
+        elif node.op == "call_function":
+            args = _on_device(torch.fx.node.map_arg(node.args, lambda n: env[n]), device)
+            kwargs = _on_device(torch.fx.node.map_arg(node.kwargs, lambda n: env[n]), device)
+
+            def call(target=node.target, args=args, kwargs=kwargs):
+                return target(*args, **kwargs)
+
+            env[node] = on_node(node, call) if on_node is not None else call()
+        elif node.op == "output":
+            result = torch.fx.node.map_arg(node.args[0], lambda n: env[n])
+        for value in frees.get(node, ()):
+            if value.op != "placeholder":
+                env.pop(value, None)
+    return list(result) if isinstance(result, (list, tuple)) else [result]
+
+
+def step_inputs(bundle: Bundle, device, params: dict[int, torch.Tensor] | None = None,
+                inputs: list[torch.Tensor] | None = None, seed: int = 0) -> list[torch.Tensor]:
+    """The forward graph's inputs: the given real tensors, else random parameters and inputs made from the bundle."""
+    generator = torch.Generator().manual_seed(seed)
+    by_id = bundle.param_by_ds_id()
+    values = []
+    for kind in bundle.forward_placeholders:
+        if kind["kind"] == "param":
+            ds_id = kind["ds_id"]
+            tensor = params[ds_id] if params is not None else _random_param(by_id[ds_id], device, generator)
+            values.append(tensor.detach().to(device))
+        else:
+            index = kind["index"]
+            tensor = inputs[index] if inputs is not None else make_input(bundle.inputs[index], device, generator)
+            values.append(tensor.detach().to(device))
+    return values
+
+
+def backward_inputs(bundle: Bundle, forward_outputs: list) -> list:
+    """The backward graph's inputs: saved forward outputs and tangents of ones."""
+    values = []
+    placeholders = [n for n in bundle.backward.nodes if n.op == "placeholder"]
+    for node, kind in zip(placeholders, bundle.backward_placeholders):
+        if kind["kind"] == "saved":
+            values.append(forward_outputs[kind["index"]])
+        else:
+            user = forward_outputs[kind["index"]]
+            specs = node_specs(node)
+            if isinstance(user, torch.Tensor):
+                values.append(torch.ones_like(user))
+            else:
+                shape, dtype = specs[0]
+                values.append(torch.ones(shape, dtype=dtype))
+    return values
+
+
+def run_step(bundle: Bundle, values: list, on_node=None, device=None) -> tuple[list, list]:
+    """Run the forward on ``values`` (see :func:`step_inputs`), then the backward; returns both graphs' outputs."""
+    forward_out = run_graph(bundle.forward, values, bundle.constants, on_node, device)
+    backward_out = []
+    if bundle.backward is not None:
+        backward_out = run_graph(bundle.backward, backward_inputs(bundle, forward_out), bundle.constants, on_node,
+                                 device)
+    return forward_out, backward_out
+
+
+# ---------------------------------------------------------------------------
+# Distributed (measured) collectives
+# ---------------------------------------------------------------------------
+
+def _process_group_size() -> int:
+    import torch.distributed as dist
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _measure_collective(node: torch.fx.Node, world_size: int, device, timer: _Timer, options) -> float:
+    import torch.distributed as dist
+    (shape, dtype), = node_specs(node)[:1]
+    shard = costmodel.shard_numel(math.prod(shape), world_size)
+    full = torch.empty(shard * world_size, dtype=dtype, device=device)
+    part = torch.empty(shard, dtype=dtype, device=device)
+    if role_of(node) is Role.ALLGATHER:
+        def call():
+            dist.all_gather_into_tensor(full, part)
+    else:
+        def call():
+            dist.reduce_scatter_tensor(part, full)
+    dist.barrier()
+    _, ms = timer.time(call, options.iters, options.warmup)
+    samples = torch.tensor([ms], dtype=torch.float64, device=device)
+    dist.all_reduce(samples, op=dist.ReduceOp.MAX)
+    return float(samples.item())
+
+
+# ---------------------------------------------------------------------------
+# The profiler
+# ---------------------------------------------------------------------------
+
+def _copy_graph(graph: torch.fx.Graph) -> torch.fx.Graph:
+    new = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    for node in graph.nodes:
+        env[node] = new.node_copy(node, lambda n: env[n])
+    return new
+
+
+def _progress(enabled: bool):
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    progress = Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=Console(stderr=True), disable=not enabled, transient=True)
+    return progress
+
+
+def profile_bundle(bundle: Bundle, options: ProfileOptions = ProfileOptions(), *,
+                   params: dict[int, torch.Tensor] | None = None,
+                   inputs: list[torch.Tensor] | None = None) -> Bundle:
+    """A copy of ``bundle`` whose nodes carry ``device_time``, ``tensor_size`` and ``time_source``.
+
+    ``params`` (ds_id -> tensor) and ``inputs`` (``bundle.inputs`` order) are
+    the real tensors to run a measured profile with; without them, parameters
+    are random and inputs are the stored ones or made within their ranges.
+    """
+    options.check()
+    bundle = bundle.with_graphs(**{name: _copy_graph(g) for name, g in bundle.graphs.items()})
+    group_size = _process_group_size()
+    distributed = group_size > 1
+    world_size = group_size if distributed else options.world_size
+    target_gpu = costmodel.gpu(options.gpu) if options.gpu else None
+
+    sizes = tensor_sizes(bundle, world_size)
+    for name, graph in bundle.graphs.items():
+        for node in graph.nodes:
+            node.meta["tensor_size"] = sizes[name][node.name]
+
+    total = sum(len(graph.nodes) for graph in bundle.graphs.values())
+    device_desc: str
+    if options.cost_model == "analytic":
+        device_desc = f"{options.gpu.lower()} (analytic, not run)"
+        with _progress(options.progress) as progress:
+            task = progress.add_task("estimating", total=total)
+            for graph in bundle.graphs.values():
+                for node in graph.nodes:
+                    _set_static_time(node, options, target_gpu)
+                    progress.advance(task)
+    else:
+        device = torch.device(options.device) if options.device else _default_device()
+        device_desc = _describe_device(device)
+        timer = _Timer(device)
+        with _progress(options.progress) as progress:
+            calls = sum(n.op == "call_function" for graph in bundle.graphs.values() for n in graph.nodes)
+            task = progress.add_task(f"profiling on {device_desc}", total=calls)
+
+            def on_node(node: torch.fx.Node, call):
+                role = role_of(node)
+                if role in COMM_ROLES:
+                    if distributed and role in (Role.ALLGATHER, Role.REDUCE):
+                        node.meta["device_time"] = _measure_collective(node, world_size, device, timer, options)
+                        node.meta["time_source"] = "measured"
+                    else:
+                        node.meta["device_time"] = _modelled_time(node, options) if not distributed else 0.0
+                        node.meta["time_source"] = "modelled" if not distributed else "measured"
+                    out = call()  # once: a release frees the gathered buffer at its last call
+                else:
+                    out, ms = timer.time(call, options.iters, options.warmup)
+                    node.meta["device_time"] = ms
+                    node.meta["time_source"] = "measured"
+                progress.advance(task)
+                return out
+
+            previous = ops.set_runtime(ops.Zero3Runtime())
+            try:
+                with torch.no_grad():
+                    run_step(bundle, step_inputs(bundle, device, params, inputs), on_node, device)
+            except DcschedError:
+                raise
+            except Exception as exc:  # a node that cannot run here: say which
+                raise DcschedError(f"profiling failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}") \
+                    from exc
+            finally:
+                ops.set_runtime(previous)
+            for graph in bundle.graphs.values():
+                for node in graph.nodes:
+                    if node.op in ("placeholder", "output", "get_attr"):
+                        node.meta.update(device_time=0.0, time_source="none")
+
+    if options.cost_model == "analytic":
+        target_memory = target_gpu.memory_bytes
+    elif target_gpu is not None:
+        target_memory = target_gpu.memory_bytes
+    elif options.cost_model == "measured" and (options.device or str(_default_device())).startswith("cuda"):
+        target_memory = torch.cuda.get_device_properties(torch.device(options.device or "cuda")).total_memory
+    else:
+        target_memory = None
+
+    bundle.provenance = {
+        **bundle.provenance,
+        "cost_model": options.cost_model,
+        "device_time": ("analytic roofline max(flops/peak, bytes/memory bandwidth)"
+                        if options.cost_model == "analytic"
+                        else f"measured: median of {options.iters} runs after {options.warmup} warm-up runs"),
+        "comm_time": ("measured with real collectives" if distributed
+                      else "modelled: bytes*(W-1)/W / bandwidth + latency"),
+        "tensor_size": "bytes of node outputs from recorded shapes; parameters and gradients as 1/W shards",
+        "device": device_desc,
+        "gpu": target_gpu.name if target_gpu else None,
+        "target_memory_bytes": target_memory,
+        "torch": str(torch.__version__),
+        "world_size": world_size,
+        "bandwidth_GBps": None if distributed else options.bandwidth_gbps,
+        "latency_us": None if distributed else options.latency_us,
+        "iters": options.iters if options.cost_model == "measured" else None,
+        "warmup": options.warmup if options.cost_model == "measured" else None,
+    }
+    return bundle
+
+
+def _set_static_time(node: torch.fx.Node, options: ProfileOptions, device: costmodel.GPU) -> None:
+    role = role_of(node)
+    if node.op in ("placeholder", "output", "get_attr"):
+        node.meta.update(device_time=0.0, time_source="none")
+    elif role in COMM_ROLES:
+        node.meta.update(device_time=_modelled_time(node, options), time_source="modelled")
+    else:
+        node.meta.update(device_time=analytic_time(node, device), time_source="analytic")
+
+
+def _describe_device(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"{device} ({torch.cuda.get_device_name(device)})"
+    import platform
+    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+

@@ -1,0 +1,293 @@
+"""Small, configurable pure-PyTorch models for dcsched's examples, tests and benchmarks.
+
+Every model is randomly initialised (no downloads) and its ``forward`` returns
+the training loss when given targets, so a compiled model's step ends in a
+scalar loss::
+
+    >>> model, inputs, loss_fn = build("gpt", n_layers=2, d_model=64, vocab=128, seq=16, batch=2)
+    >>> loss = loss_fn(model(*inputs))
+    >>> loss.shape
+    torch.Size([])
+
+``build(name, **config) -> (model, example_inputs, loss_fn)`` with ``name`` one
+of ``gpt``, ``convnet``, ``llama``; the keyword arguments override the
+defaults in :data:`DEFAULTS` (e.g. ``n_layers=48, d_model=1024`` for a
+benchmark-sized GPT). ``loss_fn(output)`` turns the model's output into the
+scalar loss (the identity here, since the models compute their loss).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+# ---------------------------------------------------------------------------
+# GPT-style decoder (tied input/output embeddings)
+# ---------------------------------------------------------------------------
+
+
+def _init_weights(module: nn.Module) -> None:
+    """GPT-2-style initialisation, so the loss starts near log(vocab)."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, mean=0.0, std=0.02)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, d_model: int, n_heads: int):
+        super().__init__()
+        self.n_heads = n_heads
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).split(c, dim=2)
+        q, k, v = (y.view(b, t, self.n_heads, c // self.n_heads).transpose(1, 2) for y in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+
+
+class GPTBlock(nn.Module):
+    def __init__(self, d_model: int, n_heads: int):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d_model)
+        self.attn = CausalSelfAttention(d_model, n_heads)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.fc = nn.Linear(d_model, 4 * d_model)
+        self.out = nn.Linear(4 * d_model, d_model)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+class GPT(nn.Module):
+    """A GPT-2-style decoder; the output head shares the token embedding's weight."""
+
+    def __init__(self, vocab: int = 512, seq: int = 64, d_model: int = 128, n_heads: int = 4, n_layers: int = 2):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d_model)
+        self.pos = nn.Embedding(seq, d_model)
+        self.blocks = nn.ModuleList(GPTBlock(d_model, n_heads) for _ in range(n_layers))
+        self.ln_f = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab, bias=False)
+        self.head.weight = self.tok.weight  # tied embeddings
+        self.apply(_init_weights)
+
+    def forward(self, idx, targets=None):
+        t = idx.shape[1]
+        x = self.tok(idx) + self.pos(torch.arange(t, device=idx.device))
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.ln_f(x))
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+# ---------------------------------------------------------------------------
+# Llama-style decoder: RMSNorm, SwiGLU, optional rotary embeddings
+# ---------------------------------------------------------------------------
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rotary_tables(seq: int, head_dim: int, base: float = 10000.0):
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2).float() / head_dim))
+    angles = torch.outer(torch.arange(seq).float(), inv_freq)
+    return torch.cos(angles), torch.sin(angles)
+
+
+def apply_rotary(x, cos, sin):
+    x1, x2 = x[..., ::2], x[..., 1::2]
+    rotated = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return rotated.flatten(-2)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, d_model: int, n_heads: int):
+        super().__init__()
+        self.n_heads = n_heads
+        self.wq = nn.Linear(d_model, d_model, bias=False)
+        self.wk = nn.Linear(d_model, d_model, bias=False)
+        self.wv = nn.Linear(d_model, d_model, bias=False)
+        self.wo = nn.Linear(d_model, d_model, bias=False)
+
+    def forward(self, x, cos, sin):
+        b, t, c = x.shape
+        h = self.n_heads
+        q, k, v = (w(x).view(b, t, h, c // h).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        if cos is not None:
+            q, k = apply_rotary(q, cos[:t], sin[:t]), apply_rotary(k, cos[:t], sin[:t])
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.wo(y.transpose(1, 2).reshape(b, t, c))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, d_model: int, hidden: int):
+        super().__init__()
+        self.gate = nn.Linear(d_model, hidden, bias=False)
+        self.up = nn.Linear(d_model, hidden, bias=False)
+        self.down = nn.Linear(hidden, d_model, bias=False)
+
+    def forward(self, x):
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, d_model: int, n_heads: int, hidden: int):
+        super().__init__()
+        self.attn_norm = RMSNorm(d_model)
+        self.attn = LlamaAttention(d_model, n_heads)
+        self.mlp_norm = RMSNorm(d_model)
+        self.mlp = SwiGLU(d_model, hidden)
+
+    def forward(self, x, cos, sin):
+        x = x + self.attn(self.attn_norm(x), cos, sin)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Llama(nn.Module):
+    """A Llama-style decoder (untied output head); ``rotary=False`` drops the rotary embeddings."""
+
+    def __init__(self, vocab: int = 512, seq: int = 64, d_model: int = 128, n_heads: int = 4, n_layers: int = 2,
+                 hidden: int | None = None, rotary: bool = True):
+        super().__init__()
+        hidden = hidden or 64 * math.ceil(8 * d_model / 3 / 64)
+        self.embed = nn.Embedding(vocab, d_model)
+        self.blocks = nn.ModuleList(LlamaBlock(d_model, n_heads, hidden) for _ in range(n_layers))
+        self.norm = RMSNorm(d_model)
+        self.head = nn.Linear(d_model, vocab, bias=False)
+        self.rotary = rotary
+        cos, sin = rotary_tables(seq, d_model // n_heads)
+        # Non-persistent buffers: step inputs of the captured graph, not parameters.
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+        self.apply(_init_weights)
+
+    def forward(self, idx, targets=None):
+        x = self.embed(idx)
+        cos, sin = (self.cos, self.sin) if self.rotary else (None, None)
+        for block in self.blocks:
+            x = block(x, cos, sin)
+        logits = self.head(self.norm(x))
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+# ---------------------------------------------------------------------------
+# Convolutional net
+# ---------------------------------------------------------------------------
+
+
+class ConvBlock(nn.Module):
+    def __init__(self, c_in: int, c_out: int, stride: int, groups: int = 8):
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False)
+        self.norm1 = nn.GroupNorm(min(groups, c_out), c_out)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, padding=1, bias=False)
+        self.norm2 = nn.GroupNorm(min(groups, c_out), c_out)
+        self.skip = (nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False)
+                     if stride != 1 or c_in != c_out else nn.Identity())
+
+    def forward(self, x):
+        y = F.relu(self.norm1(self.conv1(x)))
+        y = self.norm2(self.conv2(y))
+        return F.relu(y + self.skip(x))
+
+
+class ConvNet(nn.Module):
+    """A small ResNet-style classifier (GroupNorm, so no running statistics are mutated)."""
+
+    def __init__(self, n_classes: int = 10, width: int = 32, n_layers: int = 2, image: int = 32, channels: int = 3):
+        super().__init__()
+        self.stem = nn.Conv2d(channels, width, 3, padding=1, bias=False)
+        blocks, c = [], width
+        for i in range(n_layers):
+            c_out = width * 2 ** min(i, 3)
+            blocks.append(ConvBlock(c, c_out, stride=1 if i == 0 else 2))
+            c = c_out
+        self.blocks = nn.Sequential(*blocks)
+        self.fc = nn.Linear(c, n_classes)
+
+    def forward(self, images, labels=None):
+        x = F.relu(self.stem(images))
+        x = self.blocks(x)
+        logits = self.fc(x.mean(dim=(2, 3)))
+        if labels is None:
+            return logits
+        return F.cross_entropy(logits, labels)
+
+
+# ---------------------------------------------------------------------------
+# Builders
+# ---------------------------------------------------------------------------
+
+#: Default configurations: small enough for tests and sample graphs.
+DEFAULTS = {
+    "gpt": {"n_layers": 2, "d_model": 128, "n_heads": 4, "vocab": 512, "seq": 64, "batch": 4},
+    "llama": {"n_layers": 2, "d_model": 128, "n_heads": 4, "vocab": 512, "seq": 64, "batch": 4, "rotary": True,
+              "hidden": None},
+    "convnet": {"n_layers": 2, "width": 32, "n_classes": 10, "image": 32, "channels": 3, "batch": 8},
+}
+
+NAMES = tuple(DEFAULTS)
+
+
+def _identity(output):
+    return output
+
+
+def build(name: str, *, seed: int = 0, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+          **config):
+    """``(model, example_inputs, loss_fn)`` for model ``name`` with ``config`` overriding :data:`DEFAULTS`.
+
+    The model (``dtype``, on ``device``) returns its loss when called as
+    ``model(*example_inputs)``; ``loss_fn(output)`` is the identity. Seeded, so
+    two calls with the same arguments build the same model and inputs.
+
+    >>> model, inputs, _ = build("convnet", n_layers=1, width=8, batch=2)
+    >>> [tuple(t.shape) for t in inputs]
+    [(2, 3, 32, 32), (2,)]
+    """
+    if name not in DEFAULTS:
+        raise ValueError(f"unknown model {name!r} (choose from {', '.join(NAMES)})")
+    unknown = set(config) - set(DEFAULTS[name])
+    if unknown:
+        raise ValueError(f"unknown option(s) for {name}: {', '.join(sorted(unknown))}")
+    cfg = {**DEFAULTS[name], **config}
+    generator = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    batch = cfg.pop("batch")
+    if name == "gpt":
+        model = GPT(**cfg)
+        idx = torch.randint(0, cfg["vocab"], (batch, cfg["seq"]), generator=generator)
+        targets = torch.randint(0, cfg["vocab"], (batch, cfg["seq"]), generator=generator)
+        inputs = (idx, targets)
+    elif name == "llama":
+        model = Llama(**cfg)
+        idx = torch.randint(0, cfg["vocab"], (batch, cfg["seq"]), generator=generator)
+        targets = torch.randint(0, cfg["vocab"], (batch, cfg["seq"]), generator=generator)
+        inputs = (idx, targets)
+    else:
+        model = ConvNet(**cfg)
+        images = torch.randn(batch, cfg["channels"], cfg["image"], cfg["image"], generator=generator)
+        labels = torch.randint(0, cfg["n_classes"], (batch,), generator=generator)
+        inputs = (images.to(dtype), labels)
+    model = model.to(device=device, dtype=dtype)
+    inputs = tuple(t.to(device) for t in inputs)
+    return model, inputs, _identity
