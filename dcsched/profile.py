@@ -141,6 +141,26 @@ def tensor_sizes(bundle: Bundle, world_size: int) -> dict[str, dict[str, int]]:
     return sizes
 
 
+def resharded(bundle: Bundle, world_size: int) -> Bundle:
+    """A copy of ``bundle`` whose ``tensor_size`` figures are those of a run over ``world_size`` ranks.
+
+    Times are kept; only shard-dependent sizes (parameter shards, reduced
+    gradients) change, so a bundle profiled for 8 ranks can be compared with a
+    single-process replay.
+    """
+    sizes = tensor_sizes(bundle, world_size)
+    graphs = {}
+    for name, graph in bundle.graphs.items():
+        copy = _copy_graph(graph)
+        for node in copy.nodes:
+            if "tensor_size" in node.meta:
+                node.meta["tensor_size"] = sizes[name][node.name]
+        graphs[name] = copy
+    result = bundle.with_graphs(**graphs)
+    result.provenance["world_size"] = world_size
+    return result
+
+
 def _param_placeholder_names(bundle: Bundle, graph_name: str) -> set[str]:
     """Placeholders holding a parameter shard: the forward's params, and the backward's saved copies of them.
 

@@ -732,8 +732,12 @@ def _meta_bytes(nodes: Iterable[torch.fx.Node]) -> int:
     return sum(_node_bytes(node) for node in nodes)
 
 
-def simulated_figures(bundle: Bundle) -> tuple[dict | None, str]:
+def simulated_figures(bundle: Bundle, world_size: int | None = None) -> tuple[dict | None, str]:
     """The simulator's step figures for ``bundle``'s own order, and a note on how they were made.
+
+    With ``world_size`` given and different from the one the bundle was
+    profiled for, parameter shards and reduced gradients are re-sized to it
+    first, so the figures compare like for like with a replay at that size.
 
     Returns ``(None, why)`` when the simulator is not installed or the bundle
     lacks costs. The forward and backward are simulated separately;
@@ -741,10 +745,13 @@ def simulated_figures(bundle: Bundle) -> tuple[dict | None, str]:
     and the backward's peak plus what the real step holds across it (the
     forward's inputs and user outputs that the backward does not take).
     """
-    try:
-        from .simulate import simulate
-    except ImportError:
-        return None, "simulator (dcsched.simulate) not available in this build"
+    from .profile import resharded
+    from .simulate import simulate
+
+    profiled_for = bundle.provenance.get("world_size")
+    resized = world_size is not None and isinstance(profiled_for, int) and profiled_for != world_size
+    if resized:
+        bundle = resharded(bundle, world_size)
     try:
         forward = simulate(bundle.forward, detail=False)
         backward = simulate(bundle.backward, detail=False) if bundle.backward is not None else None
@@ -771,7 +778,10 @@ def simulated_figures(bundle: Bundle) -> tuple[dict | None, str]:
         "held_across_bytes": held,
     }
     source = bundle.provenance.get("time_source") or bundle.provenance.get("device") or "bundle costs"
-    return figures, f"dcsched.simulate on the bundle's costs ({source})"
+    note = f"dcsched.simulate on the bundle's costs ({source})"
+    if resized:
+        note += f"; sizes re-sharded from the profiled world size {profiled_for} to this run's {world_size}"
+    return figures, note
 
 
 def percent_error(simulated: float | None, measured: float | None) -> float | None:
@@ -956,7 +966,7 @@ def replay_orders(candidate: Bundle, baseline: Bundle | None = None, *, device: 
                                     _clock_for(device).name, m.memory_source)
     orders = []
     for label, path, bundle, run in runs:
-        simulated, note = simulated_figures(bundle)
+        simulated, note = simulated_figures(bundle, run.world_size)
         orders.append(OrderReport(label, path, _slowest_rank(run.measurement), simulated, note))
     world_size = runs[-1][3].world_size
     return ReplayReport(str(device), world_size, seed, orders, comparison)

@@ -86,8 +86,19 @@ def role_of_target(op: str, target) -> Role:
     return _OP_ROLES[name] if name else Role.COMPUTE
 
 
+_ROLE_MEMO: dict = {}
+
+
 def role_of(node: torch.fx.Node) -> Role:
-    return role_of_target(node.op, node.target)
+    # Memoised by (op, target): views of 10^5-node graphs ask this several times per node.
+    key = (node.op, node.target)
+    try:
+        return _ROLE_MEMO[key]
+    except KeyError:
+        role = _ROLE_MEMO[key] = role_of_target(node.op, node.target)
+        return role
+    except TypeError:  # an unhashable target
+        return role_of_target(node.op, node.target)
 
 
 def ds_id_of(node: torch.fx.Node) -> int | None:
@@ -133,6 +144,11 @@ def is_aliasing(node: torch.fx.Node) -> bool:
     return False
 
 
+#: Ops that return a view although their schema declares no alias (``_unsafe_view``
+#: is ``view`` hidden from autograd: AOT graphs reshape matmul results with it).
+_UNANNOTATED_VIEWS = frozenset({torch.ops.aten._unsafe_view.default})
+
+
 def is_view_like(node: torch.fx.Node) -> bool:
     """Nodes that allocate nothing and keep their source alive (for the simulator).
 
@@ -142,6 +158,8 @@ def is_view_like(node: torch.fx.Node) -> bool:
     if node.op != "call_function":
         return False
     if node.target is operator.getitem or role_of(node) in (Role.WAIT, Role.RELEASE):
+        return True
+    if node.target in _UNANNOTATED_VIEWS:
         return True
     schema = getattr(node.target, "_schema", None)
     return schema is not None and any(ret.alias_info is not None for ret in schema.returns)

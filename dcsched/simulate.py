@@ -4,10 +4,12 @@ The model (documented in full, with the lower bounds' proofs, in ``docs/simulato
 
 Memory, in program order
     Every node allocates its ``tensor_size`` when it runs. View-like nodes
-    (views, in-place ops, ``getitem``, wait, release) allocate nothing and keep
-    their source alive. A value is freed after its last reader (readers of its
-    views included). Graph inputs are resident from the start; parameter shards
-    (placeholders an all-gather reads) stay resident, at their sharded size.
+    (views, in-place ops, ``_unsafe_view``, ``getitem``, wait, release) allocate
+    nothing and keep their source alive. A value is freed after its last reader
+    (readers of its views included). Each output of a multi-output op is freed
+    on its own: after its getitem's last reader, once the tuple is gone. Graph
+    inputs are resident from the start; parameter shards (placeholders an
+    all-gather reads) stay resident, at their sharded size.
     A gathered parameter's buffer is freed at its ``n_users``-th release,
     whatever views of it remain. A gradient is freed after its reduce-grad,
     which is its last reader.
@@ -63,6 +65,7 @@ _KIND_OF_ROLE = {
 KIND_NAMES = ("placeholder", "compute", "allgather", "wait", "release", "reduce", "output", "constant")
 #: Kinds that run on the communication stream.
 COMM_KINDS = (ALLGATHER, REDUCE)
+_GETITEM = "operator.getitem"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,7 +201,10 @@ class CompiledGraph:
     ``preds`` (input node numbers, reading order), ``succs``, ``root`` (the
     node owning the storage a node's output lives in), ``reads`` (distinct
     storage roots a node reads), ``gates`` (communication nodes whose end a
-    node must wait for), ``ds_id``, ``n_users``. ``index`` maps names to numbers.
+    node must wait for), ``ds_id``, ``n_users``, ``owned`` (bytes freed with a
+    storage root: ``size`` except for a multi-output op, which keeps what its
+    getitems do not own), ``part_of`` (for a getitem owning one output of a
+    multi-output op, that op's number; else -1). ``index`` maps names to numbers.
     """
 
     def __init__(self, view: nx.DiGraph, *, assume_zero: bool = False, name: str | None = None):
@@ -264,10 +270,32 @@ class CompiledGraph:
         self.missing = missing
         self.kind, self.duration, self.size, self.ds_id, self.n_users = kind, duration, size, ds_id, n_users
 
+        # Multi-output ops (native_group_norm, convolution_backward, ...) return fresh tensors
+        # that die separately: each getitem owns its element's bytes, freed after its own
+        # readers (and not before the tuple, which lives until its last getitem). The op keeps
+        # the bytes no getitem takes. Only where every getitem has a figure and they add up
+        # to at most the op's own; otherwise the whole output lives as one storage.
+        owned = list(size)
+        part_of: list[int] = [-1] * n
+        for i in range(n):
+            if kind[i] != COMPUTE or view_like[i]:
+                continue
+            items = [s for s in self.succs[i] if attrs[names[s]].get("target") == _GETITEM]
+            if not items or any(attrs[names[s]].get("tensor_size") is None for s in items):
+                continue
+            taken = sum(size[s] for s in items)
+            if taken > size[i]:
+                continue
+            owned[i] = size[i] - taken
+            for s in items:
+                part_of[s] = i
+        self.owned = owned
+        self.part_of = part_of
+
         # Storage: a view-like node lives in its first input's storage.
         root = list(range(n))
         for i in self.topo:
-            if view_like[i] and self.preds[i] and kind[i] not in (PLACEHOLDER, OUTPUT):
+            if view_like[i] and self.preds[i] and kind[i] not in (PLACEHOLDER, OUTPUT) and part_of[i] < 0:
                 root[i] = root[self.preds[i][0]]
         self.root = root
         reads = []
@@ -293,8 +321,8 @@ class CompiledGraph:
                        and any(kind[s] == ALLGATHER for s in self.succs[i])) for i in range(n)]
         self.resident_bytes = sum(size[i] for i in range(n) if resident[i])
         #: nodes owning storage that may be freed during the step
-        self.owners = [i for i in range(n) if root[i] == i and (self.alloc[i] > 0 or (resident[i] and size[i] > 0))
-                       and not self.pinned[i]]
+        self.owners = [i for i in range(n) if root[i] == i and owned[i] > 0 and not self.pinned[i]
+                       and (self.alloc[i] > 0 or resident[i] or part_of[i] >= 0)]
         self.is_input = resident
         self.compute_ms = sum(duration[i] for i in range(n) if kind[i] == COMPUTE)
         self.comm_ms = sum(duration[i] for i in range(n) if kind[i] in COMM_KINDS)
@@ -425,8 +453,11 @@ class CompiledGraph:
                         count[d] = c
         free = [-1] * len(self.names)
         pos_of = None
+        part_of = self.part_of
         for r in self.owners:
             p = released.get(r, last[r])
+            if part_of[r] >= 0:  # an element of a multi-output op: the tuple holds it too
+                p = max(p, last[part_of[r]])
             if p < 0 and not self.is_input[r]:
                 if pos_of is None:
                     pos_of = {i: pos for pos, i in enumerate(idx)}
@@ -438,16 +469,16 @@ class CompiledGraph:
         """Simulate ``order`` (names or node numbers; None = input order). O(N + E)."""
         idx = self.order_indices(order, check=check)
         n = len(idx)
-        kind, dur, alloc, size, gates = self.kind, self.duration, self.alloc, self.size, self.gates
+        kind, dur, alloc, owned, gates = self.kind, self.duration, self.alloc, self.owned, self.gates
         free = self.free_positions(idx)
         free_all = [0] * n
         free_gathered = [0] * n
         for r in self.owners:
             p = free[r]
             if p >= 0:
-                free_all[p] += size[r]
+                free_all[p] += owned[r]
                 if kind[r] == ALLGATHER:
-                    free_gathered[p] += size[r]
+                    free_gathered[p] += owned[r]
 
         mem = self.resident_bytes
         gmem = 0

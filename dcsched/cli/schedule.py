@@ -282,7 +282,7 @@ def schedule(
         try:
             require_matplotlib()  # fail before any work or any file is written
         except DcschedError as exc:
-            fail(escape(str(exc)))  # escaped: the install hint's "[plot]" is not rich markup
+            fail(str(exc))
         _check_directory(plot)
     if trace is not None:
         _check_directory(trace)
