@@ -62,26 +62,49 @@ def to_networkx(graph: torch.fx.Graph) -> nx.DiGraph:
     """Build the networkx view of ``graph`` (see the module docstring)."""
     view = nx.DiGraph()
     output = None
+    nodes = []
+    edges = []
+    # What depends only on (op, target) is worked out once per distinct target:
+    # views of 10^5-node graphs repeat a few dozen targets.
+    per_target: dict = {}
     for position, node in enumerate(graph.nodes):
-        role = role_of(node)
+        key = (node.op, node.target)
+        try:
+            role, target, aliasing, view_like = per_target[key]
+        except (KeyError, TypeError):
+            role = role_of(node)
+            target = qualified_name(node.target) if node.op == "call_function" else ""
+            aliasing, view_like = is_aliasing(node), is_view_like(node)
+            try:
+                per_target[key] = (role, target, aliasing, view_like)
+            except TypeError:  # an unhashable target
+                pass
         if role is Role.OUTPUT:
             output = node.name
-        view.add_node(
-            node.name,
-            role=role.value,
-            ds_id=ds_id_of(node),
-            graph_id=graph_id_of(node),
-            n_users=n_users_of(node),
-            device_time=node.meta.get("device_time"),
-            tensor_size=node.meta.get("tensor_size"),
-            position=position,
-            target=qualified_name(node.target) if node.op == "call_function" else "",
-            aliasing=is_aliasing(node),
-            view_like=is_view_like(node),
-        )
-        kwarg_only = _kwarg_only_inputs(node)
-        for source in input_nodes(node):
-            view.add_edge(source.name, node.name, via_kwargs=source in kwarg_only)
+        nodes.append((node.name, {
+            "role": role.value,
+            "ds_id": ds_id_of(node),
+            "graph_id": graph_id_of(node),
+            "n_users": n_users_of(node),
+            "device_time": node.meta.get("device_time"),
+            "tensor_size": node.meta.get("tensor_size"),
+            "position": position,
+            "target": target,
+            "aliasing": aliasing,
+            "view_like": view_like,
+        }))
+        # Inputs: args first, then kwargs, each once, in reading order.
+        from_args: dict = {}
+        torch.fx.node.map_arg(node.args, lambda n: from_args.setdefault(n, None))
+        from_kwargs: dict = {}
+        torch.fx.node.map_arg(node.kwargs, lambda n: None if n in from_args else from_kwargs.setdefault(n, None))
+        name = node.name
+        for source in from_args:
+            edges.append((source.name, name, {"via_kwargs": False}))
+        for source in from_kwargs:
+            edges.append((source.name, name, {"via_kwargs": True}))
+    view.add_nodes_from(nodes)
+    view.add_edges_from(edges)
     view.graph["output"] = output
     return view
 

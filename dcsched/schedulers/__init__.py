@@ -8,5 +8,9 @@ from .registry import SchedulerInfo, available, get, register
 
 # Each import registers one algorithm.
 from . import none  # noqa: F401
+from . import list_order  # noqa: F401
+from . import simple_prefetch  # noqa: F401
+from . import fast_free  # noqa: F401
+from . import overlap, ahead  # noqa: F401
 
 __all__ = ["SchedulerInfo", "available", "get", "register"]

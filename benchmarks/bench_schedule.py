@@ -1,0 +1,168 @@
+"""Speed of dcsched's schedulers against DeepSpeed 0.19.8's, on layered graphs of growing size.
+
+Run with dcsched's venv for dcsched's figures alone, or with a Python that
+also has deepspeed==0.19.8 (e.g. ``/work/dsvenv/bin/python``) for the
+reference figures side by side::
+
+    python benchmarks/bench_schedule.py                 # up to ~100,000 nodes
+    python benchmarks/bench_schedule.py --max-nodes 20000 --timeout 30
+
+Graphs: :func:`dcsched.synthetic.layered_stack` forward and backward graphs
+(transformer-like layers of 16 parameters; ``untied``: a separate LM head as
+in Llama; ``tied``: the GPT-2 style head that shares the embedding weight).
+Per algorithm, one row per graph: nodes, all-gathers, dcsched seconds for the
+order alone and for the whole ``dcsched.schedule`` call (networkx view, order,
+rebuilt FX graph), DeepSpeed's seconds (run in a child process and stopped at
+``--timeout``; graphs at least as large as one it timed out on are skipped;
+'n/a' without DeepSpeed), their ratio, and per series the growth exponent k of t ~ N^k
+fitted over the graphs of at least 1,000 nodes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import multiprocessing
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import dcsched  # noqa: E402
+from dcsched.nxview import to_networkx  # noqa: E402
+from dcsched.schedulers import get  # noqa: E402
+from dcsched.synthetic import layered_stack  # noqa: E402
+
+LAYERS = (1, 3, 10, 30, 110, 330, 1100)
+DS_FUNCS = {"fast-free": "fast_free_schedule", "simple-prefetch": "simple_prefetch"}
+
+
+def deepspeed_available() -> bool:
+    try:
+        import deepspeed  # noqa: F401
+        return deepspeed.__version__ == "0.19.8"
+    except Exception:
+        return False
+
+
+def _run_reference(graph, algo, conn) -> None:
+    sys.path.insert(0, str(ROOT / "tools"))
+    from record_golden import _prepare_deepspeed, to_deepspeed_graph
+
+    list_schedule, _ = _prepare_deepspeed()
+    ds_graph = to_deepspeed_graph(graph)
+    start = time.perf_counter()
+    getattr(list_schedule, DS_FUNCS[algo])(ds_graph, 0, 0, False)
+    conn.send(time.perf_counter() - start)
+
+
+def reference_seconds(graph, algo: str, timeout: float) -> float | None:
+    """DeepSpeed's time in a forked child; None if it ran past ``timeout`` or failed."""
+    ctx = multiprocessing.get_context("fork")
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_run_reference, args=(graph, algo, child))
+    proc.start()
+    result = parent.recv() if parent.poll(timeout + 15) else None  # + time to set DeepSpeed up
+    if proc.is_alive():
+        proc.terminate()
+    proc.join()
+    return result if result is not None and result <= timeout else None
+
+
+def fit_exponent(points: list[tuple[int, float]]) -> float | None:
+    points = [(n, t) for n, t in points if n >= 1000 and t and t > 0]
+    if len(points) < 2:
+        return None
+    xs = [math.log(n) for n, _ in points]
+    ys = [math.log(t) for _, t in points]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    den = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else None
+
+
+def timed(func, *args, repeat: int = 1):
+    best = math.inf
+    result = None
+    for _ in range(repeat):
+        start = time.perf_counter()
+        result = func(*args)
+        best = min(best, time.perf_counter() - start)
+    return best, result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--max-nodes", type=int, default=120_000, help="largest graph (nodes)")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds allowed to DeepSpeed per run")
+    parser.add_argument("--series", default="untied,tied", help="comma-separated: untied, tied")
+    parser.add_argument("--algos", default="fast-free,simple-prefetch,list")
+    parser.add_argument("--tied-max-nodes", type=int, default=12_000,
+                        help="largest tied-head graph (fast-free is quadratic there, as DeepSpeed's order "
+                             "gathers every parameter up front)")
+    args = parser.parse_args()
+    algos = args.algos.split(",")
+    with_reference = deepspeed_available()
+    print(f"dcsched {dcsched.__version__}; reference: "
+          f"{'DeepSpeed 0.19.8' if with_reference else 'n/a (deepspeed 0.19.8 not importable)'}; "
+          f"timeout {args.timeout:.0f} s")
+
+    rows: dict[str, list] = {a: [] for a in algos}
+    started = time.time()
+    reference_gave_up_at = {a: math.inf for a in algos}  # DeepSpeed timed out at this many nodes
+    for series in args.series.split(","):
+        limit = args.max_nodes if series == "untied" else min(args.max_nodes, args.tied_max_nodes)
+        for n_layers in LAYERS:
+            pair = layered_stack(n_layers, tied=series == "tied")
+            if len(pair.forward.nodes) > limit:
+                break
+            for kind in ("forward", "backward"):
+                graph = getattr(pair, kind)
+                n = len(graph.nodes)
+                if n > limit:
+                    continue
+                view = to_networkx(graph)
+                n_ags = sum(1 for _, d in view.nodes(data=True) if d["role"] == "allgather")
+                for algo in algos:
+                    scheduler = get(algo)
+                    repeat = 3 if n < 20_000 else 1
+                    order_s, _ = timed(scheduler, view, repeat=repeat)
+                    whole_s, _ = timed(dcsched.schedule, graph, algo, repeat=1 if n > 20_000 else 2)
+                    ref = None
+                    if with_reference and algo in DS_FUNCS and n < reference_gave_up_at[algo]:
+                        ref = reference_seconds(graph, algo, args.timeout)
+                        if ref is None:
+                            reference_gave_up_at[algo] = n
+                    rows[algo].append((series, f"{series} {kind} x{n_layers}", n, n_ags, order_s, whole_s, ref))
+                    print(f"  ... {algo:15s} {series} {kind:8s} {n:7d} nodes: {order_s:.3f} s"
+                          + (f", DeepSpeed {ref:.2f} s" if ref else ""), flush=True)
+
+    for algo in algos:
+        print()
+        print(f"{algo}")
+        header = f"{'graph':24s} {'N':>8s} {'all-gathers':>11s} {'order s':>9s} {'whole s':>9s} " \
+                 f"{'reference s':>12s} {'ratio':>9s}"
+        print(header)
+        print("-" * len(header))
+        for series, name, n, n_ags, order_s, whole_s, ref in rows[algo]:
+            if algo not in DS_FUNCS:
+                ref_text, ratio = "n/a (broken)", ""
+            elif ref is None:
+                ref_text, ratio = ("n/a" if not with_reference else f">{args.timeout:.0f}"), ""
+            else:
+                ref_text, ratio = f"{ref:.3f}", f"{ref / order_s:.0f}x"
+            print(f"{name:24s} {n:8d} {n_ags:11d} {order_s:9.3f} {whole_s:9.3f} {ref_text:>12s} {ratio:>9s}")
+        for series in args.series.split(","):
+            for kind in ("forward", "backward"):
+                pts = [(n, o) for s, name, n, _, o, _, _ in rows[algo] if s == series and kind in name]
+                ref_pts = [(n, r) for s, name, n, _, _, _, r in rows[algo] if s == series and kind in name and r]
+                k, kr = fit_exponent(pts), fit_exponent(ref_pts)
+                if k is not None:
+                    print(f"growth exponent ({series} {kind}): dcsched N^{k:.2f}"
+                          + (f", reference N^{kr:.2f}" if kr is not None else ""))
+    print(f"\ntotal benchmark time {time.time() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+"""The fast schedulers equal their literal oracles, including on graphs too large for DeepSpeed's code."""
+
+from __future__ import annotations
+
+import pytest
+
+from dcsched.nxview import to_networkx
+from dcsched.schedulers import get, oracle
+from dcsched.synthetic import layered_stack, random_graph
+
+ORACLES = {"fast-free": oracle.fast_free_oracle, "simple-prefetch": oracle.simple_prefetch_oracle,
+           "list": oracle.list_oracle}
+
+
+@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("kind", ["forward", "backward"])
+def test_random_graphs(seed, kind):
+    view = to_networkx(random_graph(5000 + seed, kind=kind, kwargs_deps=seed % 2 == 0))
+    for algo, literal in ORACLES.items():
+        assert get(algo)(view) == literal(view), algo
+
+
+@pytest.mark.parametrize("kind", ["forward", "backward"])
+def test_large_random_graph(kind):
+    view = to_networkx(random_graph(77, kind=kind, n_params=250, n_ops=900, kwargs_deps=True))
+    assert view.number_of_nodes() > 1500
+    for algo in ("fast-free", "simple-prefetch"):
+        assert get(algo)(view) == ORACLES[algo](view), algo
+
+
+@pytest.mark.parametrize("kind", ["forward", "backward"])
+def test_deep_layered_stack(kind):
+    # Deeper than DeepSpeed's recursive DFS allows at the default recursion limit.
+    view = to_networkx(getattr(layered_stack(24), kind))
+    assert view.number_of_nodes() > 2000
+    for algo in ("fast-free", "simple-prefetch"):
+        assert get(algo)(view) == ORACLES[algo](view), algo
