@@ -33,6 +33,7 @@ Edge attribute ``via_kwargs`` is True for a dependency that only kwargs carry.
 
 from __future__ import annotations
 
+import copy
 from typing import Iterable, Sequence
 
 import networkx as nx
@@ -165,9 +166,19 @@ def to_fx(graph: torch.fx.Graph, order: Iterable[str]) -> torch.fx.Graph:
         except KeyError:
             raise GraphError(f"order runs a reader of {node.name!r} before {node.name!r} itself") from None
 
+    map_arg = torch.fx.node.map_arg
     for name in order:
-        new_node = new_graph.node_copy(by_name[name], lookup)
-        if new_node.name != name:  # node_copy may rename on clash; names are the schedulers' keys
+        old = by_name[name]
+        # Created bare, then given its inputs: create_node would walk every
+        # argument looking for raw SymInts, which costs more than the rest of
+        # the rebuild; captured graphs hold none (the bundle stores plain data).
+        new_node = new_graph.create_node(old.op, old.target, name=name, type_expr=old.type)
+        if new_node.name != name:  # names are the schedulers' keys
             raise GraphError(f"node {name!r} could not keep its name in the rebuilt graph")
+        if old.args:
+            new_node.args = map_arg(old.args, lookup)
+        if old.kwargs:
+            new_node.kwargs = map_arg(old.kwargs, lookup)
+        new_node.meta = copy.copy(old.meta)
         env[name] = new_node
     return new_graph
