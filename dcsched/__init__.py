@@ -2,7 +2,9 @@
 
 The flow is profile -> bundle -> schedule -> report -> replay; every stage is a
 pure function usable from Python, and the ``dcsched`` command line only parses,
-calls and renders.
+calls and renders. ``dcsched.capture``, ``dcsched.simulate`` and
+``dcsched.schedule`` are functions; their modules are reached with
+``from dcsched.simulate import compile_view`` and the like.
 """
 
 from __future__ import annotations
@@ -13,11 +15,20 @@ from . import ops  # noqa: F401  (registers torch.ops.dcsched.*)
 from .bundle import Bundle, InputInfo, ParamInfo, load, save
 from .errors import BundleError, DcschedError, GraphError, ResultMismatch
 from .nxview import to_fx, to_networkx
-from .reorder import schedule
 from .roles import Role, role_of
 
+# profile -> bundle -> schedule -> simulate -> replay
+from .capture import capture, capture_script  # noqa: E402  (the function shadows its module on purpose)
+from .profile import ProfileOptions, profile_bundle
+from .reorder import schedule
+from .simulate import SimResult, simulate  # noqa: E402  (the function shadows its module on purpose)
+from .replay import replay_orders
+
 __all__ = [
-    "__version__", "Bundle", "InputInfo", "ParamInfo", "load", "save",
+    "__version__",
+    "Bundle", "InputInfo", "ParamInfo", "load", "save",
     "BundleError", "DcschedError", "GraphError", "ResultMismatch",
-    "to_fx", "to_networkx", "Role", "role_of", "schedule",
+    "to_fx", "to_networkx", "Role", "role_of",
+    "capture", "capture_script", "ProfileOptions", "profile_bundle",
+    "schedule", "simulate", "SimResult", "replay_orders",
 ]

@@ -32,6 +32,50 @@ def require_matplotlib():
     return plt
 
 
+def _save(fig, plt, path: Path) -> Path:
+    """Render ``fig`` in the format ``path``'s suffix names and write it atomically."""
+    fmt = path.suffix.lstrip(".").lower() or "png"
+    buffer = io.BytesIO()
+    try:
+        fig.savefig(buffer, format=fmt, dpi=110)
+    except ValueError as exc:
+        raise DcschedError(f"{path}: cannot write a plot in format '{fmt}' ({exc})") from None
+    finally:
+        plt.close(fig)
+    data = buffer.getvalue()
+    write_atomic(path, lambda handle: handle.write(data))
+    return path
+
+
+def plot_sweep(path: str | os.PathLike, curves: Mapping[str, Sequence], title: str | None = None) -> Path:
+    """Step time against memory budget, one panel per graph, from :func:`dcsched.sweep.sweep` rows.
+
+    Unlimited memory is drawn as a dotted line at its step time.
+    """
+    plt = require_matplotlib()
+    graphs = list(curves)
+    fig, axes = plt.subplots(len(graphs), 1, figsize=(9, 3.2 * max(1, len(graphs))), squeeze=False)
+    for ax, graph in zip(axes[:, 0], graphs):
+        rows = curves[graph]
+        finite = [r for r in rows if r.budget_bytes != float("inf")]
+        ax.plot([r.budget_bytes / 2**30 for r in finite], [r.step_ms for r in finite], marker="o",
+                label="overlap step time")
+        for r in rows:
+            if r.budget_bytes == float("inf"):
+                ax.axhline(r.step_ms, linestyle=":", color="C1", label=f"unlimited ({r.step_ms:.3f} ms)")
+        ax.axhline(rows[0].tight_lower_bound_ms, linestyle="--", color="C2",
+                   label=f"lower bound ({rows[0].tight_lower_bound_ms:.3f} ms)")
+        ax.set_title(f"{graph}: step time against memory budget ({rows[0].scope} scope)", fontsize=9)
+        ax.set_xlabel("memory budget (GiB)")
+        ax.set_ylabel("step time (ms)")
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return _save(fig, plt, Path(path))
+
+
 def plot_memory(path: str | os.PathLike, runs: Mapping[str, Sequence[tuple[str, SimResult]]],
                 title: str | None = None) -> Path:
     """Draw memory over time, ``runs`` = {graph name: [(order label, result), ...]}; write ``path`` atomically.
@@ -39,8 +83,6 @@ def plot_memory(path: str | os.PathLike, runs: Mapping[str, Sequence[tuple[str, 
     The file format follows the suffix (png, svg, pdf).
     """
     plt = require_matplotlib()
-    path = Path(path)
-    fmt = path.suffix.lstrip(".").lower() or "png"
     graphs = list(runs)
     fig, axes = plt.subplots(len(graphs), 1, figsize=(13, 3.4 * max(1, len(graphs))), squeeze=False)
     try:
@@ -61,13 +103,7 @@ def plot_memory(path: str | os.PathLike, runs: Mapping[str, Sequence[tuple[str, 
         if title:
             fig.suptitle(title, fontsize=10)
         fig.tight_layout()
-        buffer = io.BytesIO()
-        try:
-            fig.savefig(buffer, format=fmt, dpi=110)
-        except ValueError as exc:
-            raise DcschedError(f"{path}: cannot write a plot in format '{fmt}' ({exc})") from None
-    finally:
+    except BaseException:
         plt.close(fig)
-    data = buffer.getvalue()
-    write_atomic(path, lambda handle: handle.write(data))
-    return path
+        raise
+    return _save(fig, plt, Path(path))

@@ -1,6 +1,8 @@
-"""dcsched's command line: ``dcsched show|profile|schedule|replay``."""
+"""dcsched's command line: ``dcsched profile|show|schedule|replay``."""
 
 from .app import app, main, run
-from . import show  # noqa: F401  (each module registers its command)
+
+# Each module registers its command; the import order is the order --help lists them.
+from . import profile, show, schedule, replay  # noqa: F401,E402
 
 __all__ = ["app", "main", "run"]

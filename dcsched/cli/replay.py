@@ -80,9 +80,10 @@ def replay(
                                          "(default on the CPU) or equality within tolerance (default on a GPU)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON (bytes and ms)."),
 ) -> None:
-    """Run a bundle's training step for real: measured peak memory (bytes of live tensors) and step time
-    (ms) next to the simulator's, for the bundle and its --baseline, and check both orders compute the
-    same results (exit code 1 if not).
+    """Run a bundle's training step for real, measure it, and check it computes what --baseline computes.
+
+    Measured peak memory (bytes of live tensors) and step time (ms) stand next to the simulator's, for
+    the bundle and its baseline; differing results are exit code 1.
 
     Under [bold]torchrun --nproc-per-node W -m dcsched replay ...[/] the parameters are sharded over W
     ranks (gloo on CPU, NCCL on CUDA); only rank 0 prints."""

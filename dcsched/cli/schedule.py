@@ -107,11 +107,14 @@ def output_paths(source: Path, algorithms: list[str], output: Path | None, force
 
 
 def _check_directory(path: Path) -> None:
-    directory = path.parent if str(path.parent) else Path(".")
-    if not directory.is_dir():
-        raise DcschedError(f"{path}: directory {directory} does not exist")
+    """An output path must not be a directory; missing parent directories are created on write."""
     if path.is_dir():
         raise DcschedError(f"{path}: is a directory")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise DcschedError(f"{path}: {parent} is not a directory")
+            break
 
 
 def scheduled_bundle(bundle: bundle_io.Bundle, comparison: Comparison, algo: str, source: Path) -> bundle_io.Bundle:
@@ -239,6 +242,67 @@ def params_table(name: str, cmp: GraphComparison, algo: str, names: dict[int, st
     return table
 
 
+def apply_default_budget(bundle: bundle_io.Bundle, options: dict[str, dict], *, explicit: bool) -> None:
+    """Give the schedulers that take a memory budget the bundle's default when none was asked for.
+
+    The default is the target device's memory recorded in the bundle minus a
+    margin (:func:`dcsched.sweep.default_budget`); without a recorded device
+    the budget stays missing and those schedulers say ``--memory-budget`` is needed.
+    """
+    if explicit:
+        return
+    from ..sweep import DEFAULT_MARGIN, default_budget
+    budget = default_budget(bundle)
+    for algo, opts in options.items():
+        if budget is not None and "memory_budget" in schedulers.get(algo).options:
+            opts["memory_budget"] = budget
+            err_console.print(
+                f"[dim]{algo}: memory budget {format_bytes(budget)} (the target device's "
+                f"{format_bytes(bundle.provenance['target_memory_bytes'])} recorded in the bundle, less "
+                f"{DEFAULT_MARGIN:.0%}); set one with --memory-budget[/]", highlight=False)
+
+
+def sweep_table(name: str, rows) -> Table:
+    table = Table(title=f"[bold]{name}[/]: overlap at growing memory budgets ({rows[0].scope} scope)",
+                  title_justify="left",
+                  caption=f"lower bounds: max(compute, comm) {format_ms(rows[0].lower_bound_ms)}, "
+                          f"tighter {format_ms(rows[0].tight_lower_bound_ms)}", caption_justify="left")
+    for column in ("budget", "peak memory", "gathered peak", "step time", "exposed comm", "overlap"):
+        table.add_column(column, justify="right")
+    for row in rows:
+        budget = "unlimited" if math.isinf(row.budget_bytes) else format_bytes(row.budget_bytes)
+        if row.budget_bytes == row.min_budget_bytes:
+            budget += " (smallest)"
+        table.add_row(budget, format_bytes(row.peak_bytes), format_bytes(row.gathered_peak_bytes),
+                      format_ms(row.step_ms), format_ms(row.exposed_comm_ms), _pct(row.overlap_pct))
+    return table
+
+
+def run_sweep(path: Path, scope: str, *, as_json: bool, plot: Path | None) -> None:
+    """``--sweep``: the overlap scheduler's trade-off curve per graph; prints it, plots it, writes no bundle."""
+    from ..sweep import sweep
+
+    bundle = bundle_io.load(path)
+    curves = {}
+    for name, graph in bundle.graphs.items():
+        err_console.print(f"[dim]{name}: sweeping memory budgets with overlap[/]", highlight=False)
+        curves[name] = sweep(graph, scope=scope, name=name)
+    if plot is not None:
+        from ..plot import plot_sweep
+        plot_sweep(plot, curves, title=path.name)
+        err_console.print(f"[dim]wrote {plot}[/]", highlight=False)
+    if as_json:
+        document = {"input": str(path), "scope": scope,
+                    "graphs": {name: [row.to_dict() for row in rows] for name, rows in curves.items()}}
+        if plot is not None:
+            document["plot"] = str(plot)
+        sys.stdout.write(json.dumps(document, indent=2) + "\n")
+        return
+    for name, rows in curves.items():
+        console.print(sweep_table(name, rows))
+        console.print()
+
+
 # ---------------------------------------------------------------------------
 # The command
 # ---------------------------------------------------------------------------
@@ -272,9 +336,15 @@ def schedule(
     option: list[str] = typer.Option([], "--option", "-O",
                                      help="KEY=VALUE passed to the selected schedulers that take KEY "
                                           "(repeatable; e.g. -O k=3)."),
+    sweep_budgets: bool = typer.Option(False, "--sweep",
+                                       help="With --algo overlap: print the trade-off curve (budget, peak, step "
+                                            "time, overlap) from the smallest workable budget to unlimited, and "
+                                            "plot step time against budget with --plot. Writes no bundle."),
 ) -> None:
-    """Reorder the bundle's graphs with a scheduler, simulate memory (bytes) and step time (ms) before and
-    after, print the comparison and write the reordered bundle."""
+    """Reorder the bundle's graphs with a scheduler, simulate before and after, write the reordered bundle.
+
+    Memory is simulated in bytes and step time in ms; see docs/schedule-cli.md.
+    """
     algorithms = resolve_algorithms(algo)
     options = scheduler_options(algorithms, memory_budget, budget_scope, option)
     if plot is not None:
@@ -286,8 +356,14 @@ def schedule(
         _check_directory(plot)
     if trace is not None:
         _check_directory(trace)
+    if sweep_budgets:
+        if algorithms != ["overlap"]:
+            raise DcschedError("--sweep traces the overlap scheduler's memory/time trade-off: use --algo overlap")
+        run_sweep(path, budget_scope or "gathered", as_json=as_json, plot=plot)
+        return
     outputs = output_paths(path, algorithms, output, force)
     bundle = bundle_io.load(path)
+    apply_default_budget(bundle, options, explicit=memory_budget is not None)
 
     def progress(message: str) -> None:
         err_console.print(f"[dim]{message}[/]", highlight=False)

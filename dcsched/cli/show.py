@@ -20,8 +20,10 @@ def show(
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON (bytes and ms)."),
     params: bool = typer.Option(True, "--params/--no-params", help="List every parameter with its size."),
 ) -> None:
-    """Summarise a bundle: graphs, node counts by role, parameters and sizes, total compute and
-    communication (ms), and how the figures were obtained."""
+    """Summarise a bundle: graphs, nodes by role, parameters, compute and communication time.
+
+    Also says how the figures were obtained (measured or modelled, device, world size).
+    """
     summary = summarize(bundle_io.load(path))
     if as_json:
         console.print_json(json.dumps(summary))

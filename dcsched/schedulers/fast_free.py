@@ -38,6 +38,7 @@ pending all-gather of its set at a time.
 from __future__ import annotations
 
 import heapq
+import math
 
 import networkx as nx
 
@@ -189,6 +190,73 @@ def fast_free_indices(g: IndexedGraph) -> list[int]:
                 w.append(task)
         return task
 
+    # A float sum of n terms in any order lies within sum_error of the exact sum
+    # (recursive summation: gamma_{n-1} times the sum of magnitudes), so exact
+    # sums further apart than twice that order the floats the same way.
+    total_magnitude = math.fsum(abs(t) for t in time)
+    unit = 2.0 ** -53
+    sum_error = n * unit / (1 - n * unit) * total_magnitude if math.isfinite(total_magnitude) else math.inf
+
+    # The backward search pops nodes in reverse of a topological order that puts
+    # each node as late as it can go (depth-first post-order from the sinks), so
+    # a gather and its wait sit beside their reader rather than at the head of
+    # the graph, and two searches meet soon after their paths merge.
+    rank: list[int] = []  # computed on the first comparison
+
+    def compare_free_costs(a: int, b: int, task_of) -> int:
+        """Sign of free_cost(a) - free_cost(b), as DeepSpeed's float sums compare.
+
+        Decided from the exact difference of the two free paths, found by a
+        backward search from both last uses that stops where their ancestors
+        merge; only when that difference is within rounding error are the two
+        paths built and summed in DeepSpeed's order.
+        """
+        nonlocal stamp
+        if sum_error != math.inf:
+            terms = _exclusive_times(a, b)
+            for ag, sign in ((a, -1), (b, 1)):
+                stamp += 1
+                until: list[int] = []
+                requirements(ag, until)
+                terms.extend(sign * time[v] for v in until)
+            diff = math.fsum(terms)
+            if abs(diff) > 2.5 * sum_error:
+                return -1 if diff < 0 else 1
+        fa, fb = task_of(a).key[-2], task_of(b).key[-2]
+        return -1 if fa < fb else (1 if fa > fb else 0)
+
+    def _exclusive_times(a: int, b: int) -> list:
+        """Device times of the unscheduled ancestors of a's last use that are not
+        ancestors of b's (positive), and the other way round (negative)."""
+        la, lb = last[a], last[b]
+        terms: list = []
+        if la == lb:
+            return terms
+        if not rank:
+            rank.extend(_late_topological_rank(g))
+        label = {la: 1, lb: 2}
+        heap = sorted([(-rank[la], la), (-rank[lb], lb)])
+        open_count = 2  # entries in the heap reached from one side only
+        while open_count:
+            v = heapq.heappop(heap)[1]
+            lab = label[v]
+            if lab != 3:
+                open_count -= 1
+                terms.append(time[v] if lab == 1 else -time[v])
+            for p in preds[v]:
+                if scheduled[p]:
+                    continue
+                old = label.get(p)
+                if old is None:
+                    label[p] = lab
+                    heapq.heappush(heap, (-rank[p], p))
+                    if lab != 3:
+                        open_count += 1
+                elif old | lab != old:
+                    label[p] = 3
+                    open_count -= 1
+        return terms
+
     def commit(nodes) -> None:
         nonlocal pending, n_scheduled_ags
         for v in nodes:
@@ -267,7 +335,11 @@ def fast_free_indices(g: IndexedGraph) -> list[int]:
             if _equal_free_costs(tied, g, last, scheduled, anc, bit_of):
                 chosen_ag = min(tied, key=names.__getitem__)
             else:
-                chosen_ag = min(tied, key=lambda ag: task_of(ag).key[-2:])
+                chosen_ag = tied[0]
+                for ag in tied[1:]:
+                    sign = compare_free_costs(ag, chosen_ag, task_of)
+                    if sign < 0 or (sign == 0 and names[ag] < names[chosen_ag]):
+                        chosen_ag = ag
         if freeing:
             task = tasks.get(chosen_ag)
             if task is None or not task.valid:
@@ -355,3 +427,33 @@ def _allgather_ancestors(g: IndexedGraph, bit_of: dict[int, int], targets: set[i
             if not remaining[p]:
                 bits[p] = 0  # no reader left: let the int go
     return found
+
+
+def _late_topological_rank(g: IndexedGraph) -> list[int]:
+    """Rank of each node in a depth-first post-order from the sinks (inputs in reading order).
+
+    A topological order in which a node comes right before the first reader
+    that needs it, not at its input position.
+    """
+    n = len(g)
+    preds, succs = g.preds, g.succs
+    rank = [-1] * n
+    counter = 0
+    roots = ([g.output] if g.output is not None else []) + [i for i in range(n) if not succs[i]]
+    for root in roots:
+        if rank[root] >= 0:
+            continue
+        rank[root] = -2  # on the stack
+        stack = [(root, iter(preds[root]))]
+        while stack:
+            v, ins = stack[-1]
+            for p in ins:
+                if rank[p] == -1:
+                    rank[p] = -2
+                    stack.append((p, iter(preds[p])))
+                    break
+            else:
+                stack.pop()
+                rank[v] = counter
+                counter += 1
+    return rank

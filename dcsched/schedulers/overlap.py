@@ -346,8 +346,8 @@ class OverlapPlanner:
         pos_of = {v: i for i, v in enumerate(order)}
         moved = {}
         for j, v in enumerate(self.skeleton):
-            if c.kind[v] != REDUCE:
-                continue
+            if c.kind[v] != REDUCE or any(r not in self.slot_of for r in c.succs[v]):
+                continue  # (a reduce that an all-gather or wait reads stays where it is)
             at = bisect.bisect_right(placed, j)
             if at == len(placed):
                 break

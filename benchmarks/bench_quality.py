@@ -1,0 +1,225 @@
+"""Schedule quality: every algorithm's memory and simulated step time per graph, and issue 5's targets.
+
+For each graph (the sample bundles, and captured GPT, Llama and ConvNet stacks
+of 8, 32 and 80 layers profiled with the analytic H100 cost model, forward and
+backward) one table row per algorithm: all-tensor peak, gathered peak, step
+time, overlap, and the step time over both lower bounds (``simple`` =
+max(compute, communication); ``tight`` = the simulator's tight bound or
+:func:`dcsched.bounds.through_comm_bound`, whichever is larger). Algorithms:
+``none``, ``list``, ``simple-prefetch``, ``fast-free``, ``prefetch-ahead`` for
+k = 1, 2, 4, 8, and ``overlap`` at B = max(fast-free's gathered peak, 2 x the
+largest all-gather), at exactly fast-free's gathered peak, and unlimited.
+Below each graph: PASS/FAIL per target of issue 5 (see docs/overlap.md).
+
+Everything is measured with dcsched's simulator. ``sched s`` is the CPU time
+(``time.process_time``) of computing the order (for ``overlap``: setup plus one
+budget), so a busy machine does not inflate it. Captured bundles are cached in
+``benchmarks/.cache/`` (see ``quality_graphs.py``; a missing one is captured
+first, which takes minutes on 2 cores).
+
+    .venv/bin/python benchmarks/bench_quality.py              # everything
+    .venv/bin/python benchmarks/bench_quality.py --quick      # samples and 8-layer stacks
+    .venv/bin/python benchmarks/bench_quality.py gpt-32 sample:gpt
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from quality_graphs import CONFIGS, LAYERS, captured, samples  # noqa: E402
+
+from dcsched.bounds import tight_bound  # noqa: E402
+from dcsched.nxview import to_networkx  # noqa: E402
+from dcsched.schedulers import get  # noqa: E402
+from dcsched.schedulers.overlap import UNLIMITED, Overlap, paused_gc  # noqa: E402
+from dcsched.units import format_bytes  # noqa: E402
+
+AHEAD = (1, 2, 4, 8)
+BASELINES = ("none", "list", "simple-prefetch", "fast-free")
+EPS = 1e-9
+
+
+def _tolerance(layers: int | None, at_32: float, at_8: float) -> float | None:
+    if layers is None or layers < 8:
+        return None
+    return at_32 if layers >= 32 else at_8
+
+
+def evaluate(name: str, graph, layers: int | None) -> tuple[list[dict], list[tuple[str, str, str]]]:
+    """Rows (one per algorithm) and target verdicts (target, PASS/FAIL/n/a, detail) for one graph."""
+    view = to_networkx(graph)
+    started = time.process_time()
+    with paused_gc():  # as the registered scheduler runs
+        scheduler = Overlap(view, name=name)
+    setup_s = time.process_time() - started
+    compiled = scheduler.compiled
+    simple, tight = compiled.bounds.simple, tight_bound(compiled)
+    rows: list[dict] = []
+    results = {}
+
+    def add(label: str, order_indices=None, names=None, seconds=None, budget=None):
+        result = compiled.simulate(names if names is not None else order_indices, detail=False)
+        results[label] = result
+        rows.append(dict(algo=label, peak=result.peak_bytes, gathered=result.gathered_peak_bytes,
+                         step=result.step_ms, overlap=result.overlap_pct, vs_simple=result.step_ms / simple,
+                         vs_tight=result.step_ms / tight, seconds=seconds, budget=budget))
+        return result
+
+    for algo in BASELINES:
+        t = time.process_time()
+        order = get(algo)(view)
+        add(algo, names=order, seconds=time.process_time() - t)
+    planner = scheduler.planners[0]
+    for k in AHEAD:
+        add(f"prefetch-ahead k={k}", order_indices=planner.assemble(planner.ahead_slots(k)))
+    ff = results["fast-free"]
+    budget_b = max(ff.gathered_peak_bytes, 2 * scheduler.largest_gather)
+    for label, budget in (("overlap @B", budget_b), ("overlap @ff", ff.gathered_peak_bytes),
+                          ("overlap unlimited", UNLIMITED)):
+        t = time.process_time()
+        if budget >= scheduler.min_budget():
+            with paused_gc():
+                order, _ = scheduler.plan(budget)
+            add(label, order_indices=order, seconds=time.process_time() - t + setup_s, budget=budget)
+        else:
+            rows.append(dict(algo=label, budget=budget, infeasible=True))
+
+    verdicts: list[tuple[str, str, str]] = []
+
+    def verdict(target: str, ok: bool | None, detail: str):
+        verdicts.append((target, "n/a" if ok is None else ("PASS" if ok else "FAIL"), detail))
+
+    at_b, at_ff, unlimited = results.get("overlap @B"), results.get("overlap @ff"), results.get("overlap unlimited")
+    # 1. At B.
+    if at_b is None:
+        verdict("B: fits", False, f"B={format_bytes(budget_b)} below overlap's minimum")
+    else:
+        cap = ff.peak_bytes + (budget_b - ff.gathered_peak_bytes)
+        verdict("B: gathered <= B", at_b.gathered_peak_bytes <= budget_b,
+                f"{format_bytes(at_b.gathered_peak_bytes)} <= {format_bytes(budget_b)}")
+        verdict("B: peak <= ff + (B - ff gathered)", at_b.peak_bytes <= cap,
+                f"{format_bytes(at_b.peak_bytes)} <= {format_bytes(cap)}")
+        tol = _tolerance(layers, 0.01, 0.03)
+        ratio = at_b.step_ms / unlimited.step_ms
+        verdict(f"B: step within {'n/a' if tol is None else f'{tol:.0%}'} of unlimited",
+                None if tol is None else ratio <= 1 + tol + EPS, f"{ratio:.4f}x")
+    # 2. At fast-free's gathered peak.
+    if at_ff is not None:
+        verdict("ff peak: step <= fast-free", at_ff.step_ms <= ff.step_ms + EPS,
+                f"{at_ff.step_ms:.3f} vs {ff.step_ms:.3f} ms")
+        verdict("ff peak: peak <= fast-free", at_ff.peak_bytes <= ff.peak_bytes,
+                f"{format_bytes(at_ff.peak_bytes)} vs {format_bytes(ff.peak_bytes)}")
+    else:
+        verdict("ff peak: feasible", False, "fast-free's gathered peak is below overlap's minimum")
+    # 3. Unlimited vs the tighter bound.
+    tol = _tolerance(layers, 0.02, 0.05)
+    ratio = unlimited.step_ms / tight
+    verdict(f"unlimited: within {'n/a' if tol is None else f'{tol:.0%}'} of tight bound",
+            None if tol is None else ratio <= 1 + tol + EPS, f"{ratio:.4f}x")
+    # 4. At equal or lower gathered peak, never slower than fast-free / simple-prefetch / prefetch-ahead(k).
+    for other in ["fast-free", "simple-prefetch"] + [f"prefetch-ahead k={k}" for k in AHEAD]:
+        theirs = results[other]
+        budget = theirs.gathered_peak_bytes
+        if budget < scheduler.min_budget():
+            verdict(f"<= {other} at its gathered peak", None,
+                    f"its gathered peak {format_bytes(budget)} < overlap's minimum {format_bytes(scheduler.min_budget())}"
+                    " (a different compute order)")
+            continue
+        _, mine = scheduler.plan(budget)
+        verdict(f"<= {other} at its gathered peak", mine.step_ms <= theirs.step_ms + EPS,
+                f"{mine.step_ms:.3f} vs {theirs.step_ms:.3f} ms at {format_bytes(budget)}")
+    if at_b is not None:
+        fitting = [f"prefetch-ahead k={k}" for k in AHEAD if results[f"prefetch-ahead k={k}"].gathered_peak_bytes <= budget_b]
+        best = min((results[o].step_ms for o in fitting), default=math.inf)
+        verdict("B: <= every prefetch-ahead(k) fitting B", at_b.step_ms <= best + EPS,
+                f"{at_b.step_ms:.3f} vs best {best:.3f} ms ({len(fitting)} of {len(AHEAD)} fit)")
+    fitting_b = [results[f"prefetch-ahead k={k}"].step_ms for k in AHEAD
+                 if results[f"prefetch-ahead k={k}"].gathered_peak_bytes <= budget_b]
+    compact = dict(graph=name, tight=tight, ff=ff.step_ms, sp=results["simple-prefetch"].step_ms,
+                   ahead=min(fitting_b, default=math.inf), at_b=at_b.step_ms if at_b else math.inf,
+                   at_b_gathered=at_b.gathered_peak_bytes if at_b else None, budget_b=budget_b,
+                   at_ff=at_ff.step_ms if at_ff else math.inf, unlimited=unlimited.step_ms,
+                   seconds=next(r["seconds"] for r in rows if r["algo"] == "overlap @B"),
+                   verdict="PASS" if all(v[1] != "FAIL" for v in verdicts) else "FAIL")
+    header = dict(graph=name, nodes=len(compiled), compact=compact, gathers=compiled.num_allgathers, simple=simple, tight=tight,
+                  sim_tight=compiled.bounds.tight, budget_b=budget_b, min_budget=scheduler.min_budget())
+    return [header] + rows, verdicts
+
+
+def render(rows: list[dict], verdicts) -> str:
+    head = rows[0]
+    lines = [f"\n## {head['graph']}: {head['nodes']} nodes, {head['gathers']} all-gathers; lower bounds: "
+             f"simple {head['simple']:.3f} ms, tight {head['tight']:.3f} ms (simulator's {head['sim_tight']:.3f}); "
+             f"B = {format_bytes(head['budget_b'])}, overlap's minimum = {format_bytes(head['min_budget'])}",
+             f"| {'algorithm':22s} | {'peak':>11s} | {'gathered':>11s} | {'step ms':>9s} | {'overlap':>7s} "
+             f"| {'/simple':>7s} | {'/tight':>7s} | {'sched s':>7s} |",
+             "|" + "|".join("-" * w for w in (24, 13, 13, 11, 9, 9, 9, 9)) + "|"]
+    for r in rows[1:]:
+        if r.get("infeasible"):
+            lines.append(f"| {r['algo']:22s} | budget {format_bytes(r['budget'])} below overlap's minimum |")
+            continue
+        secs = "" if r["seconds"] is None else f"{r['seconds']:.3f}"
+        lines.append(f"| {r['algo']:22s} | {format_bytes(r['peak']):>11s} | {format_bytes(r['gathered']):>11s} "
+                     f"| {r['step']:9.3f} | {r['overlap']:6.1f}% | {r['vs_simple']:7.3f} | {r['vs_tight']:7.3f} "
+                     f"| {secs:>7s} |")
+    lines.append("")
+    for target, status, detail in verdicts:
+        lines.append(f"- {status:4s} {target}: {detail}")
+    return "\n".join(lines)
+
+
+def graphs(selection: list[str], quick: bool):
+    wanted = set(selection)
+    for name, bundle in samples().items():
+        if not wanted or name in wanted:
+            yield name, bundle, None
+    for n in LAYERS:
+        if quick and n > 8:
+            continue
+        for arch in CONFIGS:
+            key = f"{arch}-{n}"
+            if not wanted or key in wanted:
+                yield key, captured(arch, n), n
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("graphs", nargs="*", help="sample:<name> or <arch>-<layers> (default: all)")
+    parser.add_argument("--quick", action="store_true", help="samples and 8-layer stacks only")
+    args = parser.parse_args(argv)
+    totals: dict[str, int] = {}
+    failures = []
+    compact = []
+    for name, bundle, layers in graphs(args.graphs, args.quick):
+        for part, graph in bundle.graphs.items():
+            label = f"{name} {part}"
+            rows, verdicts = evaluate(label, graph, layers)
+            compact.append(rows[0]["compact"])
+            print(render(rows, verdicts), flush=True)
+            for target, status, detail in verdicts:
+                totals[status] = totals.get(status, 0) + 1
+                if status == "FAIL":
+                    failures.append(f"{label}: {target} ({detail})")
+    print("\n## Step time (ms) per graph; overlap's over the tight bound in brackets\n")
+    print("| graph | tight bound | fast-free | simple-prefetch | best ahead(k) fitting B | B | overlap @B "
+          "| overlap @ff peak | overlap unlimited | overlap s (CPU) | targets |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for c in compact:
+        print(f"| {c['graph']} | {c['tight']:.3f} | {c['ff']:.3f} | {c['sp']:.3f} | {c['ahead']:.3f} "
+              f"| {format_bytes(c['budget_b'])} | {c['at_b']:.3f} ({c['at_b'] / c['tight']:.3f}) "
+              f"| {c['at_ff']:.3f} ({c['at_ff'] / c['tight']:.3f}) | {c['unlimited']:.3f} ({c['unlimited'] / c['tight']:.3f}) "
+              f"| {c['seconds']:.2f} | {c['verdict']} |")
+    print("\n## Summary: " + ", ".join(f"{k} {v}" for k, v in sorted(totals.items())))
+    for line in failures:
+        print(f"- FAIL {line}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

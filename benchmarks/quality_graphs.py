@@ -1,0 +1,78 @@
+"""Graphs for ``bench_quality.py``: captured stacks of several architectures, cached under ``benchmarks/.cache/``.
+
+Capturing runs the model once on the CPU (2 cores in CI take minutes for the
+deep stacks), so each bundle is captured and profiled once with the analytic
+H100 cost model and kept in ``benchmarks/.cache/<arch>-<layers>.pt``
+(gitignored). Run this module alone to fill the cache::
+
+    .venv/bin/python benchmarks/quality_graphs.py            # every configuration
+    .venv/bin/python benchmarks/quality_graphs.py gpt-8      # one
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import dcsched  # noqa: E402
+from dcsched.profile import ProfileOptions, profile_bundle  # noqa: E402
+
+CACHE = ROOT / "benchmarks" / ".cache"
+SAMPLES = ROOT / "sample_graphs"
+
+#: Model sizes: a token batch of 2,048 and width 512 keep a layer's compute and its
+#: all-gathers within a factor of ~2 of each other with the default cost model
+#: (H100 roofline, 8 ranks at 100 GB/s, 20 us latency), which is where overlap matters most.
+CONFIGS = {
+    "gpt": dict(d_model=512, n_heads=8, vocab=8192, seq=512, batch=4),
+    "llama": dict(d_model=512, n_heads=8, vocab=8192, seq=512, batch=4),
+    "convnet": dict(width=64, image=64, batch=32),
+}
+LAYERS = (8, 32, 80)
+PROFILE = ProfileOptions(cost_model="analytic", gpu="h100", progress=False)
+
+
+def cache_path(arch: str, n_layers: int) -> Path:
+    return CACHE / f"{arch}-{n_layers}.pt"
+
+
+def captured(arch: str, n_layers: int, *, build_missing: bool = True) -> dcsched.Bundle | None:
+    """The profiled bundle of ``arch`` with ``n_layers`` layers, from the cache or captured now."""
+    path = cache_path(arch, n_layers)
+    if path.exists():
+        return dcsched.load(path)
+    if not build_missing:
+        return None
+    from dcsched.capture import capture
+    from examples.models import build
+
+    CACHE.mkdir(parents=True, exist_ok=True)
+    ignore = CACHE / ".gitignore"
+    if not ignore.exists():
+        ignore.write_text("*\n")
+    started = time.perf_counter()
+    model, inputs, loss_fn = build(arch, n_layers=n_layers, **CONFIGS[arch])
+    bundle = profile_bundle(capture(model, inputs, loss_fn), PROFILE)
+    dcsched.save(bundle, path)
+    print(f"captured {arch}-{n_layers} in {time.perf_counter() - started:.0f} s -> {path}", file=sys.stderr)
+    return bundle
+
+
+def samples() -> dict[str, dcsched.Bundle]:
+    """The sample bundles shipped in ``sample_graphs/``."""
+    return {f"sample:{p.stem}": dcsched.load(p) for p in sorted(SAMPLES.glob("*.pt"))}
+
+
+def main(argv: list[str]) -> None:
+    wanted = argv or [f"{a}-{n}" for n in LAYERS for a in CONFIGS]
+    for item in wanted:
+        arch, _, n = item.partition("-")
+        captured(arch, int(n))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
