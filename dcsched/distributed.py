@@ -175,6 +175,17 @@ def init(device_type: str) -> Launch:
     return Launch(dist.get_rank(), dist.get_world_size(), local_rank, device)
 
 
-def shutdown() -> None:
+def shutdown(*, together: bool = True) -> None:
+    """Leave the process group.
+
+    ``together`` (the normal end) waits at a barrier first: a rank that tears
+    its connections down while a peer still talks to it makes gloo abort the
+    peer (SIGABRT) instead of letting it finish. After a failure pass
+    ``together=False``: the other ranks may never reach the barrier.
+    """
     if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+        try:
+            if together:
+                dist.barrier()
+        finally:
+            dist.destroy_process_group()

@@ -76,11 +76,16 @@ def profile(
                              bandwidth_gbps=bandwidth, latency_us=latency, gpu=gpu, progress=progress)
     options.check()
     _init_distributed()
-
-    if progress:
-        err_console.print(f"capturing {script} ...", highlight=False)
-    captured = capture_script_step(script, list(script_args or []), module)
-    bundle = profile_bundle(captured.bundle, options, params=captured.params, inputs=captured.inputs)
+    from ..distributed import shutdown
+    try:
+        if progress:
+            err_console.print(f"capturing {script} ...", highlight=False)
+        captured = capture_script_step(script, list(script_args or []), module)
+        bundle = profile_bundle(captured.bundle, options, params=captured.params, inputs=captured.inputs)
+    except BaseException:
+        shutdown(together=False)
+        raise
+    shutdown()
     bundle.provenance["script"] = str(script)
     bundle.provenance["script_args"] = list(script_args or [])
     if _rank() != 0:

@@ -100,9 +100,12 @@ def replay(
         report = replay_orders(candidate, reference, device=target, seed=seed, iters=iters, warmup=warmup,
                                runtime_factory=runtime_factory, exact=exact,
                                paths=(str(baseline) if baseline else None, str(path)))
-    finally:
+    except BaseException:
         if launch is not None:
-            distributed.shutdown()
+            distributed.shutdown(together=False)
+        raise
+    if launch is not None:
+        distributed.shutdown()
     if launch is not None and launch.rank != 0:
         return
     if as_json:

@@ -103,28 +103,26 @@ def index_view(view: nx.DiGraph) -> IndexedGraph:
     # dominates at 10^5 nodes); same data, same order.
     data = getattr(view, "_node", None) or dict(view.nodes(data=True))
     pred_of = getattr(view, "_pred", None) or {name: dict(view.pred[name]) for name in data}
-    names = sorted(data, key=lambda name: data[name]["position"])
+    names = list(data)
+    positions = [data[name]["position"] for name in names]
+    if any(a >= b for a, b in zip(positions, positions[1:])):  # views not built in input order
+        names.sort(key=lambda name: data[name]["position"])
     index = {name: i for i, name in enumerate(names)}
-    preds: list[tuple[int, ...]] = []
+    attrs = [data[name] for name in names]
+    preds: list[tuple[int, ...]] = [tuple([index[p] for p in pred_of[name]]) for name in names]
     succs: list[list[int]] = [[] for _ in names]
-    role, ds_id, n_users, time, size, aliasing = [], [], [], [], [], []
-    for i, name in enumerate(names):
-        attrs = data[name]
-        ins = tuple(index[p] for p in pred_of[name])
+    for i, ins in enumerate(preds):
         for p in ins:
             if p >= i:
-                raise GraphError(f"node {name!r} reads {names[p]!r}, which does not come before it "
+                raise GraphError(f"node {names[i]!r} reads {names[p]!r}, which does not come before it "
                                  "(the graph has a cycle or is not in topological order)")
             succs[p].append(i)
-        preds.append(ins)
-        role.append(attrs["role"])
-        ds_id.append(attrs.get("ds_id"))
-        n_users.append(attrs.get("n_users"))
-        t = attrs.get("device_time")
-        time.append(0 if t is None else t)
-        s = attrs.get("tensor_size")
-        size.append(0 if s is None else int(s))
-        aliasing.append(bool(attrs.get("aliasing")))
+    role = [a["role"] for a in attrs]
+    ds_id = [a.get("ds_id") for a in attrs]
+    n_users = [a.get("n_users") for a in attrs]
+    time = [0 if t is None else t for t in (a.get("device_time") for a in attrs)]
+    size = [0 if s is None else int(s) for s in (a.get("tensor_size") for a in attrs)]
+    aliasing = [bool(a.get("aliasing")) for a in attrs]
     output = view.graph.get("output")
     return IndexedGraph(names, index, preds, succs, role, ds_id, n_users, time, size, aliasing,
                         index.get(output) if output is not None else None)

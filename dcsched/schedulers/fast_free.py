@@ -26,7 +26,11 @@ all-gather ancestors as another, so a tier count is one ``&`` and a popcount;
 a lazily updated heap of lower bounds on the counts (a count can fall by at
 most the number of all-gathers scheduled since it was taken); candidate paths
 cached until one of their nodes is scheduled; a reduce or output waits on one
-pending all-gather of its set at a time.
+pending all-gather of its set at a time. Candidates tied on the integer parts
+of their scores are told apart by the exact difference of their device-time
+sums, from a backward search that stops where their paths merge; only a
+difference within float rounding error makes the two paths be built and
+summed in DeepSpeed's order (so float ties still break as in DeepSpeed).
 
 >>> from dcsched.synthetic import layered_stack
 >>> from dcsched.nxview import to_networkx, check_order
@@ -112,6 +116,7 @@ def fast_free_indices(g: IndexedGraph) -> list[int]:
             mask |= anc[r]
         release_mask[d] = mask
     size_of_bit = [size[ag] for ag in ag_of_bit]
+    own_bit = {ag: 1 << b for ag, b in bit_of.items()}
 
     pending = (1 << len(ags)) - 1
     n_scheduled_ags = 0
@@ -296,7 +301,7 @@ def fast_free_indices(g: IndexedGraph) -> list[int]:
         evaluated = []
         while heap and (best is None or heap[0][0] - n_scheduled_ags <= best):
             _, ag = heapq.heappop(heap)
-            if not (pending >> bit_of[ag]) & 1:
+            if scheduled[ag]:  # no longer pending
                 continue
             count = (anc[last[ag]] & pending).bit_count()
             evaluated.append((count + n_scheduled_ags, ag))
@@ -311,11 +316,16 @@ def fast_free_indices(g: IndexedGraph) -> list[int]:
         # needs the path) only when they tie.
         scored = []
         for ag in tier:
-            own = anc[ag] & pending
-            before = anc[last[ag]] & pending & ~own
-            free_acc = _bytes(before, size_of_bit)
-            n_ags = ((own | anc[last[ag]] | release_mask.get(g.ds_id[ag], 0)) & pending).bit_count()
-            ag_acc = _bytes(own, size_of_bit)
+            at_last = anc[last[ag]] & pending  # holds the all-gather's own bit
+            if anc[ag] == own_bit[ag]:  # the usual case: no all-gather before this one
+                before = at_last ^ own_bit[ag]
+                ag_acc = size[ag]
+            else:
+                own = anc[ag] & pending
+                before = at_last & ~own
+                ag_acc = _bytes(own, size_of_bit)
+            free_acc = _bytes(before, size_of_bit) if before else 0
+            n_ags = ((at_last | release_mask.get(g.ds_id[ag], 0)) & pending).bit_count()
             scored.append((free_acc, n_ags, ag_acc, ag))
         if any(t[0] == 0 for t in scored):
             scored = [(n_ags, ag_acc, ag) for free_acc, n_ags, ag_acc, ag in scored if free_acc == 0]
