@@ -14,13 +14,15 @@ import torch.fx
 
 from . import schedulers
 from .nxview import check_order, to_fx, to_networkx
+from .schedulers._indexed import paused_gc
 
 
 def order(graph: torch.fx.Graph, algo: str = "fast-free", **options) -> list[str]:
     """The node names of ``graph`` in the order scheduler ``algo`` picks (checked topological)."""
-    view = to_networkx(graph)
-    names = schedulers.get(algo)(view, **options)
-    check_order(view, names)
+    with paused_gc():
+        view = to_networkx(graph)
+        names = schedulers.get(algo)(view, **options)
+        check_order(view, names)
     return names
 
 
@@ -32,4 +34,6 @@ def schedule(graph: torch.fx.Graph, algo: str = "fast-free", **options) -> torch
     (bytes). Options are the scheduler's keyword arguments, e.g.
     ``memory_budget`` in bytes for the algorithms that take one.
     """
-    return to_fx(graph, order(graph, algo, **options))
+    names = order(graph, algo, **options)
+    with paused_gc():
+        return to_fx(graph, names)

@@ -47,8 +47,6 @@ True
 from __future__ import annotations
 
 import bisect
-import contextlib
-import gc
 import math
 
 import networkx as nx
@@ -56,7 +54,7 @@ import networkx as nx
 from ..errors import DcschedError
 from ..simulate import ALLGATHER, COMM_KINDS, PLACEHOLDER, RELEASE, REDUCE, WAIT, CompiledGraph, SimResult, compile_view
 from ..units import format_bytes, parse_size
-from ._indexed import index_view
+from ._indexed import index_view, paused_gc
 from .fast_free import fast_free_indices
 from .registry import register
 
@@ -76,19 +74,6 @@ def overlap(view: nx.DiGraph, *, memory_budget=None, budget_scope: str = "gather
     budget = parse_budget(memory_budget)
     with paused_gc():
         return Overlap(view).order(budget, budget_scope)
-
-
-@contextlib.contextmanager
-def paused_gc():
-    """Pause the cyclic garbage collector: the scheduler allocates many small lists and no cycles, and
-    a full collection walks every object of the caller's FX graph (over half the run time at 10^4 nodes)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def parse_budget(memory_budget) -> float:
