@@ -49,6 +49,7 @@ import torch.nn as nn
 from . import zero3
 from .bundle import Bundle, InputInfo, ParamInfo
 from .errors import DcschedError
+from .nxview import copy_graph
 from .roles import is_aliasing
 
 #: Step inputs up to this many bytes are stored in the bundle as tensors.
@@ -270,14 +271,6 @@ def _is_graph_break(exc: BaseException) -> bool:
 # ---------------------------------------------------------------------------
 
 
-def _copy_graph(graph: torch.fx.Graph) -> torch.fx.Graph:
-    new = torch.fx.Graph()
-    env: dict[torch.fx.Node, torch.fx.Node] = {}
-    for node in graph.nodes:
-        env[node] = new.node_copy(node, lambda n: env[n])
-    return new
-
-
 def _input_info(name: str, value: torch.Tensor) -> InputInfo:
     value = value.detach()
     nbytes = value.numel() * value.element_size()
@@ -297,8 +290,8 @@ def _build(record: _Recorded, forward_graph_id: int = 0, backward_graph_id: int 
         raise CaptureError(f"{record.name} has no training step to capture: {why}; call loss.backward() on a loss "
                            "computed from its output, with the model's parameters requiring grad")
     fw_gm, bw_gm = step.forward, step.backward
-    forward = _copy_graph(fw_gm.graph)
-    backward = _copy_graph(bw_gm.graph)
+    forward = copy_graph(fw_gm.graph)
+    backward = copy_graph(bw_gm.graph)
 
     trainable = _trainable(record.module)
     fw_placeholders = [n for n in forward.nodes if n.op == "placeholder"]

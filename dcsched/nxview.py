@@ -182,3 +182,8 @@ def to_fx(graph: torch.fx.Graph, order: Iterable[str]) -> torch.fx.Graph:
         new_node.meta = copy.copy(old.meta)
         env[name] = new_node
     return new_graph
+
+
+def copy_graph(graph: torch.fx.Graph) -> torch.fx.Graph:
+    """A node-for-node copy of ``graph`` (names, targets, args, meta), in the same order."""
+    return to_fx(graph, [node.name for node in graph.nodes])

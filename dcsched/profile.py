@@ -40,6 +40,7 @@ import torch.fx
 from . import costmodel, ops
 from .bundle import Bundle, InputInfo, _dtype_from_name
 from .errors import DcschedError
+from .nxview import copy_graph
 from .roles import COMM_ROLES, Role, is_view_like, role_of
 
 COST_MODELS = ("measured", "analytic")
@@ -151,7 +152,7 @@ def resharded(bundle: Bundle, world_size: int) -> Bundle:
     sizes = tensor_sizes(bundle, world_size)
     graphs = {}
     for name, graph in bundle.graphs.items():
-        copy = _copy_graph(graph)
+        copy = copy_graph(graph)
         for node in copy.nodes:
             if "tensor_size" in node.meta:
                 node.meta["tensor_size"] = sizes[name][node.name]
@@ -422,14 +423,6 @@ def _measure_collective(node: torch.fx.Node, world_size: int, device, timer: _Ti
 # The profiler
 # ---------------------------------------------------------------------------
 
-def _copy_graph(graph: torch.fx.Graph) -> torch.fx.Graph:
-    new = torch.fx.Graph()
-    env: dict[torch.fx.Node, torch.fx.Node] = {}
-    for node in graph.nodes:
-        env[node] = new.node_copy(node, lambda n: env[n])
-    return new
-
-
 def _progress(enabled: bool):
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -449,7 +442,7 @@ def profile_bundle(bundle: Bundle, options: ProfileOptions = ProfileOptions(), *
     are random and inputs are the stored ones or made within their ranges.
     """
     options.check()
-    bundle = bundle.with_graphs(**{name: _copy_graph(g) for name, g in bundle.graphs.items()})
+    bundle = bundle.with_graphs(**{name: copy_graph(g) for name, g in bundle.graphs.items()})
     group_size = _process_group_size()
     distributed = group_size > 1
     world_size = group_size if distributed else options.world_size
