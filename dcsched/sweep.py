@@ -24,7 +24,6 @@ True
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Iterable
 
 import networkx as nx

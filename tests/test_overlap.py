@@ -13,8 +13,6 @@ simulator, and replay shows the reordered step computes the same results.
 from __future__ import annotations
 
 import math
-import operator
-import re
 
 import networkx as nx
 import pytest
@@ -23,14 +21,14 @@ import torch.fx
 from hypothesis import given, settings, strategies as st
 
 import dcsched
-from dcsched import ops
 from dcsched.errors import DcschedError
 from dcsched.nxview import check_order, to_fx, to_networkx
 from dcsched.schedulers import get
 from dcsched.schedulers.overlap import Overlap, OverlapPlanner, _MaxTree, parse_budget
-from dcsched.simulate import compile_view
 from dcsched.sweep import default_budget, sweep
 from dcsched.synthetic import layered_stack, random_graph
+
+from strategies import arbitrary_dags
 
 aten = torch.ops.aten
 EPS = 1e-9
@@ -111,41 +109,6 @@ def test_delay_keeps_the_timeline():
         after = planner.compiled.simulate(planner.assemble(late), detail=False)
         assert after.step_ms == pytest.approx(before.step_ms)
         assert after.gathered_peak_bytes <= before.gathered_peak_bytes
-
-
-@st.composite
-def arbitrary_dags(draw):
-    """ZeRO-3 ops wired anywhere: all-gathers of computed values, waits of waits, stray releases."""
-    g = torch.fx.Graph()
-    nodes = [g.placeholder(f"p{i}") for i in range(draw(st.integers(1, 4)))]
-    for node in nodes:
-        node.meta.update(device_time=0.0, tensor_size=draw(st.sampled_from([0, 8, 64])))
-    for i in range(draw(st.integers(1, 30))):
-        kind = draw(st.sampled_from(["compute", "compute", "ag", "ag", "wait", "release", "reduce", "tuple"]))
-        src = draw(st.sampled_from(nodes))
-        ds_id = draw(st.integers(0, 3))
-        if kind == "compute":
-            other = draw(st.sampled_from(nodes))
-            node = g.create_node("call_function", aten.add.Tensor, (src,), {"other": other}, name=f"c{i}")
-        elif kind == "ag":
-            node = g.create_node("call_function", ops.allgather_param, (src, 0, ds_id), name=f"ag{i}")
-        elif kind == "wait":
-            node = g.create_node("call_function", ops.wait_allgather, (src, 0, ds_id), name=f"w{i}")
-        elif kind == "release":
-            node = g.create_node("call_function", ops.release_param, (src, 0, ds_id, draw(st.integers(1, 3))),
-                                 name=f"r{i}")
-        elif kind == "reduce":
-            node = g.create_node("call_function", ops.reduce_grad, (src, 0, ds_id), name=f"red{i}")
-        else:
-            tup = g.create_node("call_function", aten.split.Tensor, (src, 1), name=f"s{i}")
-            tup.meta.update(device_time=0.5, tensor_size=8)
-            nodes.append(tup)
-            node = g.create_node("call_function", operator.getitem, (tup, 0), name=f"gi{i}")
-        node.meta.update(device_time=draw(st.sampled_from([0.0, 0.5, 1.0, 2.5])),
-                         tensor_size=draw(st.sampled_from([0, 8, 64, 512])))
-        nodes.append(node)
-    g.output(tuple(draw(st.lists(st.sampled_from(nodes), min_size=1, max_size=4))))
-    return g
 
 
 @settings(max_examples=40, deadline=None)

@@ -76,7 +76,7 @@ class _Task:
 def fast_free_indices(g: IndexedGraph) -> list[int]:
     """The fast-free order as input positions (see the module docstring)."""
     n = len(g)
-    preds, succs, role, size, time, names = g.preds, g.succs, g.role, g.size, g.time, g.names
+    preds, role, size, time, names = g.preds, g.role, g.size, g.time, g.names
     is_ag = g.is_allgather()
     scheduled = bytearray(n)
     order: list[int] = []

@@ -52,7 +52,7 @@ import math
 import networkx as nx
 
 from ..errors import DcschedError
-from ..simulate import ALLGATHER, COMM_KINDS, PLACEHOLDER, RELEASE, REDUCE, WAIT, CompiledGraph, SimResult, compile_view
+from ..simulate import ALLGATHER, COMM_KINDS, RELEASE, REDUCE, WAIT, CompiledGraph, SimResult, compile_view
 from ..units import format_bytes, parse_size
 from ._indexed import index_view, paused_gc
 from .fast_free import fast_free_indices
@@ -324,7 +324,7 @@ class OverlapPlanner:
         c = self.compiled
         order, issue_pos = self._layout(slots, rank)
         res = c.simulate(order, detail=True, check=False)
-        n, m = len(order), len(self.skeleton)
+        n = len(order)
         clock = [res.reach_ms[p] if p < n else res.step_ms for p in issue_pos]
         rank = rank if rank is not None else list(range(len(self.gathers)))
         placed = sorted(slots[k] for k in range(len(self.gathers)))
@@ -430,7 +430,6 @@ class OverlapPlanner:
         """
         order, issue_pos = self._layout(slots, rank)
         res = self.compiled.simulate(order, detail=True, check=False)
-        m = len(self.skeleton)
         # Compute clock when the program reaches each slot's all-gathers; when each starts.
         n = len(order)
         clock = [res.reach_ms[p] if p < n else res.step_ms for p in issue_pos]

@@ -1,0 +1,52 @@
+"""Hypothesis strategies shared by the property tests."""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx
+from hypothesis import strategies as st
+
+from dcsched import ops
+
+aten = torch.ops.aten
+
+
+@st.composite
+def arbitrary_dags(draw):
+    """A DAG of random compute and ZeRO-3 nodes reading random earlier nodes, some through kwargs only."""
+    g = torch.fx.Graph()
+    nodes = [g.placeholder(f"p{i}") for i in range(draw(st.integers(1, 4)))]
+    for node in nodes:
+        node.meta.update(device_time=0.0, tensor_size=draw(st.sampled_from([0, 8, 64])))
+    for i in range(draw(st.integers(1, 30))):
+        kind = draw(st.sampled_from(["compute", "compute", "kwarg", "ag", "wait", "release", "reduce", "tuple"]))
+        src = draw(st.sampled_from(nodes))
+        ds_id = draw(st.integers(0, 3))
+        if kind == "compute":
+            other = draw(st.sampled_from(nodes))
+            node = g.create_node("call_function", aten.add.Tensor, (src, other), name=f"c{i}")
+        elif kind == "kwarg":
+            other = draw(st.sampled_from(nodes))
+            node = g.create_node("call_function", aten.add.Tensor, (src,), {"other": other}, name=f"k{i}")
+        elif kind == "ag":
+            node = g.create_node("call_function", ops.allgather_param, (src, 0, ds_id), name=f"ag{i}")
+        elif kind == "wait":
+            node = g.create_node("call_function", ops.wait_allgather, (src, 0, ds_id), name=f"w{i}")
+        elif kind == "release":
+            node = g.create_node("call_function", ops.release_param, (src, 0, ds_id, draw(st.integers(1, 3))),
+                                 name=f"r{i}")
+        elif kind == "reduce":
+            node = g.create_node("call_function", ops.reduce_grad, (src, 0, ds_id), name=f"red{i}")
+        else:
+            tup = g.create_node("call_function", aten.split.Tensor, (src, 1), name=f"s{i}")
+            tup.meta.update(device_time=draw(st.sampled_from([0.0, 0.5])), tensor_size=8)
+            nodes.append(tup)
+            node = g.create_node("call_function", operator.getitem, (tup, 0), name=f"gi{i}")
+        node.meta.update(device_time=draw(st.sampled_from([0.0, 0.5, 1.0, 2.5])),
+                         tensor_size=draw(st.sampled_from([0, 8, 64, 512])))
+        nodes.append(node)
+    outs = draw(st.lists(st.sampled_from(nodes), min_size=1, max_size=4))
+    g.output(tuple(outs))
+    return g
