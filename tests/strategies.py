@@ -1,10 +1,12 @@
-"""Hypothesis strategies shared by the property tests."""
+"""Hypothesis strategies and random orders shared by the property tests."""
 
 from __future__ import annotations
 
 import operator
+import random
 
 import torch
+import networkx as nx
 import torch.fx
 from hypothesis import strategies as st
 
@@ -50,3 +52,23 @@ def arbitrary_dags(draw):
     outs = draw(st.lists(st.sampled_from(nodes), min_size=1, max_size=4))
     g.output(tuple(outs))
     return g
+
+
+def random_topological_order(view: nx.DiGraph, rng: random.Random) -> list[str]:
+    """A random valid order of ``view``: placeholders first in their input order, then any ready node."""
+    nodes = sorted(view.nodes, key=lambda n: view.nodes[n]["position"])
+    order = [n for n in nodes if view.nodes[n]["role"] == "placeholder"]
+    waiting = {n: view.in_degree(n) for n in nodes}
+    for n in order:
+        for s in view.succ[n]:
+            waiting[s] -= 1
+    placed = set(order)
+    ready = [n for n in nodes if waiting[n] == 0 and n not in placed]
+    while ready:
+        name = ready.pop(rng.randrange(len(ready)))
+        order.append(name)
+        for s in view.succ[name]:
+            waiting[s] -= 1
+            if waiting[s] == 0:
+                ready.append(s)
+    return order

@@ -23,7 +23,8 @@ from dcsched.cli import run as cli
 from dcsched.errors import DcschedError, GraphError, ResultMismatch
 from dcsched.memtrack import LiveBytes
 from dcsched.nxview import to_fx, to_networkx
-from dcsched.roles import Role, role_of
+
+from strategies import random_topological_order
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_graphs"
@@ -45,23 +46,7 @@ def reordered(bundle, order_fn):
 
 def random_topological(graph: torch.fx.Graph, seed: int) -> torch.fx.Graph:
     """A random valid order: placeholders first as they were, then any ready node."""
-    view = to_networkx(graph)
-    rng = random.Random(seed)
-    nodes = sorted(view.nodes, key=lambda n: view.nodes[n]["position"])
-    order = [n for n in nodes if view.nodes[n]["role"] == "placeholder"]
-    waiting = {n: view.in_degree(n) for n in nodes}
-    for n in order:
-        for s in view.succ[n]:
-            waiting[s] -= 1
-    ready = [n for n in nodes if waiting[n] == 0 and n not in order]
-    while ready:
-        name = ready.pop(rng.randrange(len(ready)))
-        order.append(name)
-        for s in view.succ[name]:
-            waiting[s] -= 1
-            if waiting[s] == 0:
-                ready.append(s)
-    return to_fx(graph, order)
+    return to_fx(graph, random_topological_order(to_networkx(graph), random.Random(seed)))
 
 
 # ---------------------------------------------------------------------------

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import random
 
-import networkx as nx
 import pytest
 import torch
 import torch.fx
@@ -16,7 +15,9 @@ import dcsched
 from dcsched import ops
 from dcsched.errors import GraphError
 from dcsched.nxview import to_networkx
-from dcsched.simulate import CompiledGraph, SimResult, compile_view, simulate
+from dcsched.simulate import CompiledGraph, simulate
+
+from strategies import random_topological_order
 
 aten = torch.ops.aten
 
@@ -448,20 +449,6 @@ def random_zero3_graph(seed: int, n_params: int, n_compute: int, backward: bool)
         values.append(node)
         sinks.add(node)
     return b.output(*sorted(sinks, key=lambda n: n.name))
-
-
-def random_topological_order(view: nx.DiGraph, rng: random.Random) -> list[str]:
-    indegree = {v: view.in_degree(v) for v in view}
-    ready = [v for v, d in indegree.items() if d == 0]
-    order = []
-    while ready:
-        v = ready.pop(rng.randrange(len(ready)))
-        order.append(v)
-        for s in view.succ[v]:
-            indegree[s] -= 1
-            if indegree[s] == 0:
-                ready.append(s)
-    return order
 
 
 @settings(max_examples=60, deadline=None)
