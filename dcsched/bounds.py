@@ -37,7 +37,7 @@ True
 
 from __future__ import annotations
 
-from .simulate import COMM_KINDS, COMPUTE, CompiledGraph
+from .simulate import ALLGATHER, COMM_KINDS, COMPUTE, RELEASE, CompiledGraph
 
 
 def through_comm_bound(compiled: CompiledGraph, limit: int = 48) -> float:
@@ -104,3 +104,135 @@ def through_comm_bound(compiled: CompiledGraph, limit: int = 48) -> float:
 def tight_bound(compiled: CompiledGraph) -> float:
     """The tighter of the simulator's bound and :func:`through_comm_bound` (ms)."""
     return max(compiled.bounds.tight, through_comm_bound(compiled))
+
+
+def budget_bound(compiled: CompiledGraph, budget: float, window: int = 6) -> float:
+    """A lower bound on the step time of every order whose gathered memory stays within ``budget`` bytes (ms).
+
+    The bound behind "out of reach" in issue 5's benchmark: when two large
+    gathered parameters fill the budget, a small one needed between their
+    readers cannot be prefetched, so either the second large gather or the
+    small ones are exposed. For compute nodes ``u`` and ``v`` (``v`` a
+    descendant of ``u``), ``W`` an all-gather ``v`` reads and ``T`` the
+    all-gathers that ``v`` or its ancestors read which cannot be live beside
+    ``u``'s parameters and ``W`` (see :func:`_pair_gap`), every order has
+
+        start(v) - end(u) >= min(duration(W), total duration of T)
+
+    Proof (the simulator's model; gathered memory is counted at each program
+    position, a gathered buffer lives from its all-gather to the release that
+    frees it, or its last reader). Either ``W`` is issued after ``u``: it
+    starts no earlier than ``u`` ends (the program issues it after ``u`` ran)
+    and ``v`` waits for it. Or ``W`` is issued before ``u``: then at ``u``'s
+    position ``W`` and ``u``'s own parameters are live, and any ``t`` in
+    ``T`` issued before ``u`` would be live too, over the budget; so every
+    ``t`` is issued after ``u`` ends, they run one at a time on the
+    communication stream, and ``v`` waits for all of them.
+
+    For a chain of such pairs, ``u_1, v_1, u_2, v_2, ...`` (each a
+    descendant-or-self of the one before), the intervals ``[end(u_i),
+    start(v_i)]`` are disjoint, and only compute that is neither an ancestor
+    of ``u_i`` nor a descendant of ``v_i`` can run inside one. The compute
+    stream runs all compute one node at a time, so
+
+        step >= total compute + sum_i max(0, gap_i - that fill compute)
+
+    The chain is chosen greedily along the graph's topological order (any
+    chain gives a valid bound); ``window`` is how many later readers of
+    parameters are tried as ``v`` for each ``u``.
+
+    >>> from dcsched.synthetic import layered_stack
+    >>> from dcsched.simulate import compile_view
+    >>> c = compile_view(layered_stack(2).forward)
+    >>> budget_bound(c, float("inf")) == c.compute_ms
+    True
+    """
+    kind, dur, alloc, topo, preds, succs = (compiled.kind, compiled.duration, compiled.alloc, compiled.topo,
+                                            compiled.preds, compiled.succs)
+    n = len(kind)
+    base = compiled.compute_ms
+    if budget == float("inf") or n == 0:
+        return base
+    gathers_read = [tuple(g for g in compiled.gates[i] if kind[g] == ALLGATHER) if kind[i] == COMPUTE else ()
+                    for i in range(n)]
+    readers_of: dict[int, list[int]] = {}
+    for i in range(n):
+        for r in compiled.reads[i]:
+            if kind[r] == ALLGATHER:
+                readers_of.setdefault(r, []).append(i)
+    releases_of: dict = {}
+    for i in range(n):
+        if kind[i] == RELEASE:
+            releases_of.setdefault(compiled.ds_id[i], []).append(i)
+    # ancestors-or-self / descendants-or-self of every node, as bitsets over node numbers.
+    anc = [0] * n
+    for i in topo:
+        b = 1 << i
+        for p in preds[i]:
+            b |= anc[p]
+        anc[i] = b
+    desc = [0] * n
+    for i in reversed(topo):
+        b = 1 << i
+        for s in succs[i]:
+            b |= desc[s]
+        desc[i] = b
+    compute_mask = 0
+    for i in range(n):
+        if kind[i] == COMPUTE and dur[i] > 0:
+            compute_mask |= 1 << i
+
+    def held_through(g: int, u: int) -> bool:
+        # Issued before u, g is still live at u: no release of its parameter can come before u, and
+        # something at or after u reads it (a buffer no release frees lives until its last reader).
+        after = desc[u] & ~(1 << u)
+        if any(not (after >> r) & 1 for r in releases_of.get(compiled.ds_id[g], ())):
+            return False
+        return any((desc[u] >> r) & 1 for r in readers_of.get(g, ()))
+
+    def pair_gap(u: int, v: int) -> float:
+        own = [g for g in gathers_read[u] if held_through(g, u)]
+        live = sum(alloc[g] for g in own)
+        before_v = anc[v]
+        candidates = [g for g in readers_of if g not in own and held_through(g, u)
+                      and any((before_v >> r) & 1 for r in readers_of[g])]
+        best = 0.0
+        for w in gathers_read[v]:
+            if w in own or not held_through(w, u):
+                continue
+            room = budget - live - alloc[w]
+            exposed = sum(dur[t] for t in candidates if t != w and alloc[t] > room)
+            best = max(best, min(dur[w], exposed))
+        return best
+
+    def fill(u: int, v: int, limit: float) -> float:
+        mask = compute_mask & ~anc[u] & ~desc[v]
+        total = 0.0
+        while mask and total < limit:
+            low = mask & -mask
+            total += dur[low.bit_length() - 1]
+            mask ^= low
+        return total
+
+    readers = [i for i in topo if gathers_read[i]]
+    position = {v: k for k, v in enumerate(readers)}
+    extra = 0.0
+    k = 0
+    while k < len(readers):
+        u = readers[k]
+        best, best_v = 0.0, None
+        for v in readers[k + 1:k + 1 + window]:
+            if not (desc[u] >> v) & 1:
+                continue
+            gap = pair_gap(u, v)
+            if gap <= best:
+                continue
+            value = gap - fill(u, v, gap)
+            if value > best:
+                best, best_v = value, v
+        if best_v is None:
+            k += 1
+            continue
+        extra += best
+        k = position[best_v]
+    return base + extra

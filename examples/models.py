@@ -216,11 +216,15 @@ class ConvNet(nn.Module):
     def __init__(self, n_classes: int = 10, width: int = 32, n_layers: int = 2, image: int = 32, channels: int = 3):
         super().__init__()
         self.stem = nn.Conv2d(channels, width, 3, padding=1, bias=False)
-        blocks, c = [], width
+        # ResNet's layout: up to four stages, each doubling the channels and halving the resolution
+        # in its first block (with 4 layers or fewer, every block after the first is a new stage).
+        n_stages = min(4, n_layers)
+        blocks, c, stage = [], width, 0
         for i in range(n_layers):
-            c_out = width * 2 ** min(i, 3)
-            blocks.append(ConvBlock(c, c_out, stride=1 if i == 0 else 2))
-            c = c_out
+            new_stage = i * n_stages // n_layers
+            c_out = width * 2 ** new_stage
+            blocks.append(ConvBlock(c, c_out, stride=2 if new_stage != stage else 1))
+            c, stage = c_out, new_stage
         self.blocks = nn.Sequential(*blocks)
         self.fc = nn.Linear(c, n_classes)
 

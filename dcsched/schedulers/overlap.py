@@ -394,33 +394,64 @@ class OverlapPlanner:
                 f"{self.compiled.name or 'this graph'}: overlap needs at least {format_bytes(need)} "
                 f"({need} bytes) of {what} (--budget-scope {scope}); pass --memory-budget {need} or more")
 
-    def earliest(self, budget: float, scope: str = "gathered", sequence: list[int] | None = None) -> list[int]:
+    def earliest(self, budget: float, scope: str = "gathered", sequence: list[int] | None = None,
+                 lookahead: int = 0) -> list[int]:
         """Step 3: each all-gather at its earliest slot that fits the budget.
 
         All-gathers are taken in ``sequence`` (default: need order), each no
         earlier than the one before it, so the communication FIFO serves them in
         that order (an all-gather that cannot follow, being needed sooner, goes
         at its need slot).
+
+        ``lookahead`` > 0 lets a large all-gather go ahead of smaller ones
+        needed before it (at most ``lookahead`` places, each at most a
+        ``JUMP_RATIO``-th of its size) when placing them first would push it
+        later: two large buffers that exactly fill the budget leave no room
+        for a small one beside them, so the small ones wait instead (step 3b
+        in ``docs/overlap.md``). :attr:`last_sequence` records the FIFO
+        sequence used.
         """
         self.check_budget(budget, scope)
         cap = self.capacity(budget, scope)
         tree = _MaxTree([-c for c in cap])
-        size = self.compiled.size
+        size, lo_of, need, free = self.compiled.size, self.lo, self.need, self.free
         slots = [0] * len(self.gathers)
+        pending = list(sequence if sequence is not None else range(len(self.gathers)))
+        pending.reverse()  # a stack: the next all-gather is last
+        used: list[int] = []
         prev = 0
-        for k in (sequence if sequence is not None else range(len(self.gathers))):
-            z = size[self.gathers[k]]
-            lo = max(self.lo[k], prev)
-            hi = self.need[k]
+
+        def fit(k: int, after: int) -> int:
+            lo, hi = max(lo_of[k], after), need[k]
             if lo >= hi:
-                p = hi
-            else:
-                blocked = tree.last_above(lo, hi, -z)
-                p = lo if blocked < 0 else blocked + 1
+                return hi
+            blocked = tree.last_above(lo, hi, -size[self.gathers[k]])
+            return lo if blocked < 0 else blocked + 1
+
+        while pending:
+            k = pending[-1]
+            p = fit(k, prev)
+            z = size[self.gathers[k]]
+            for back in range(2, min(lookahead, len(pending) - 1) + 2):
+                j = pending[-back]
+                if size[self.gathers[j]] <= JUMP_RATIO * z:
+                    continue
+                alone = fit(j, prev)
+                tree.add(p, free[k] + 1, z)
+                behind = fit(j, max(prev, p))
+                tree.add(p, free[k] + 1, -z)
+                if alone < behind:
+                    del pending[-back]
+                    pending.append(j)
+                    k, p, z = j, alone, size[self.gathers[j]]
+                break
+            pending.pop()
             if z:
-                tree.add(p, self.free[k] + 1, z)
+                tree.add(p, free[k] + 1, z)
             slots[k] = p
+            used.append(k)
             prev = max(prev, p)
+        self.last_sequence = used
         return slots
 
     def delay(self, slots: list[int], rank: list[int] | None = None) -> tuple[list[int], SimResult]:
@@ -512,8 +543,19 @@ class Overlap:
             slots, timeline = planner.delay(planner.earliest(budget, scope))
             candidates.append((timeline.step_ms, index, slots, None, timeline))
         candidates.sort(key=lambda c: c[:2])
+        # Step 3b: let large all-gathers pass smaller ones that would block them.
+        for index, planner in enumerate(feasible):
+            for lookahead in JUMP_LOOKAHEADS:
+                first = planner.earliest(budget, scope, lookahead=lookahead)
+                sequence = planner.last_sequence
+                if sequence == sorted(sequence):
+                    continue
+                rank = _ranks(sequence)
+                slots, timeline = planner.delay(first, rank)
+                candidates.append((timeline.step_ms, index, slots, rank, timeline))
+        candidates.sort(key=lambda c: c[:2])
         step, index, slots, rank, timeline = candidates[0]
-        improved = _reorder_fifo(feasible[index], budget, scope, timeline)
+        improved = _reorder_fifo(feasible[index], budget, scope, timeline, rank)
         if improved is not None:
             step, slots, rank = improved
             candidates.insert(0, (step, index, slots, rank, None))
@@ -550,11 +592,23 @@ class Overlap:
 #: Step 5's effort: at most this many re-placements, each moving one all-gather at most WINDOW places,
 #: for idle gaps of at least MIN_GAP of the step.
 MAX_TRIALS = 8
+#: Step 3b: a large all-gather may pass smaller ones (each at most 1/JUMP_RATIO of its size).
+JUMP_RATIO = 4
+JUMP_LOOKAHEADS = (1, 2)
 WINDOW = 4
 MIN_GAP = 0.002
 
 
-def _reorder_fifo(planner: OverlapPlanner, budget: float, scope: str, timeline: SimResult):
+def _ranks(sequence: list[int]) -> list[int]:
+    """Each all-gather's place in the FIFO ``sequence``."""
+    rank = [0] * len(sequence)
+    for i, k in enumerate(sequence):
+        rank[k] = i
+    return rank
+
+
+def _reorder_fifo(planner: OverlapPlanner, budget: float, scope: str, timeline: SimResult,
+                  rank: list[int] | None = None):
     """Step 5: where the communication stream idles before an all-gather that memory held back, try
     issuing that all-gather ahead of the few before it in the FIFO (a big one waiting behind a
     small one that fills the budget); keep a move only if the simulated step gets shorter.
@@ -578,6 +632,8 @@ def _reorder_fifo(planner: OverlapPlanner, budget: float, scope: str, timeline: 
         return None
     gaps.sort()
     sequence = list(range(len(planner.gathers)))
+    if rank is not None:
+        sequence.sort(key=rank.__getitem__)
     best = None
     best_step = timeline.step_ms
     trials = 0
@@ -588,9 +644,7 @@ def _reorder_fifo(planner: OverlapPlanner, budget: float, scope: str, timeline: 
                 break
             trials += 1
             trial = sequence[:at - back] + [k] + sequence[at - back:at] + sequence[at + 1:]
-            rank = [0] * len(trial)
-            for i, j in enumerate(trial):
-                rank[j] = i
+            rank = _ranks(trial)
             slots, result = planner.delay(planner.earliest(budget, scope, trial), rank)
             if result.step_ms < best_step - 1e-9:
                 best_step, best, sequence = result.step_ms, (result.step_ms, slots, rank), trial
