@@ -106,22 +106,28 @@ def tight_bound(compiled: CompiledGraph) -> float:
     return max(compiled.bounds.tight, through_comm_bound(compiled))
 
 
-def budget_bound(compiled: CompiledGraph, budget: float, window: int = 6) -> float:
+def budget_bound(compiled: CompiledGraph, budget: float, window: int = 8) -> float:
     """A lower bound on the step time of every order whose gathered memory stays within ``budget`` bytes (ms).
 
     The bound behind "out of reach" in issue 5's benchmark: when two large
     gathered parameters fill the budget, a small one needed between their
     readers cannot be prefetched, so either the second large gather or the
-    small ones are exposed. For compute nodes ``u`` and ``v`` (``v`` a
-    descendant of ``u``), ``W`` an all-gather ``v`` reads and ``T`` the
-    all-gathers that ``v`` or its ancestors read which cannot be live beside
-    ``u``'s parameters and ``W`` (see :func:`_pair_gap`), every order has
+    small ones are exposed. Two kinds of forced idle time of the compute
+    stream are added up along a chain of compute nodes:
+
+    *Head.* A compute node ``v`` cannot start before every all-gather that
+    ``v`` or one of its ancestors reads has run, one at a time, from time 0.
+
+    *Pair.* For compute nodes ``u`` and ``v`` (``v`` a descendant of ``u``),
+    ``W`` an all-gather ``v`` reads and ``T`` the all-gathers read between
+    them (by descendants of ``u`` that are ancestors of ``v``) that do not
+    fit beside ``W`` and ``u``'s own parameters, every order has
 
         start(v) - end(u) >= min(duration(W), total duration of T)
 
     Proof (the simulator's model; gathered memory is counted at each program
     position, a gathered buffer lives from its all-gather to the release that
-    frees it, or its last reader). Either ``W`` is issued after ``u``: it
+    frees it, or to its last reader). Either ``W`` is issued after ``u``: it
     starts no earlier than ``u`` ends (the program issues it after ``u`` ran)
     and ``v`` waits for it. Or ``W`` is issued before ``u``: then at ``u``'s
     position ``W`` and ``u``'s own parameters are live, and any ``t`` in
@@ -129,30 +135,32 @@ def budget_bound(compiled: CompiledGraph, budget: float, window: int = 6) -> flo
     ``t`` is issued after ``u`` ends, they run one at a time on the
     communication stream, and ``v`` waits for all of them.
 
-    For a chain of such pairs, ``u_1, v_1, u_2, v_2, ...`` (each a
-    descendant-or-self of the one before), the intervals ``[end(u_i),
-    start(v_i)]`` are disjoint, and only compute that is neither an ancestor
-    of ``u_i`` nor a descendant of ``v_i`` can run inside one. The compute
-    stream runs all compute one node at a time, so
+    *Chain.* For ``v_0, (u_1, v_1), (u_2, v_2), ...`` with each ``u_i`` a
+    descendant-or-self of ``v_{i-1}`` and ``v_i`` of ``u_i``, the intervals
+    ``[0, start(v_0)]`` and ``[end(u_i), start(v_i)]`` are disjoint. Inside
+    the head interval only compute that is not a descendant of ``v_0`` can
+    run, inside a pair's only compute that is neither an ancestor of ``u_i``
+    nor a descendant of ``v_i``. The compute stream runs all compute one node
+    at a time, so
 
-        step >= total compute + sum_i max(0, gap_i - that fill compute)
+        step >= total compute + sum over the chain of max(0, gap - compute that fits in it)
 
-    The chain is chosen greedily along the graph's topological order (any
-    chain gives a valid bound); ``window`` is how many later readers of
-    parameters are tried as ``v`` for each ``u``.
+    (a node that fits in several gaps is subtracted from each: the bound only
+    gets weaker). The best chain is found by dynamic programming over the
+    readers of gathered parameters in topological order, trying the
+    ``window`` readers before each ``v`` as its ``u``.
 
     >>> from dcsched.synthetic import layered_stack
     >>> from dcsched.simulate import compile_view
     >>> c = compile_view(layered_stack(2).forward)
-    >>> budget_bound(c, float("inf")) == c.compute_ms
+    >>> budget_bound(c, float("inf")) >= c.compute_ms
     True
     """
     kind, dur, alloc, topo, preds, succs = (compiled.kind, compiled.duration, compiled.alloc, compiled.topo,
                                             compiled.preds, compiled.succs)
     n = len(kind)
-    base = compiled.compute_ms
-    if budget == float("inf") or n == 0:
-        return base
+    if n == 0:
+        return 0.0
     gathers_read = [tuple(g for g in compiled.gates[i] if kind[g] == ALLGATHER) if kind[i] == COMPUTE else ()
                     for i in range(n)]
     readers_of: dict[int, list[int]] = {}
@@ -182,6 +190,15 @@ def budget_bound(compiled: CompiledGraph, budget: float, window: int = 6) -> flo
         if kind[i] == COMPUTE and dur[i] > 0:
             compute_mask |= 1 << i
 
+    def weight(mask: int, limit: float) -> float:
+        """Total compute duration of the nodes in ``mask`` (stops counting past ``limit``)."""
+        total = 0.0
+        while mask and total < limit:
+            low = mask & -mask
+            total += dur[low.bit_length() - 1]
+            mask ^= low
+        return total
+
     def held_through(g: int, u: int) -> bool:
         # Issued before u, g is still live at u: no release of its parameter can come before u, and
         # something at or after u reads it (a buffer no release frees lives until its last reader).
@@ -190,49 +207,101 @@ def budget_bound(compiled: CompiledGraph, budget: float, window: int = 6) -> flo
             return False
         return any((desc[u] >> r) & 1 for r in readers_of.get(g, ()))
 
-    def pair_gap(u: int, v: int) -> float:
+    readers = [i for i in topo if gathers_read[i]]
+    if budget == float("inf") or not readers:
+        return compiled.compute_ms
+
+    dependents: dict[int, int] = {}
+
+    def depends_on(g: int) -> int:
+        """Bitset of the nodes that cannot start before all-gather ``g`` has finished."""
+        if g not in dependents:
+            mask = 0
+            for r in readers_of.get(g, ()):
+                mask |= desc[r]
+            dependents[g] = mask
+        return dependents[g]
+
+    def pair_idle(at_u: int, at_v: int) -> float:
+        """The compute stream's forced idle time between readers[at_u] ending and readers[at_v] starting."""
+        u, v = readers[at_u], readers[at_v]
         own = [g for g in gathers_read[u] if held_through(g, u)]
         live = sum(alloc[g] for g in own)
-        before_v = anc[v]
-        candidates = [g for g in readers_of if g not in own and held_through(g, u)
-                      and any((before_v >> r) & 1 for r in readers_of[g])]
+        between = desc[u] & anc[v]
+        nearby = dict.fromkeys(g for x in readers[at_u + 1:at_v + 1] if (between >> x) & 1
+                               for g in gathers_read[x] if g not in own)
+        nearby = [g for g in nearby if held_through(g, u)]
+        fill = compute_mask & ~anc[u] & ~desc[v]  # compute that could run between them
         best = 0.0
         for w in gathers_read[v]:
             if w in own or not held_through(w, u):
                 continue
             room = budget - live - alloc[w]
-            exposed = sum(dur[t] for t in candidates if t != w and alloc[t] > room)
-            best = max(best, min(dur[w], exposed))
+            late = [t for t in nearby if t != w and alloc[t] > room]
+            if not late:
+                continue
+            # Case W issued after u: idle >= duration(W) - compute not waiting for W.
+            issued_after = dur[w] - weight(fill & ~depends_on(w), dur[w])
+            # Case W issued before u: every t in ``late`` is issued after u; idle >= their total
+            # duration - compute that can run before the last of them ends.
+            exposed = sum(dur[t] for t in late)
+            waits_for_all = -1
+            for t in late:
+                waits_for_all &= depends_on(t)
+            issued_before = exposed - _fill_beside(u, fill & ~waits_for_all, exposed, own, w, late, room)
+            best = max(best, min(issued_after, issued_before))
         return best
 
-    def fill(u: int, v: int, limit: float) -> float:
-        mask = compute_mask & ~anc[u] & ~desc[v]
-        total = 0.0
-        while mask and total < limit:
-            low = mask & -mask
-            total += dur[low.bit_length() - 1]
-            mask ^= low
-        return total
+    def _fill_beside(u: int, mask: int, limit: float, own, w, late, room) -> float:
+        """Compute in ``mask`` that can run while the ``late`` all-gathers run (case "W before u").
 
-    readers = [i for i in topo if gathers_read[i]]
+        A node that also needs another all-gather too large to be live beside u's parameters and W
+        (so issued after u as well, on the same stream) fills at most what that all-gather adds to
+        the wait: its group counts max(0, compute - that all-gather's duration).
+        """
+        plain = 0.0
+        groups: dict[int, float] = {}
+        skip = set(own) | set(late) | {w}
+        while mask and plain < limit:
+            low = mask & -mask
+            x = low.bit_length() - 1
+            mask ^= low
+            # Run after u, x keeps g live at u's position if issued before it: so g is issued after u.
+            later = (desc[u] | desc[x]) & ~(1 << u) & ~(1 << x)
+            extra = [g for g in gathers_read[x] if g not in skip and alloc[g] > room
+                     and all((later >> r) & 1 for r in releases_of.get(compiled.ds_id[g], ()))]
+            if len(extra) == 1:
+                groups[extra[0]] = groups.get(extra[0], 0.0) + dur[x]
+            else:
+                plain += dur[x]
+        return plain + sum(max(0.0, total - dur[g]) for g, total in groups.items())
+
+    # best[k]: the largest forced idle time of a chain ending at readers[k] (as v, or as v_0).
+    best = [0.0] * len(readers)
+    # reach[i]: the best chain ending at i or at one of its ancestors (where a next pair may start).
+    reach = [0.0] * n
     position = {v: k for k, v in enumerate(readers)}
-    extra = 0.0
-    k = 0
-    while k < len(readers):
-        u = readers[k]
-        best, best_v = 0.0, None
-        for v in readers[k + 1:k + 1 + window]:
-            if not (desc[u] >> v) & 1:
-                continue
-            gap = pair_gap(u, v)
-            if gap <= best:
-                continue
-            value = gap - fill(u, v, gap)
-            if value > best:
-                best, best_v = value, v
-        if best_v is None:
-            k += 1
-            continue
-        extra += best
-        k = position[best_v]
-    return base + extra
+    for i in topo:
+        inherited = max((reach[p] for p in preds[i]), default=0.0)
+        k = position.get(i)
+        if k is not None:
+            value = 0.0
+            if k < HEAD_READERS:
+                needed = dict.fromkeys(g for x in readers[:k + 1] if (anc[i] >> x) & 1 for g in gathers_read[x])
+                head = sum(dur[g] for g in needed)
+                value = head - weight(compute_mask & ~desc[i], head)
+            for at_u in range(max(0, k - window), k):
+                u = readers[at_u]
+                if not (desc[u] >> i) & 1:
+                    continue
+                idle = pair_idle(at_u, k)
+                if idle > 0:
+                    value = max(value, reach[u] + idle)
+            best[k] = value
+            inherited = max(inherited, value)
+        reach[i] = inherited
+    return compiled.compute_ms + max(reach)
+
+
+#: budget_bound tries a head interval before each of the first this many readers of gathered parameters.
+HEAD_READERS = 32

@@ -444,7 +444,7 @@ class OverlapPlanner:
                     del pending[-back]
                     pending.append(j)
                     k, p, z = j, alone, size[self.gathers[j]]
-                break
+                    break
             pending.pop()
             if z:
                 tree.add(p, free[k] + 1, z)
