@@ -17,6 +17,10 @@ guarantees and proofs: ``docs/overlap.md``):
    where its buffer fits under the budget at every slot up to its free. A
    segment tree over the slots answers "last slot that does not fit" in
    O(log N).
+   Also tried: a large all-gather may go ahead of the one or two smaller
+   ones needed before it when they would hold it back (two large buffers
+   can fill the budget with no room for a small one); the shortest
+   simulated step wins.
 4. *Late as still hides them.* The order is simulated; walking the all-gathers
    backwards, each moves to the latest slot whose issue time is still no later
    than the moment the communication stream starts it (never past another
