@@ -100,14 +100,7 @@ def simple_prefetch_indices(g: IndexedGraph) -> list[int]:
         # What running `ag` now would unblock, as DeepSpeed's sweep finds it.
         local: dict[int, int] = {}
         found: list[int] = []
-        stack = []
-        for u in succs[ag]:
-            if is_ag[u]:
-                continue
-            m = local.get(u, missing[u]) - 1
-            local[u] = m
-            if not m:
-                stack.append(u)
+        stack = [ag]
         while stack:
             v = stack.pop()
             for u in succs[v]:
@@ -117,7 +110,8 @@ def simple_prefetch_indices(g: IndexedGraph) -> list[int]:
                 local[u] = m
                 if not m:
                     stack.append(u)
-            found.append(v)
+            if v != ag:
+                found.append(v)
         version = versions[ag]
         for u, m in local.items():
             if m:
