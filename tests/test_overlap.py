@@ -24,11 +24,14 @@ import dcsched
 from dcsched.errors import DcschedError
 from dcsched.nxview import check_order, to_fx, to_networkx
 from dcsched.schedulers import get
-from dcsched.schedulers.overlap import Overlap, OverlapPlanner, _MaxTree, parse_budget
+from dcsched.schedulers.overlap import Overlap, OverlapPlanner, _MaxTree, parse_budget, sink_readers
+from dcsched.simulate import compile_view
 from dcsched.sweep import default_budget, sweep
 from dcsched.synthetic import layered_stack, random_graph
 
 from strategies import arbitrary_dags
+from test_bounds import conv_norm_conv
+from test_simulate import G
 
 aten = torch.ops.aten
 EPS = 1e-9
@@ -220,3 +223,48 @@ def test_replay_same_results():
     assert [n.name for n in reordered.forward.nodes] != [] and reordered.backward is not None
     baseline = rp.replay(bundle, iters=0).results
     assert rp.compare(baseline, rp.replay(reordered, iters=0).results).exact
+
+
+def skip_block():
+    """x -> conv_a (W_a) -> norm (t) -> conv_b (W_b) -> add <- skip (S) <- x, listed with skip in the middle."""
+    b = G()
+    x = b.input("x", 40)
+    shards = {name: b.input(name, 10) for name in ("wa", "t", "s", "wb")}
+    waits = {}
+    for ds_id, (name, time, size) in enumerate((("wa", 5.0, 100), ("t", 2.0, 1), ("s", 2.0, 20), ("wb", 5.0, 100))):
+        waits[name] = b.gather(shards[name], ds_id, time, size)[1]
+    conv_a = b.release(b.mm("conv_a", x, waits["wa"], 3.0, 40), shards["wa"], 0, 1)
+    norm = b.release(b.mm("norm", conv_a, waits["t"], 1.0, 40), shards["t"], 1, 1)
+    skip = b.release(b.mm("skip", x, waits["s"], 1.0, 40), shards["s"], 2, 1)
+    conv_b = b.release(b.mm("conv_b", norm, waits["wb"], 3.0, 40), shards["wb"], 3, 1)
+    return b.output(b.node("add", aten.add.Tensor, (conv_b, skip), 0.5, 40))
+
+
+def test_sink_readers_moves_a_side_branch_after_the_main_path():
+    view = to_networkx(skip_block())
+    compiled = compile_view(view)
+    names = compiled.names
+    base = list(compiled.topo)
+    assert [names[v] for v in base].index("skip") < [names[v] for v in base].index("conv_b")
+    sunk = [names[v] for v in sink_readers(compiled, base)]
+    check_order(view, sunk)
+    # skip (and its release) now sit just before add, after the main path's conv_b.
+    assert sunk.index("conv_b") < sunk.index("skip") < sunk.index("add")
+    assert sunk[sunk.index("skip") + 1].startswith("release_ds_param_s")
+    # fast-free runs skip first, so its gather delays the main path's; sunk, it runs last.
+    scheduler = Overlap(view)
+    on_fast_free = scheduler.planners[0]
+    _, fast_free_timeline = on_fast_free.delay(on_fast_free.earliest(220))
+    assert scheduler.plan(220)[1].step_ms < fast_free_timeline.step_ms
+    # A chain has no side branch: nothing moves.
+    chain = compile_view(conv_norm_conv())
+    assert sink_readers(chain, list(chain.topo)) == list(chain.topo)
+
+
+@settings(max_examples=40, deadline=None)
+@given(graph=graphs)
+def test_sink_readers_gives_a_topological_order(graph):
+    view = to_networkx(graph)
+    compiled = compile_view(view, assume_zero=True)
+    order = sink_readers(compiled, list(compiled.topo))
+    check_order(view, [compiled.names[v] for v in order])

@@ -56,7 +56,7 @@ import math
 import networkx as nx
 
 from ..errors import DcschedError
-from ..simulate import ALLGATHER, COMM_KINDS, RELEASE, REDUCE, WAIT, CompiledGraph, SimResult, compile_view
+from ..simulate import ALLGATHER, COMM_KINDS, COMPUTE, RELEASE, REDUCE, WAIT, CompiledGraph, SimResult, compile_view
 from ..units import format_bytes, parse_size
 from ._indexed import index_view, paused_gc
 from .fast_free import fast_free_indices
@@ -64,8 +64,9 @@ from .registry import register
 
 SCOPES = ("gathered", "all")
 UNLIMITED = math.inf
-#: Compute orders the skeleton can come from: fast-free's, or the graph's own (input) order.
-BASES = ("fast-free", "input")
+#: Compute orders the skeleton can come from: fast-free's, the graph's own (input) order, or
+#: fast-free's with each reader of a gathered parameter sunk to just before its first user.
+BASES = ("fast-free", "input", "sunk")
 
 
 @register("overlap", description="dcsched's memory-budgeted overlap: fast-free's compute order, each all-gather "
@@ -132,7 +133,7 @@ class OverlapPlanner:
         ff = fast_free if fast_free is not None else fast_free_indices(index_view(view))
         self.fast_free_order = ff
         self.fast_free: SimResult = self.compiled.simulate(ff, detail=False, check=False)
-        base = ff if base == "fast-free" else list(self.compiled.topo)
+        base = {"fast-free": ff, "input": list(self.compiled.topo)}.get(base) or sink_readers(self.compiled, ff)
         self._build_skeleton(base)
         self._build_needs(base)
         self._measure_jit()
@@ -510,11 +511,58 @@ class OverlapPlanner:
         return slots
 
 
-class Overlap:
-    """The ``overlap`` scheduler on one graph: the better of two skeletons for each budget.
+def sink_readers(compiled: CompiledGraph, order: list[int]) -> list[int]:
+    """``order`` with side branches that read a gathered parameter moved to just before their result's first use.
 
-    Step 1 can start from fast-free's compute order or from the graph's own
-    order; each gives an :class:`OverlapPlanner`. For a budget, every planner
+    A reader of a gathered parameter whose next such reader in ``order`` is
+    not its descendant sits on a side branch (a skip convolution's backward
+    between two layers of the main path). Where two large parameters fill
+    the budget, its own parameter would have to be gathered there too;
+    moved to where its result is first used, it runs after them. The
+    zero-cost nodes hanging off it (getitems, its release, its gradient's
+    reduce) move with it. With no side branch this returns ``order``.
+    """
+    kind, dur, preds, succs, gates = compiled.kind, compiled.duration, compiled.preds, compiled.succs, compiled.gates
+    position = {v: i for i, v in enumerate(order)}
+    readers = [v for v in order if kind[v] == COMPUTE and dur[v] > 0 and any(kind[g] == ALLGATHER for g in gates[v])]
+    key = {v: (i, 1) for i, v in enumerate(order)}
+    for v, nxt in zip(readers, readers[1:]):
+        # Is nxt a descendant of v? (a walk bounded by nxt's position)
+        seen, stack, found = {v}, [v], False
+        while stack and not found:
+            for u in succs[stack.pop()]:
+                if u == nxt:
+                    found = True
+                    break
+                if u not in seen and position[u] < position[nxt]:
+                    seen.add(u)
+                    stack.append(u)
+        if found:
+            continue
+        group = [v]
+        members = {v}
+        for u in order[position[v] + 1:]:
+            if (kind[u] in (RELEASE, REDUCE) or (kind[u] == COMPUTE and not dur[u])) and preds[u] and all(
+                    p in members for p in preds[u] if kind[p] not in (ALLGATHER, WAIT)) and any(p in members for p in preds[u]):
+                group.append(u)
+                members.add(u)
+            elif position[u] > position[v] + 4 * len(group) + 8:
+                break
+        users = [position[u] for w in group for u in succs[w] if u not in members]
+        target = min(users, default=len(order))
+        if target <= position[v] + len(group):
+            continue
+        for rank, w in enumerate(group):
+            key[w] = (target, 0, rank)
+    return sorted(order, key=key.__getitem__)
+
+
+class Overlap:
+    """The ``overlap`` scheduler on one graph: the best of three skeletons for each budget.
+
+    Step 1 can start from fast-free's compute order, from the graph's own
+    order, or from fast-free's with its side branches sunk
+    (:func:`sink_readers`); each gives an :class:`OverlapPlanner`. For a budget, every planner
     that can meet it places its all-gathers, and the order with the shortest
     simulated step wins (ties: fast-free's, which keeps activations shortest).
     """
@@ -522,8 +570,9 @@ class Overlap:
     def __init__(self, view: nx.DiGraph, *, name: str | None = None):
         first = OverlapPlanner(view, name=name)
         second = OverlapPlanner(view, base="input", compiled=first.compiled, fast_free=first.fast_free_order)
-        second.guard_floor = first.jit_peak
-        self.planners = [first, second]
+        third = OverlapPlanner(view, base="sunk", compiled=first.compiled, fast_free=first.fast_free_order)
+        second.guard_floor = third.guard_floor = first.jit_peak
+        self.planners = [first, second, third]
         self.compiled = first.compiled
         self.fast_free = first.fast_free
 
