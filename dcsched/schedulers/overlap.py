@@ -56,9 +56,11 @@ import math
 import networkx as nx
 
 from ..errors import DcschedError
-from ..simulate import ALLGATHER, COMM_KINDS, COMPUTE, RELEASE, REDUCE, WAIT, CompiledGraph, SimResult, compile_view
+from ..simulate import ALLGATHER, COMM_KINDS, RELEASE, REDUCE, WAIT, CompiledGraph, SimResult, compile_view
 from ..units import format_bytes, parse_size
 from ._indexed import index_view, paused_gc
+from ._maxtree import MaxTree as _MaxTree
+from ._sink import sink_readers
 from .fast_free import fast_free_indices
 from .registry import register
 
@@ -511,52 +513,6 @@ class OverlapPlanner:
         return slots
 
 
-def sink_readers(compiled: CompiledGraph, order: list[int]) -> list[int]:
-    """``order`` with side branches that read a gathered parameter moved to just before their result's first use.
-
-    A reader of a gathered parameter whose next such reader in ``order`` is
-    not its descendant sits on a side branch (a skip convolution's backward
-    between two layers of the main path). Where two large parameters fill
-    the budget, its own parameter would have to be gathered there too;
-    moved to where its result is first used, it runs after them. The
-    zero-cost nodes hanging off it (getitems, its release, its gradient's
-    reduce) move with it. With no side branch this returns ``order``.
-    """
-    kind, dur, preds, succs, gates = compiled.kind, compiled.duration, compiled.preds, compiled.succs, compiled.gates
-    position = {v: i for i, v in enumerate(order)}
-    readers = [v for v in order if kind[v] == COMPUTE and dur[v] > 0 and any(kind[g] == ALLGATHER for g in gates[v])]
-    key = {v: (i, 1) for i, v in enumerate(order)}
-    for v, nxt in zip(readers, readers[1:]):
-        # Is nxt a descendant of v? (a walk bounded by nxt's position)
-        seen, stack, found = {v}, [v], False
-        while stack and not found:
-            for u in succs[stack.pop()]:
-                if u == nxt:
-                    found = True
-                    break
-                if u not in seen and position[u] < position[nxt]:
-                    seen.add(u)
-                    stack.append(u)
-        if found:
-            continue
-        group = [v]
-        members = {v}
-        for u in order[position[v] + 1:]:
-            if (kind[u] in (RELEASE, REDUCE) or (kind[u] == COMPUTE and not dur[u])) and preds[u] and all(
-                    p in members for p in preds[u] if kind[p] not in (ALLGATHER, WAIT)) and any(p in members for p in preds[u]):
-                group.append(u)
-                members.add(u)
-            elif position[u] > position[v] + 4 * len(group) + 8:
-                break
-        users = [position[u] for w in group for u in succs[w] if u not in members]
-        target = min(users, default=len(order))
-        if target <= position[v] + len(group):
-            continue
-        for rank, w in enumerate(group):
-            key[w] = (target, 0, rank)
-    return sorted(order, key=key.__getitem__)
-
-
 class Overlap:
     """The ``overlap`` scheduler on one graph: the best of three skeletons for each budget.
 
@@ -705,62 +661,3 @@ def _reorder_fifo(planner: OverlapPlanner, budget: float, scope: str, timeline: 
         if trials >= MAX_TRIALS:
             break
     return best
-
-
-class _MaxTree:
-    """Range add, range max, and "last index above a threshold" over a fixed array (lazy, no push-down)."""
-
-    def __init__(self, values: list[float]):
-        n = max(1, len(values))
-        size = 1
-        while size < n:
-            size *= 2
-        self.size = size
-        mx = [-math.inf] * (2 * size)
-        mx[size:size + len(values)] = values
-        for i in range(size - 1, 0, -1):
-            a, b = mx[2 * i], mx[2 * i + 1]
-            mx[i] = a if a > b else b
-        self.mx = mx
-        self.lz = [0] * (2 * size)
-
-    def add(self, lo: int, hi: int, value: float) -> None:
-        """Add ``value`` to every index in ``[lo, hi)`` (bottom-up, then the two boundary paths)."""
-        if lo >= hi:
-            return
-        mx, lz = self.mx, self.lz
-        lo += self.size
-        hi += self.size
-        left, right = lo, hi - 1
-        while lo < hi:
-            if lo & 1:
-                mx[lo] += value
-                lz[lo] += value
-                lo += 1
-            if hi & 1:
-                hi -= 1
-                mx[hi] += value
-                lz[hi] += value
-            lo >>= 1
-            hi >>= 1
-        for i in (left >> 1, right >> 1):
-            while i:
-                a, b = mx[2 * i], mx[2 * i + 1]
-                mx[i] = (a if a > b else b) + lz[i]
-                i >>= 1
-
-    def last_above(self, lo: int, hi: int, threshold: float) -> int:
-        """The largest index in ``[lo, hi)`` whose value exceeds ``threshold``, or -1."""
-        return self._last_above(lo, hi, threshold, 1, 0, self.size)
-
-    def _last_above(self, lo, hi, threshold, node, nlo, nhi) -> int:
-        if hi <= nlo or nhi <= lo or self.mx[node] <= threshold:
-            return -1
-        if nhi - nlo == 1:
-            return nlo
-        mid = (nlo + nhi) // 2
-        inner = threshold - self.lz[node]
-        found = self._last_above(lo, hi, inner, 2 * node + 1, mid, nhi)
-        if found >= 0:
-            return found
-        return self._last_above(lo, hi, inner, 2 * node, nlo, mid)
