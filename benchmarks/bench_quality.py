@@ -22,6 +22,7 @@ first, which takes minutes on 2 cores).
     .venv/bin/python benchmarks/bench_quality.py              # everything
     .venv/bin/python benchmarks/bench_quality.py --quick      # samples and 8-layer stacks
     .venv/bin/python benchmarks/bench_quality.py gpt-32 sample:gpt
+    .venv/bin/python benchmarks/bench_quality.py --stress     # also convnet_down (see quality_graphs.STRESS)
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from quality_graphs import CONFIGS, LAYERS, captured, samples  # noqa: E402
+from quality_graphs import CONFIGS, LAYERS, STRESS, captured, samples  # noqa: E402
 
 from dcsched.bounds import budget_bound, tight_bound  # noqa: E402
 from dcsched.nxview import to_networkx  # noqa: E402
@@ -183,7 +184,7 @@ def render(rows: list[dict], verdicts) -> str:
     return "\n".join(lines)
 
 
-def graphs(selection: list[str], quick: bool):
+def graphs(selection: list[str], quick: bool, stress: bool = False):
     wanted = set(selection)
     for name, bundle in samples().items():
         if not wanted or name in wanted:
@@ -191,9 +192,9 @@ def graphs(selection: list[str], quick: bool):
     for n in LAYERS:
         if quick and n > 8:
             continue
-        for arch in CONFIGS:
+        for arch in list(CONFIGS) + list(STRESS):
             key = f"{arch}-{n}"
-            if not wanted or key in wanted:
+            if (key in wanted) or (not wanted and (arch in CONFIGS or stress)):
                 yield key, captured(arch, n), n
 
 
@@ -201,11 +202,12 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("graphs", nargs="*", help="sample:<name> or <arch>-<layers> (default: all)")
     parser.add_argument("--quick", action="store_true", help="samples and 8-layer stacks only")
+    parser.add_argument("--stress", action="store_true", help="also the stress configurations (quality_graphs.STRESS)")
     args = parser.parse_args(argv)
     totals: dict[str, int] = {}
     failures = []
     compact = []
-    for name, bundle, layers in graphs(args.graphs, args.quick):
+    for name, bundle, layers in graphs(args.graphs, args.quick, args.stress):
         for part, graph in bundle.graphs.items():
             label = f"{name} {part}"
             rows, verdicts = evaluate(label, graph, layers)

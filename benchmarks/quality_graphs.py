@@ -7,6 +7,7 @@ H100 cost model and kept in ``benchmarks/.cache/<arch>-<layers>.pt``
 
     .venv/bin/python benchmarks/quality_graphs.py            # every configuration
     .venv/bin/python benchmarks/quality_graphs.py gpt-8      # one
+    .venv/bin/python benchmarks/quality_graphs.py convnet_down-8 convnet_down-32 convnet_down-80
 """
 
 from __future__ import annotations
@@ -32,6 +33,12 @@ CONFIGS = {
     "llama": dict(d_model=512, n_heads=8, vocab=8192, seq=512, batch=4),
     "convnet": dict(width=64, image=64, batch=32),
 }
+#: Stress configurations, benchmarked with ``--stress`` only: ``convnet_down`` downsamples in every
+#: block (so deep stacks run hundreds of 512-channel 3x3 convolutions at 1x1 resolution, whose
+#: all-gathers dwarf their compute): not a network anyone trains, but the hardest case for a budget.
+STRESS = {
+    "convnet_down": dict(model="convnet", width=64, image=64, batch=32, stages="n_layers"),
+}
 LAYERS = (8, 32, 80)
 PROFILE = ProfileOptions(cost_model="analytic", gpu="h100", progress=False)
 
@@ -55,7 +62,11 @@ def captured(arch: str, n_layers: int, *, build_missing: bool = True) -> dcsched
     if not ignore.exists():
         ignore.write_text("*\n")
     started = time.perf_counter()
-    model, inputs, loss_fn = build(arch, n_layers=n_layers, **CONFIGS[arch])
+    config = dict(CONFIGS.get(arch) or STRESS[arch])
+    model_name = config.pop("model", arch)
+    if config.get("stages") == "n_layers":
+        config["stages"] = n_layers
+    model, inputs, loss_fn = build(model_name, n_layers=n_layers, **config)
     bundle = profile_bundle(capture(model, inputs, loss_fn), PROFILE)
     dcsched.save(bundle, path)
     print(f"captured {arch}-{n_layers} in {time.perf_counter() - started:.0f} s -> {path}", file=sys.stderr)

@@ -213,16 +213,18 @@ class ConvBlock(nn.Module):
 class ConvNet(nn.Module):
     """A small ResNet-style classifier (GroupNorm, so no running statistics are mutated)."""
 
-    def __init__(self, n_classes: int = 10, width: int = 32, n_layers: int = 2, image: int = 32, channels: int = 3):
+    def __init__(self, n_classes: int = 10, width: int = 32, n_layers: int = 2, image: int = 32, channels: int = 3,
+                 stages: int = 4):
         super().__init__()
         self.stem = nn.Conv2d(channels, width, 3, padding=1, bias=False)
-        # ResNet's layout: up to four stages, each doubling the channels and halving the resolution
-        # in its first block (with 4 layers or fewer, every block after the first is a new stage).
-        n_stages = min(4, n_layers)
+        # ResNet's layout: ``stages`` stages (default 4), each halving the resolution in its first block
+        # and doubling the channels up to 8 x width (with no more layers than stages, every block after
+        # the first is a new stage; stages=n_layers downsamples in every block).
+        n_stages = min(stages, n_layers)
         blocks, c, stage = [], width, 0
         for i in range(n_layers):
             new_stage = i * n_stages // n_layers
-            c_out = width * 2 ** new_stage
+            c_out = width * 2 ** min(new_stage, 3)
             blocks.append(ConvBlock(c, c_out, stride=2 if new_stage != stage else 1))
             c, stage = c_out, new_stage
         self.blocks = nn.Sequential(*blocks)
@@ -246,7 +248,7 @@ DEFAULTS = {
     "gpt": {"n_layers": 2, "d_model": 128, "n_heads": 4, "vocab": 512, "seq": 64, "batch": 4},
     "llama": {"n_layers": 2, "d_model": 128, "n_heads": 4, "vocab": 512, "seq": 64, "batch": 4, "rotary": True,
               "hidden": None},
-    "convnet": {"n_layers": 2, "width": 32, "n_classes": 10, "image": 32, "channels": 3, "batch": 8},
+    "convnet": {"n_layers": 2, "width": 32, "n_classes": 10, "image": 32, "channels": 3, "batch": 8, "stages": 4},
 }
 
 NAMES = tuple(DEFAULTS)

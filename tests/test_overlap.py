@@ -24,7 +24,7 @@ import dcsched
 from dcsched.errors import DcschedError
 from dcsched.nxview import check_order, to_fx, to_networkx
 from dcsched.schedulers import get
-from dcsched.schedulers.overlap import Overlap, OverlapPlanner, _MaxTree, parse_budget, sink_readers
+from dcsched.schedulers.overlap import Overlap, OverlapPlanner, _MaxTree, _ranks as ranks, parse_budget, sink_readers
 from dcsched.simulate import compile_view
 from dcsched.sweep import default_budget, sweep
 from dcsched.synthetic import layered_stack, random_graph
@@ -268,3 +268,30 @@ def test_sink_readers_gives_a_topological_order(graph):
     compiled = compile_view(view, assume_zero=True)
     order = sink_readers(compiled, list(compiled.topo))
     check_order(view, [compiled.names[v] for v in order])
+
+
+def late_norm():
+    """conv_a (W_a) -> conv_b (W_b) -> norm (t): only one large weight fits beside the other's reader."""
+    b = G()
+    x = b.input("x", 40)
+    shards = {name: b.input(name, 10) for name in ("wa", "wb", "t")}
+    waits = {}
+    for ds_id, (name, time, size) in enumerate((("wa", 5.0, 100), ("wb", 5.0, 100), ("t", 2.0, 1))):
+        waits[name] = b.gather(shards[name], ds_id, time, size)[1]
+    conv_a = b.release(b.mm("conv_a", x, waits["wa"], 10.0, 40), shards["wa"], 0, 1)
+    conv_b = b.release(b.mm("conv_b", conv_a, waits["wb"], 1.0, 40), shards["wb"], 1, 1)
+    return b.output(b.release(b.mm("norm", conv_b, waits["t"], 0.1, 40), shards["t"], 2, 1))
+
+
+def test_small_first_fills_idle_communication():
+    view = to_networkx(late_norm())
+    scheduler = Overlap(view)
+    planner = scheduler.planners[0]
+    # Need order: W_b waits for conv_a to free W_a (150 B hold one weight), then t queues behind it.
+    _, plain = planner.delay(planner.earliest(150))
+    assert plain.step_ms == pytest.approx(22.1)
+    # t (1 B) is gathered beside W_a while conv_a runs: the norm no longer waits for it.
+    slots = planner.earliest(150, small_first=64)
+    _, early = planner.delay(slots, ranks(planner.last_sequence))
+    assert early.step_ms == pytest.approx(21.1)
+    assert scheduler.plan(150)[1].step_ms == pytest.approx(21.1)

@@ -19,8 +19,9 @@ guarantees and proofs: ``docs/overlap.md``):
    O(log N).
    Also tried: a large all-gather may go ahead of the one or two smaller
    ones needed before it when they would hold it back (two large buffers
-   can fill the budget with no room for a small one); the shortest
-   simulated step wins.
+   can fill the budget with no room for a small one), and the small
+   all-gathers may be placed first, in their own sequence (filling idle
+   communication early); the shortest simulated step wins.
 4. *Late as still hides them.* The order is simulated; walking the all-gathers
    backwards, each moves to the latest slot whose issue time is still no later
    than the moment the communication stream starts it (never past another
@@ -402,7 +403,7 @@ class OverlapPlanner:
                 f"({need} bytes) of {what} (--budget-scope {scope}); pass --memory-budget {need} or more")
 
     def earliest(self, budget: float, scope: str = "gathered", sequence: list[int] | None = None,
-                 lookahead: int = 0) -> list[int]:
+                 lookahead: int = 0, small_first: int = 0) -> list[int]:
         """Step 3: each all-gather at its earliest slot that fits the budget.
 
         All-gathers are taken in ``sequence`` (default: need order), each no
@@ -414,19 +415,25 @@ class OverlapPlanner:
         needed before it (at most ``lookahead`` places, each at most a
         ``JUMP_RATIO``-th of its size) when placing them first would push it
         later: two large buffers that exactly fill the budget leave no room
-        for a small one beside them, so the small ones wait instead (step 3b
-        in ``docs/overlap.md``). :attr:`last_sequence` records the FIFO
-        sequence used.
+        for a small one beside them, so the small ones wait instead.
+        ``small_first`` > 0 places the all-gathers of at most that many bytes
+        first, in their own FIFO sequence, then the others in theirs: small
+        parameters needed late (norm weights, a few KiB each but a full
+        all-gather latency) can then fill the communication stream's idle time
+        early, where larger ones needed before them do not fit (both: step 3b
+        in ``docs/overlap.md``). :attr:`last_sequence` records the resulting
+        FIFO sequence.
         """
         self.check_budget(budget, scope)
         cap = self.capacity(budget, scope)
         tree = _MaxTree([-c for c in cap])
         size, lo_of, need, free = self.compiled.size, self.lo, self.need, self.free
         slots = [0] * len(self.gathers)
-        pending = list(sequence if sequence is not None else range(len(self.gathers)))
-        pending.reverse()  # a stack: the next all-gather is last
-        used: list[int] = []
-        prev = 0
+        order = list(sequence if sequence is not None else range(len(self.gathers)))
+        classes = [order]
+        if small_first:
+            classes = [[k for k in order if size[self.gathers[k]] <= small_first],
+                       [k for k in order if size[self.gathers[k]] > small_first]]
 
         def fit(k: int, after: int) -> int:
             lo, hi = max(lo_of[k], after), need[k]
@@ -435,29 +442,35 @@ class OverlapPlanner:
             blocked = tree.last_above(lo, hi, -size[self.gathers[k]])
             return lo if blocked < 0 else blocked + 1
 
-        while pending:
-            k = pending[-1]
-            p = fit(k, prev)
-            z = size[self.gathers[k]]
-            for back in range(2, min(lookahead, len(pending) - 1) + 2):
-                j = pending[-back]
-                if size[self.gathers[j]] <= JUMP_RATIO * z:
-                    continue
-                alone = fit(j, prev)
-                tree.add(p, free[k] + 1, z)
-                behind = fit(j, max(prev, p))
-                tree.add(p, free[k] + 1, -z)
-                if alone < behind:
-                    del pending[-back]
-                    pending.append(j)
-                    k, p, z = j, alone, size[self.gathers[j]]
-                    break
-            pending.pop()
-            if z:
-                tree.add(p, free[k] + 1, z)
-            slots[k] = p
-            used.append(k)
-            prev = max(prev, p)
+        used: list[int] = []
+        for pending in classes:
+            pending = pending[::-1]  # a stack: the next all-gather is last
+            prev = 0
+            while pending:
+                k = pending[-1]
+                p = fit(k, prev)
+                z = size[self.gathers[k]]
+                for back in range(2, min(lookahead, len(pending) - 1) + 2):
+                    j = pending[-back]
+                    if size[self.gathers[j]] <= JUMP_RATIO * z:
+                        continue
+                    alone = fit(j, prev)
+                    tree.add(p, free[k] + 1, z)
+                    behind = fit(j, max(prev, p))
+                    tree.add(p, free[k] + 1, -z)
+                    if alone < behind:
+                        del pending[-back]
+                        pending.append(j)
+                        k, p, z = j, alone, size[self.gathers[j]]
+                        break
+                pending.pop()
+                if z:
+                    tree.add(p, free[k] + 1, z)
+                slots[k] = p
+                used.append(k)
+                prev = max(prev, p)
+        if small_first:  # the FIFO sequence is program order: by slot, then by need
+            used.sort(key=lambda k: (slots[k], k))
         self.last_sequence = used
         return slots
 
@@ -554,8 +567,9 @@ class Overlap:
         candidates.sort(key=lambda c: c[:2])
         # Step 3b: let large all-gathers pass smaller ones that would block them.
         for index, planner in enumerate(feasible):
-            for lookahead in JUMP_LOOKAHEADS:
-                first = planner.earliest(budget, scope, lookahead=lookahead)
+            for lookahead, small in FIFO_VARIANTS:
+                small_first = max(1, planner.largest_gather // SMALL_FRACTION) if small else 0
+                first = planner.earliest(budget, scope, lookahead=lookahead, small_first=small_first)
                 sequence = planner.last_sequence
                 if sequence == sorted(sequence):
                     continue
@@ -603,7 +617,10 @@ class Overlap:
 MAX_TRIALS = 8
 #: Step 3b: a large all-gather may pass smaller ones (each at most 1/JUMP_RATIO of its size).
 JUMP_RATIO = 4
-JUMP_LOOKAHEADS = (1, 2)
+#: Step 3b's placements tried beside plain need order: (lookahead, small all-gathers first). Small:
+#: at most 1/SMALL_FRACTION of the largest all-gather (a norm's weight beside a layer's matrix).
+FIFO_VARIANTS = ((1, False), (2, False), (0, True))
+SMALL_FRACTION = 64
 WINDOW = 4
 MIN_GAP = 0.002
 
