@@ -1,8 +1,10 @@
 """``overlap``: dcsched's memory-budgeted overlap scheduler.
 
 The compute order is ``fast-free``'s, so activations live exactly as long as
-they do under ``fast-free``; only the communication moves (full write-up with
-guarantees and proofs: ``docs/overlap.md``):
+they do under ``fast-free`` (the graph's own order and fast-free's with side
+branches sunk are tried too, within the same memory limits); only the
+communication moves (full write-up with guarantees and proofs:
+``docs/overlap.md``):
 
 1. *Skeleton.* Take ``fast-free``'s order without its all-gathers and their
    waits. Every gradient reduce and every parameter release moves up to right
