@@ -138,7 +138,12 @@ class OverlapPlanner:
         ff = fast_free if fast_free is not None else fast_free_indices(index_view(view))
         self.fast_free_order = ff
         self.fast_free: SimResult = self.compiled.simulate(ff, detail=False, check=False)
-        base = {"fast-free": ff, "input": list(self.compiled.topo)}.get(base) or sink_readers(self.compiled, ff)
+        if base == "fast-free":
+            base = ff
+        elif base == "input":
+            base = list(self.compiled.topo)
+        else:
+            base = sink_readers(self.compiled, ff)
         self._build_skeleton(base)
         self._build_needs(base)
         self._measure_jit()
@@ -533,8 +538,9 @@ class Overlap:
 
     Step 1 can start from fast-free's compute order, from the graph's own
     order, or from fast-free's with its side branches sunk
-    (:func:`sink_readers`); each gives an :class:`OverlapPlanner`. For a budget, every planner
-    that can meet it places its all-gathers, and the order with the shortest
+    (:func:`sink_readers`); each gives an :class:`OverlapPlanner`. For a
+    budget, every planner that can meet it places its all-gathers (in need
+    order and in step 3b's other sequences), and the order with the shortest
     simulated step wins (ties: fast-free's, which keeps activations shortest).
     """
 
@@ -566,8 +572,7 @@ class Overlap:
         for index, planner in enumerate(feasible):
             slots, timeline = planner.delay(planner.earliest(budget, scope))
             candidates.append((timeline.step_ms, index, slots, None, timeline))
-        candidates.sort(key=lambda c: c[:2])
-        # Step 3b: let large all-gathers pass smaller ones that would block them.
+        # Step 3b: other FIFO sequences (large before small, small first).
         for index, planner in enumerate(feasible):
             for lookahead, small in FIFO_VARIANTS:
                 small_first = max(1, planner.largest_gather // SMALL_FRACTION) if small else 0
@@ -617,14 +622,14 @@ class Overlap:
 #: Step 5's effort: at most this many re-placements, each moving one all-gather at most WINDOW places,
 #: for idle gaps of at least MIN_GAP of the step.
 MAX_TRIALS = 8
+WINDOW = 4
+MIN_GAP = 0.002
 #: Step 3b: a large all-gather may pass smaller ones (each at most 1/JUMP_RATIO of its size).
 JUMP_RATIO = 4
 #: Step 3b's placements tried beside plain need order: (lookahead, small all-gathers first). Small:
 #: at most 1/SMALL_FRACTION of the largest all-gather (a norm's weight beside a layer's matrix).
 FIFO_VARIANTS = ((1, False), (2, False), (0, True))
 SMALL_FRACTION = 64
-WINDOW = 4
-MIN_GAP = 0.002
 
 
 def _ranks(sequence: list[int]) -> list[int]:
