@@ -16,7 +16,7 @@ def sink_readers(compiled: CompiledGraph, order: list[int]) -> list[int]:
     zero-cost nodes hanging off it (getitems, its release, its gradient's
     reduce) move with it. With no side branch this returns ``order``.
     """
-    kind, dur, preds, succs, gates = compiled.kind, compiled.duration, compiled.preds, compiled.succs, compiled.gates
+    kind, dur, succs, gates = compiled.kind, compiled.duration, compiled.succs, compiled.gates
     position = {v: i for i, v in enumerate(order)}
     readers = [v for v in order if kind[v] == COMPUTE and dur[v] > 0 and any(kind[g] == ALLGATHER for g in gates[v])]
     key = {v: (i, 1) for i, v in enumerate(order)}
@@ -36,16 +36,24 @@ def sink_readers(compiled: CompiledGraph, order: list[int]) -> list[int]:
         group = [v]
         members = {v}
         for u in order[position[v] + 1:]:
-            if (kind[u] in (RELEASE, REDUCE) or (kind[u] == COMPUTE and not dur[u])) and preds[u] and all(
-                    p in members for p in preds[u] if kind[p] not in (ALLGATHER, WAIT)) and any(p in members for p in preds[u]):
+            if _follows(compiled, u, members):
                 group.append(u)
                 members.add(u)
             elif position[u] > position[v] + 4 * len(group) + 8:
-                break
-        users = [position[u] for w in group for u in succs[w] if u not in members]
-        target = min(users, default=len(order))
+                break  # followers sit right after their node in fast-free's order
+        target = min((position[u] for w in group for u in succs[w] if u not in members), default=len(order))
         if target <= position[v] + len(group):
             continue
         for rank, w in enumerate(group):
-            key[w] = (target, 0, rank)
+            key[w] = (target, 0, position[v], rank)
     return sorted(order, key=key.__getitem__)
+
+
+def _follows(compiled: CompiledGraph, u: int, members: set[int]) -> bool:
+    """Whether ``u`` is a zero-cost node (a release, a reduce, a getitem or view) hanging off ``members``:
+    every input other than an all-gather or wait is a member, and there is one."""
+    kind = compiled.kind
+    if not (kind[u] in (RELEASE, REDUCE) or (kind[u] == COMPUTE and not compiled.duration[u])):
+        return False
+    inputs = [p for p in compiled.preds[u] if kind[p] not in (ALLGATHER, WAIT)]
+    return bool(inputs) and all(p in members for p in inputs)
