@@ -1,0 +1,88 @@
+"""Run a bundle's training step for real, measure it, and prove two orders compute the same.
+
+The forward and backward graphs become ``torch.fx.GraphModule`` s over copies
+of the bundle's graphs, node for node in the bundle's order (never re-traced,
+so a scheduler's order is exactly what runs). Parameters and inputs of the
+recorded shapes and dtypes are made from a seed; the step runs the forward,
+then the backward fed with the saved tensors and the tangents (ones for the
+loss, zeros for other user outputs). The ZeRO-3 ops run on
+:data:`dcsched.ops.RUNTIME`: a single-process :class:`~dcsched.ops.Zero3Runtime`
+by default, or a :class:`dcsched.distributed.DistributedZero3Runtime` under
+torchrun.
+
+The results of a step are named tensors, in this order: ``loss``, the other
+user outputs (``output 1``, ...), then the backward's gradients: ``grad <param
+name>`` (this rank's reduced shard) and ``grad input <input name>``.
+
+>>> from dcsched import replay as rp
+>>> bundle = rp.example_bundle()
+>>> run = rp.replay(bundle, iters=2, warmup=1)
+>>> list(run.results)
+['loss', 'grad fc1.weight', 'grad fc1.bias', 'grad fc2.weight']
+>>> run.measurement.peak_bytes >= run.measurement.resident_bytes > 0
+True
+>>> reordered = bundle.with_graphs(backward=rp.latest_first(bundle.backward))
+>>> rp.compare(run.results, rp.replay(reordered, iters=0).results).exact
+True
+
+Python API: :func:`replay`, :func:`compare`, :func:`replay_orders` (both orders,
+report), :func:`build_step`, :func:`make_state`, :func:`run_step`,
+:func:`measure`, :func:`estimate_bytes`, :func:`check_fits`,
+:func:`resolve_device`.
+
+Modules, in the order a replay uses them: ``device`` (devices, memory
+estimates, the fit check), ``step`` (runnable modules, seeded parameters and
+inputs, one step), ``measure`` (peak memory, timing), ``run`` (one bundle's
+replay), ``compare`` (two runs' results), ``simulated`` (the simulator's
+figures for the report), ``orders`` (a reordered bundle beside its baseline),
+``transforms`` (orders for tests), ``example`` (a hand-written bundle).
+"""
+
+from __future__ import annotations
+
+from .device import resolve_device, estimate_bytes, free_bytes, check_fits
+from .step import DEFAULT_SEED, Step, build_step, StepState, make_param, make_input, make_state, run_step
+from .measure import Measurement, measure_memory, time_step, summarize, measure
+from .run import deterministic, installed, ReplayRun, prepare, replay
+from .compare import TOLERANCES, Comparison, compare
+from .simulated import simulated_figures, percent_error
+from .orders import OrderReport, ReplayReport, placeholder_names, check_same_step, replay_orders
+from .transforms import latest_first
+from .example import example_bundle
+
+__all__ = [
+    "resolve_device",
+    "estimate_bytes",
+    "free_bytes",
+    "check_fits",
+    "DEFAULT_SEED",
+    "Step",
+    "build_step",
+    "StepState",
+    "make_param",
+    "make_input",
+    "make_state",
+    "run_step",
+    "Measurement",
+    "measure_memory",
+    "time_step",
+    "summarize",
+    "measure",
+    "deterministic",
+    "installed",
+    "ReplayRun",
+    "prepare",
+    "replay",
+    "TOLERANCES",
+    "Comparison",
+    "compare",
+    "simulated_figures",
+    "percent_error",
+    "OrderReport",
+    "ReplayReport",
+    "placeholder_names",
+    "check_same_step",
+    "replay_orders",
+    "latest_first",
+    "example_bundle",
+]

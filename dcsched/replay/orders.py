@@ -1,0 +1,191 @@
+"""Replay a reordered bundle beside its baseline: the same results, and both orders' time and memory."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import torch
+import torch.fx
+
+from .. import ops
+from ..bundle import Bundle
+from ..errors import DcschedError, ResultMismatch
+from .compare import Comparison, compare
+from .device import check_fits, resolve_device
+from .measure import Measurement, _clock_for, _synchronize, summarize, time_step
+from .run import ReplayRun, deterministic, installed, prepare, replay
+from .simulated import percent_error, simulated_figures
+from .step import DEFAULT_SEED, _placeholders, run_step
+
+
+@dataclasses.dataclass
+class OrderReport:
+    """One order's measured and simulated figures."""
+
+    label: str
+    path: str | None
+    measured: Measurement
+    simulated: dict | None
+    simulator_note: str
+
+    def errors(self) -> dict[str, float | None]:
+        sim = self.simulated or {}
+        return {"peak_bytes": percent_error(sim.get("peak_bytes"), self.measured.peak_bytes),
+                "step_ms": percent_error(sim.get("step_ms"), self.measured.step_ms)}
+
+    def to_dict(self) -> dict:
+        return {"label": self.label, "path": self.path, "measured": self.measured.to_dict(),
+                "simulated": self.simulated, "simulator": self.simulator_note,
+                "simulator_error_percent": self.errors()}
+
+
+@dataclasses.dataclass
+class ReplayReport:
+    """What ``dcsched replay`` reports: each order's figures and whether the results match."""
+
+    device: str
+    world_size: int
+    seed: int
+    orders: list[OrderReport]
+    comparison: Comparison | None
+
+    def to_dict(self) -> dict:
+        return {"device": self.device, "world_size": self.world_size, "seed": self.seed,
+                "orders": [o.to_dict() for o in self.orders],
+                "results": self.comparison.to_dict() if self.comparison else None}
+
+
+def placeholder_names(bundle: Bundle) -> dict[str, list[str]]:
+    return {name: _placeholders(graph) for name, graph in bundle.graphs.items()}
+
+
+def check_same_step(candidate: Bundle, baseline: Bundle) -> None:
+    """Raise :class:`DcschedError` unless both bundles hold the same step (parameters, inputs, graphs)."""
+    if [(p.name, p.shape, p.dtype, p.ds_id) for p in candidate.params] != \
+            [(p.name, p.shape, p.dtype, p.ds_id) for p in baseline.params]:
+        raise DcschedError("the bundle and its baseline have different parameter tables: "
+                           "they are not two orders of one step")
+    if [(i.name, i.shape, i.dtype) for i in candidate.inputs] != [(i.name, i.shape, i.dtype) for i in baseline.inputs]:
+        raise DcschedError("the bundle and its baseline have different inputs: they are not two orders of one step")
+    for name, graph in baseline.graphs.items():
+        other = candidate.graphs.get(name)
+        if other is None or {n.name for n in other.nodes} != {n.name for n in graph.nodes}:
+            raise DcschedError(f"the {name} graphs of the bundle and its baseline do not hold the same nodes: "
+                               "they are not two orders of one step")
+    if candidate.forward_placeholders != baseline.forward_placeholders or \
+            candidate.backward_placeholders != baseline.backward_placeholders:
+        raise DcschedError("the bundle and its baseline describe their placeholders differently")
+
+
+def _world_size() -> int:
+    import torch.distributed as dist
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _agree_across_ranks(error: str | None) -> str | None:
+    """The first rank's mismatch message, on every rank (None when all matched)."""
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return error
+    messages: list = [None] * dist.get_world_size()
+    dist.all_gather_object(messages, error)
+    for rank, message in enumerate(messages):
+        if message is not None:
+            return f"rank {rank}: {message}"
+    return None
+
+
+def _slowest_rank(measurement: Measurement) -> Measurement:
+    """Across ranks: the largest peak and the slowest median step (the step waits for every rank)."""
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return measurement
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, measurement)
+    slowest = max(everyone, key=lambda m: m.step_ms or 0.0)
+    return dataclasses.replace(slowest, peak_bytes=max(m.peak_bytes for m in everyone),
+                               resident_bytes=max(m.resident_bytes for m in everyone))
+
+
+def _time_interleaved(bundles: list[Bundle], *, device: torch.device, seed: int, iters: int, warmup: int,
+                      factory: Callable[[Bundle], ops.Zero3Runtime],
+                      placeholder_order) -> list[list[tuple[float, float]]]:
+    """Per bundle, ``iters`` (forward ms, backward ms) samples, timed in alternating rounds.
+
+    Round r runs every order once (A B, then B A, ...), so load that comes and
+    goes on the machine falls on both orders alike.
+    """
+    times: list[list[tuple[float, float]]] = [[] for _ in bundles]
+    ready = []
+    for bundle in bundles:
+        runtime = factory(bundle)
+        ready.append((runtime, *prepare(bundle, device=device, seed=seed, runtime=runtime,
+                                        placeholder_order=placeholder_order)))
+    clock = _clock_for(device)
+    with deterministic():
+        for round_ in range(max(warmup, 0) + iters):
+            turn = range(len(ready)) if round_ % 2 == 0 else reversed(range(len(ready)))
+            for k in turn:
+                runtime, step, state = ready[k]
+                with installed(runtime):
+                    if round_ < warmup:
+                        run_step(step, state)
+                        _synchronize(device)
+                    else:
+                        times[k].append(time_step(step, state, clock))
+    return times
+
+
+def replay_orders(candidate: Bundle, baseline: Bundle | None = None, *, device: torch.device | str = "cpu",
+                  seed: int = DEFAULT_SEED, iters: int = 5, warmup: int = 1,
+                  runtime_factory: Callable[[Bundle], ops.Zero3Runtime] | None = None,
+                  exact: bool | None = None, labels: tuple[str, str] = ("baseline", "scheduled"),
+                  paths: tuple[str | None, str | None] = (None, None)) -> ReplayReport:
+    """Replay ``baseline`` (when given) and ``candidate``, measure both, check they agree.
+
+    Each order first runs alone for its results and peak memory; the results
+    are compared; then both are timed in alternating rounds (``warmup`` untimed
+    rounds, ``iters`` timed ones), so a busy machine slows both alike.
+    ``exact`` (default: on the CPU) asks for bit-for-bit equality, else
+    :data:`TOLERANCES`. Raises :class:`ResultMismatch` naming the first
+    differing output. ``runtime_factory(bundle)`` makes each run's ZeRO-3
+    runtime (default: single process).
+    """
+    device = resolve_device(device) if isinstance(device, str) else device
+    factory = runtime_factory or (lambda _bundle: ops.Zero3Runtime())
+    exact = (device.type == "cpu") if exact is None else exact
+    order = None
+    runs: list[tuple[str, str | None, Bundle, ReplayRun]] = []
+    if baseline is not None:
+        check_same_step(candidate, baseline)
+        order = placeholder_names(baseline)
+    check_fits(candidate, device, _world_size())
+    jobs = ([(labels[0], paths[0], baseline)] if baseline is not None else []) + [(labels[1], paths[1], candidate)]
+    for label, path, bundle in jobs:  # results and peak memory, one order at a time
+        run = replay(bundle, device=device, seed=seed, iters=0, warmup=1, runtime=factory(bundle),
+                     placeholder_order=order, check_memory=False, memory=True)
+        runs.append((label, path, bundle, run))
+    comparison = None
+    if baseline is not None:
+        error = None
+        try:
+            comparison = compare(runs[0][3].results, runs[1][3].results, exact=exact, names=labels)
+        except ResultMismatch as exc:
+            error = str(exc)
+        error = _agree_across_ranks(error)
+        if error is not None:
+            raise ResultMismatch(error)
+    # then the time, both orders in alternating rounds
+    times = _time_interleaved([job[2] for job in jobs], device=device, seed=seed, iters=iters, warmup=warmup,
+                              factory=factory, placeholder_order=order)
+    for k, (label, path, bundle, run) in enumerate(runs):
+        m = run.measurement
+        run.measurement = summarize(device, warmup, times[k], m.peak_bytes, m.resident_bytes,
+                                    _clock_for(device).name, m.memory_source)
+    orders = []
+    for label, path, bundle, run in runs:
+        simulated, note = simulated_figures(bundle, run.world_size)
+        orders.append(OrderReport(label, path, _slowest_rank(run.measurement), simulated, note))
+    world_size = runs[-1][3].world_size
+    return ReplayReport(str(device), world_size, seed, orders, comparison)

@@ -1,0 +1,91 @@
+"""Replay one bundle: build, seed, run and measure its step under the ZeRO-3 runtime."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from typing import Mapping
+
+import torch
+import torch.fx
+
+from .. import ops
+from ..bundle import Bundle
+from .device import check_fits, resolve_device
+from .measure import Measurement, _synchronize, measure
+from .step import DEFAULT_SEED, Step, StepState, build_step, make_state, run_step
+
+
+@contextlib.contextmanager
+def deterministic():
+    """Deterministic kernels while replaying (warn-only where an op has none)."""
+    enabled = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+
+
+@contextlib.contextmanager
+def installed(runtime: ops.Zero3Runtime):
+    """``runtime`` behind the ZeRO-3 ops for the duration."""
+    previous = ops.set_runtime(runtime)
+    runtime.reset()
+    try:
+        yield runtime
+    finally:
+        runtime.reset()
+        ops.set_runtime(previous)
+
+
+@dataclasses.dataclass
+class ReplayRun:
+    """One bundle replayed: its results (on the CPU) and, when measured, its figures."""
+
+    results: dict[str, torch.Tensor]
+    measurement: Measurement | None
+    world_size: int = 1
+    rank: int = 0
+
+
+def prepare(bundle: Bundle, *, device: torch.device, seed: int, runtime: ops.Zero3Runtime,
+            values: Mapping[str, torch.Tensor] | None = None,
+            placeholder_order: Mapping[str, list[str]] | None = None) -> tuple[Step, StepState]:
+    """The runnable step and its parameters (this rank's shards under ``runtime``) and inputs."""
+    step = build_step(bundle, device, placeholder_order=placeholder_order)
+    shard = getattr(runtime, "shard", None) if runtime.world_size > 1 else None
+    return step, make_state(bundle, seed=seed, device=device, shard=shard, values=values)
+
+
+def replay(bundle: Bundle, *, device: torch.device | str = "cpu", seed: int = DEFAULT_SEED, iters: int = 5,
+           warmup: int = 1, runtime: ops.Zero3Runtime | None = None, check_memory: bool = True,
+           values: Mapping[str, torch.Tensor] | None = None,
+           placeholder_order: Mapping[str, list[str]] | None = None, memory: bool | None = None) -> ReplayRun:
+    """Run ``bundle``'s step: results of one step and, with ``iters`` > 0, measured figures.
+
+    ``runtime`` defaults to a fresh single-process :class:`~dcsched.ops.Zero3Runtime`;
+    pass a :class:`dcsched.distributed.DistributedZero3Runtime` to run sharded.
+    ``values``: chosen parameter/input tensors by name (see :func:`make_state`).
+    ``placeholder_order``: per graph, the placeholder names in the order the
+    bundle's placeholder tables describe them (see :func:`build_step`).
+    ``memory`` (default: ``iters > 0``) measures peak memory even when nothing is timed.
+    """
+    device = resolve_device(device) if isinstance(device, str) else device
+    runtime = runtime if runtime is not None else ops.Zero3Runtime()
+    memory = iters > 0 if memory is None else memory
+    if check_memory:
+        check_fits(bundle, device, runtime.world_size)
+    with installed(runtime), deterministic():
+        step, state = prepare(bundle, device=device, seed=seed, runtime=runtime, values=values,
+                              placeholder_order=placeholder_order)
+        results = {name: value.detach().to("cpu", copy=True) for name, value in run_step(step, state).items()}
+        _synchronize(device)
+        measurement = None
+        if memory or iters > 0:  # the results' step above was the first warm-up step
+            measurement = measure(step, state, iters=iters, warmup=max(warmup - 1, 0))
+            measurement = dataclasses.replace(measurement, warmup=max(warmup, 1))
+    return ReplayRun(results, measurement, runtime.world_size, runtime.rank)

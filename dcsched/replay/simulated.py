@@ -1,0 +1,79 @@
+"""The simulator's figures for a replayed bundle, re-sharded to the replay's world size."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+import torch.fx
+
+from ..bundle import Bundle
+from ..errors import DcschedError
+from .device import _flat_nodes, _node_bytes
+
+
+def _meta_bytes(nodes: Iterable[torch.fx.Node]) -> int:
+    return sum(_node_bytes(node) for node in nodes)
+
+
+def simulated_figures(bundle: Bundle, world_size: int | None = None) -> tuple[dict | None, str]:
+    """The simulator's step figures for ``bundle``'s own order, and a note on how they were made.
+
+    With ``world_size`` given and different from the one the bundle was
+    profiled for, parameter shards and reduced gradients are re-sized to it
+    first, so the figures compare like for like with a replay at that size.
+
+    Returns ``(None, why)`` when the simulator is not installed or the bundle
+    lacks costs. The forward and backward are simulated separately;
+    ``step_ms`` is their sum and ``peak_bytes`` the larger of the forward's peak
+    and the backward's peak plus what the real step holds across it (the
+    forward's inputs and user outputs that the backward does not take).
+    """
+    from ..profile import resharded
+    from ..simulate import simulate
+
+    profiled_for = bundle.provenance.get("world_size")
+    resized = world_size is not None and isinstance(profiled_for, int) and profiled_for != world_size
+    if resized:
+        bundle = resharded(bundle, world_size)
+    try:
+        forward = simulate(bundle.forward, detail=False)
+        backward = simulate(bundle.backward, detail=False) if bundle.backward is not None else None
+    except DcschedError as exc:
+        return None, f"not simulated: {exc}"
+    peak = forward.peak_bytes
+    held = 0
+    if backward is not None:
+        output = next(node for node in bundle.forward.nodes if node.op == "output")
+        outputs = _flat_nodes(output.args)
+        saved = {outputs[int(e["index"])] for e in bundle.backward_placeholders
+                 if e.get("kind") == "saved" and 0 <= int(e["index"]) < len(outputs)}
+        inputs = [node for node in bundle.forward.nodes if node.op in ("placeholder", "get_attr")]
+        users = outputs[:bundle.num_user_outputs]
+        held = _meta_bytes(n for n in dict.fromkeys(inputs + users) if n not in saved)
+        peak = max(peak, backward.peak_bytes + held)
+    figures = {
+        "peak_bytes": int(peak),
+        "step_ms": forward.step_ms + (backward.step_ms if backward else 0.0),
+        "forward_ms": forward.step_ms,
+        "backward_ms": backward.step_ms if backward else None,
+        "forward_peak_bytes": forward.peak_bytes,
+        "backward_peak_bytes": backward.peak_bytes if backward else None,
+        "held_across_bytes": held,
+    }
+    source = bundle.provenance.get("time_source") or bundle.provenance.get("device") or "bundle costs"
+    note = f"dcsched.simulate on the bundle's costs ({source})"
+    if resized:
+        note += f"; sizes re-sharded from the profiled world size {profiled_for} to this run's {world_size}"
+    return figures, note
+
+
+def percent_error(simulated: float | None, measured: float | None) -> float | None:
+    """(simulated - measured) / measured in percent; None where either is missing or measured is 0.
+
+    >>> percent_error(110, 100)
+    10.0
+    """
+    if simulated is None or measured is None or not measured:
+        return None
+    return 100.0 * (simulated - measured) / measured
