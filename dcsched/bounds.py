@@ -1,4 +1,4 @@
-"""A lower bound on the step time through each communication node, beside the simulator's.
+"""Lower bounds on the step time beside the simulator's: through each communication node, and within a budget.
 
 :mod:`dcsched.simulate` reports ``lower_bound_ms`` = max(total compute, total
 communication) and ``tight_lower_bound_ms`` (critical path; first
@@ -85,14 +85,11 @@ def through_comm_bound(compiled: CompiledGraph, limit: int = 48) -> float:
         for mask, to_compute, to_comm in ((above[i] & ~own, anc_compute, anc_comm),
                                           (below[i] & ~own, desc_compute, desc_comm)):
             # i is an ancestor of the candidates in ``above[i]`` and a descendant of those in ``below[i]``
-            while mask:
-                low = mask & -mask
-                b = low.bit_length() - 1
+            for b in _bits(mask):
                 if is_compute:
                     to_compute[b] += d
                 else:
                     to_comm[b] += d
-                mask ^= low
     best = 0.0
     for b, c in enumerate(comm):
         value = max(anc_compute[b], anc_comm[b]) + dur[c] + max(desc_compute[b], desc_comm[b])
@@ -197,17 +194,20 @@ def budget_bound(compiled: CompiledGraph, budget: float, window: int = 8) -> flo
     def weight(mask: int, limit: float) -> float:
         """Total compute duration of the nodes in ``mask`` (stops counting past ``limit``)."""
         total = 0.0
-        while mask and total < limit:
-            low = mask & -mask
-            total += dur[low.bit_length() - 1]
-            mask ^= low
+        for x in _bits(mask):
+            if total >= limit:
+                break
+            total += dur[x]
         return total
+
+    def released_within(g: int, mask: int) -> bool:
+        """Whether every release of ``g``'s parameter is in ``mask``."""
+        return all((mask >> r) & 1 for r in releases_of.get(compiled.ds_id[g], ()))
 
     def held_through(g: int, u: int) -> bool:
         # Issued before u, g is still live at u: no release of its parameter can come before u, and
         # something at or after u reads it (a buffer no release frees lives until its last reader).
-        after = desc[u] & ~(1 << u)
-        if any(not (after >> r) & 1 for r in releases_of.get(compiled.ds_id[g], ())):
+        if not released_within(g, desc[u] & ~(1 << u)):
             return False
         return any((desc[u] >> r) & 1 for r in readers_of.get(g, ()))
 
@@ -252,11 +252,11 @@ def budget_bound(compiled: CompiledGraph, budget: float, window: int = 8) -> flo
             waits_for_all = -1
             for t in late:
                 waits_for_all &= depends_on(t)
-            issued_before = exposed - _fill_beside(u, fill & ~waits_for_all, exposed, own, w, late, room)
+            issued_before = exposed - fill_beside(u, fill & ~waits_for_all, exposed, own, w, late, room)
             best = max(best, min(issued_after, issued_before))
         return best
 
-    def _fill_beside(u: int, mask: int, limit: float, own, w, late, room) -> float:
+    def fill_beside(u: int, mask: int, limit: float, own, w, late, room) -> float:
         """Compute in ``mask`` that can run while the ``late`` all-gathers run (case "W before u").
 
         A node that also needs another all-gather too large to be live beside u's parameters and W
@@ -266,22 +266,18 @@ def budget_bound(compiled: CompiledGraph, budget: float, window: int = 8) -> flo
         plain = 0.0
         groups: dict[int, float] = {}
         skip = set(own) | set(late) | {w}
-        while mask and plain < limit:
-            low = mask & -mask
-            x = low.bit_length() - 1
-            mask ^= low
+        for x in _bits(mask):
+            if plain >= limit:
+                break
             # Run after u, x keeps g live at u's position if issued before it: so g is issued after u.
             later = (desc[u] | desc[x]) & ~(1 << u) & ~(1 << x)
-            extra = [g for g in gathers_read[x] if g not in skip and alloc[g] > room
-                     and all((later >> r) & 1 for r in releases_of.get(compiled.ds_id[g], ()))]
+            extra = [g for g in gathers_read[x] if g not in skip and alloc[g] > room and released_within(g, later)]
             if len(extra) == 1:
                 groups[extra[0]] = groups.get(extra[0], 0.0) + dur[x]
             else:
                 plain += dur[x]
         return plain + sum(max(0.0, total - dur[g]) for g, total in groups.items())
 
-    # best[k]: the largest forced idle time of a chain ending at readers[k] (as v, or as v_0).
-    best = [0.0] * len(readers)
     # reach[i]: the best chain ending at i or at one of its ancestors (where a next pair may start).
     reach = [0.0] * n
     position = {v: k for k, v in enumerate(readers)}
@@ -301,7 +297,6 @@ def budget_bound(compiled: CompiledGraph, budget: float, window: int = 8) -> flo
                 idle = pair_idle(at_u, k)
                 if idle > 0:
                     value = max(value, reach[u] + idle)
-            best[k] = value
             inherited = max(inherited, value)
         reach[i] = inherited
     return compiled.compute_ms + max(reach)
@@ -309,3 +304,11 @@ def budget_bound(compiled: CompiledGraph, budget: float, window: int = 8) -> flo
 
 #: budget_bound tries a head interval before each of the first this many readers of gathered parameters.
 HEAD_READERS = 32
+
+
+def _bits(mask: int):
+    """The set bits of ``mask``, lowest first."""
+    while mask:
+        low = mask & -mask
+        yield low.bit_length() - 1
+        mask ^= low
