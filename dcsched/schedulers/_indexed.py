@@ -126,3 +126,14 @@ def index_view(view: nx.DiGraph) -> IndexedGraph:
     output = view.graph.get("output")
     return IndexedGraph(names, index, preds, succs, role, ds_id, n_users, time, size, aliasing,
                         index.get(output) if output is not None else None)
+
+
+def schedule_indexed(view: nx.DiGraph, indices_of) -> list[str]:
+    """The order ``indices_of(IndexedGraph)`` computes for ``view``, as node names (collector paused).
+
+    The shape of every index-based scheduler: index the view once, compute
+    the order as input positions, name it.
+    """
+    with paused_gc():
+        graph = index_view(view)
+        return graph.order_names(indices_of(graph))

@@ -47,16 +47,14 @@ import math
 import networkx as nx
 
 from ..lastuse import last_use_indices
-from ._indexed import PLACEHOLDER, REDUCE, IndexedGraph, index_view, paused_gc
+from ._indexed import PLACEHOLDER, REDUCE, IndexedGraph, schedule_indexed
 from .registry import register
 
 
 @register("fast-free", description="DeepCompile's fast_free_schedule (DeepSpeed 0.19.8 order, no budget): "
                                    "gather the parameter that frees soonest, run it to its last use")
 def fast_free(view: nx.DiGraph) -> list[str]:
-    with paused_gc():
-        graph = index_view(view)
-        return graph.order_names(fast_free_indices(graph))
+    return schedule_indexed(view, fast_free_indices)
 
 
 class _Task:

@@ -33,16 +33,14 @@ import heapq
 import networkx as nx
 
 from ..errors import GraphError
-from ._indexed import ALLGATHER, RELEASE, IndexedGraph, index_view, paused_gc
+from ._indexed import ALLGATHER, RELEASE, IndexedGraph, schedule_indexed
 from .registry import register
 
 
 @register("list", description="greedy: run the runnable node with the smallest memory delta "
                               "(+gather, -final release), ties by input order")
 def list_order(view: nx.DiGraph) -> list[str]:
-    with paused_gc():
-        graph = index_view(view)
-        return graph.order_names(list_indices(graph))
+    return schedule_indexed(view, list_indices)
 
 
 def list_indices(g: IndexedGraph) -> list[int]:

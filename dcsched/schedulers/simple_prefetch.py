@@ -31,16 +31,14 @@ import heapq
 import networkx as nx
 
 from ..errors import GraphError
-from ._indexed import IndexedGraph, index_view, paused_gc
+from ._indexed import IndexedGraph, schedule_indexed
 from .registry import register
 
 
 @register("simple-prefetch", description="DeepCompile's simple_prefetch (DeepSpeed 0.19.8 order): "
                                          "issue each all-gather one step before the work it unblocks")
 def simple_prefetch(view: nx.DiGraph) -> list[str]:
-    with paused_gc():
-        graph = index_view(view)
-        return graph.order_names(simple_prefetch_indices(graph))
+    return schedule_indexed(view, simple_prefetch_indices)
 
 
 def simple_prefetch_indices(g: IndexedGraph) -> list[int]:
