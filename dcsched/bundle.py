@@ -138,7 +138,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _dtype_from_name(name: str) -> torch.dtype:
+def dtype_from_name(name: str) -> torch.dtype:
     dtype = getattr(torch, name, None)
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"unknown dtype {name!r}")
@@ -185,7 +185,7 @@ def _decode(value: Any, env: dict[str, torch.fx.Node], refs: list[str]) -> Any:
     if tag == "$dict":
         return {k: _decode(v, env, refs) for k, v in payload}
     if tag == "$dtype":
-        return _dtype_from_name(payload)
+        return dtype_from_name(payload)
     if tag == "$device":
         return torch.device(payload)
     if tag == "$layout":
@@ -380,9 +380,9 @@ def from_data(data: Any, path=None) -> Bundle:
         graphs = {name: decode_graph(entry["nodes"], name) for name, entry in data["graphs"].items()}
         if "forward" not in graphs:
             raise ValueError("bundle has no forward graph")
-        params = [ParamInfo(p["name"], tuple(int(s) for s in p["shape"]), _dtype_from_name(p["dtype"]),
+        params = [ParamInfo(p["name"], tuple(int(s) for s in p["shape"]), dtype_from_name(p["dtype"]),
                             int(p["ds_id"])) for p in data["params"]]
-        inputs = [InputInfo(i["name"], tuple(int(s) for s in i["shape"]), _dtype_from_name(i["dtype"]),
+        inputs = [InputInfo(i["name"], tuple(int(s) for s in i["shape"]), dtype_from_name(i["dtype"]),
                             i.get("value"), i.get("low"), i.get("high")) for i in data.get("inputs", [])]
         return Bundle(
             forward=graphs["forward"],

@@ -2,8 +2,9 @@
 
 Two cost models for compute nodes:
 
-* ``measured``: the graphs run for real (forward, then backward on the
-  forward's saved tensors with tangents of ones); each compute node is run
+* ``measured``: the graphs run for real through :mod:`dcsched.step` (forward,
+  then backward on the forward's saved tensors with the step runner's tangents:
+  ones for the loss, zeros for other outputs); each compute node is run
   ``warmup`` times, then timed ``iters`` times, and the median is kept. On a
   GPU with CUDA events, on the CPU with ``time.perf_counter_ns``.
 * ``analytic``: nothing runs; a roofline estimate for a named GPU from each
@@ -38,10 +39,11 @@ import torch
 import torch.fx
 
 from . import costmodel, ops
-from .bundle import Bundle, InputInfo, _dtype_from_name
+from .bundle import Bundle, dtype_from_name
 from .errors import DcschedError
 from .nxview import copy_graph
 from .roles import COMM_ROLES, Role, is_view_like, role_of
+from .step import build_step, installed, make_state, run_step
 
 COST_MODELS = ("measured", "analytic")
 
@@ -94,7 +96,7 @@ def _specs(value) -> list[tuple[tuple[int, ...], torch.dtype]]:
         if isinstance(v, torch.Tensor):
             found.append((tuple(int(s) for s in v.shape), v.dtype))
         elif isinstance(v, dict) and "shape" in v and "dtype" in v:
-            dtype = v["dtype"] if isinstance(v["dtype"], torch.dtype) else _dtype_from_name(v["dtype"])
+            dtype = v["dtype"] if isinstance(v["dtype"], torch.dtype) else dtype_from_name(v["dtype"])
             found.append((tuple(int(s) for s in v["shape"]), dtype))
         elif isinstance(v, (list, tuple)):
             for item in v:
@@ -235,26 +237,6 @@ def _default_device() -> torch.device:
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
-def _random_param(info, device, generator) -> torch.Tensor:
-    value = torch.randn(info.shape, generator=generator, dtype=torch.float32) * 0.02
-    return value.to(device=device, dtype=info.dtype)
-
-
-def make_input(info: InputInfo, device, generator: torch.Generator | None = None) -> torch.Tensor:
-    """The stored input, or a tensor of its shape/dtype with values within its recorded range."""
-    if info.value is not None:
-        return info.value.to(device)
-    low = info.low if info.low is not None else 0.0
-    high = info.high if info.high is not None else 1.0
-    if info.dtype == torch.bool:
-        value = torch.randint(0, 2, info.shape, generator=generator).bool()
-    elif not info.dtype.is_floating_point and not info.dtype.is_complex:
-        value = torch.randint(int(low), int(high) + 1, info.shape, generator=generator, dtype=torch.int64)
-    else:
-        value = torch.rand(info.shape, generator=generator, dtype=torch.float64) * (high - low) + low
-    return value.to(device=device, dtype=info.dtype)
-
-
 class _Timer:
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
@@ -281,114 +263,6 @@ class _Timer:
                 out = call()
                 samples.append((time.perf_counter_ns() - begin) / 1e6)
         return out, float(statistics.median(samples))
-
-
-def _last_uses(graph: torch.fx.Graph) -> dict[torch.fx.Node, list[torch.fx.Node]]:
-    seen: set[torch.fx.Node] = set()
-    frees: dict[torch.fx.Node, list[torch.fx.Node]] = {}
-    for node in reversed(graph.nodes):
-        for value in node.all_input_nodes:
-            if value not in seen:
-                seen.add(value)
-                frees.setdefault(node, []).append(value)
-    return frees
-
-
-def _on_device(value, device: torch.device | None):
-    """``value`` with every torch.device in it replaced by ``device`` (graphs record the capture's device)."""
-    if device is None:
-        return value
-    if isinstance(value, torch.device):
-        return device
-    if isinstance(value, (list, tuple)):
-        return type(value)(_on_device(v, device) for v in value)
-    if isinstance(value, dict):
-        return {k: _on_device(v, device) for k, v in value.items()}
-    return value
-
-
-def run_graph(graph: torch.fx.Graph, inputs: list, constants: dict[str, torch.Tensor],
-              on_node: Callable[[torch.fx.Node, Callable[[], Any]], Any] | None = None,
-              device: torch.device | str | None = None) -> list:
-    """Execute ``graph`` node by node on ``inputs``; returns its outputs.
-
-    ``on_node(node, call)`` runs each call_function node (``call()`` computes it)
-    and returns its value: the profiler times it there. Values are dropped after
-    their last reader, as in a training step. With ``device``, tensors a node
-    creates (``arange(..., device=cpu)``) are made there instead of on the
-    device the graph was captured on.
-    """
-    device = torch.device(device) if device is not None else None
-    env: dict[torch.fx.Node, Any] = {}
-    frees = _last_uses(graph)
-    placeholders = iter(inputs)
-    result = None
-    for node in graph.nodes:
-        if node.op == "placeholder":
-            env[node] = next(placeholders)
-        elif node.op == "get_attr":
-            value = constants[str(node.target)]
-            env[node] = value.to(device) if device is not None else value
-        elif node.op == "call_function":
-            args = _on_device(torch.fx.node.map_arg(node.args, lambda n: env[n]), device)
-            kwargs = _on_device(torch.fx.node.map_arg(node.kwargs, lambda n: env[n]), device)
-
-            def call(target=node.target, args=args, kwargs=kwargs):
-                return target(*args, **kwargs)
-
-            env[node] = on_node(node, call) if on_node is not None else call()
-        elif node.op == "output":
-            result = torch.fx.node.map_arg(node.args[0], lambda n: env[n])
-        for value in frees.get(node, ()):
-            if value.op != "placeholder":
-                env.pop(value, None)
-    return list(result) if isinstance(result, (list, tuple)) else [result]
-
-
-def step_inputs(bundle: Bundle, device, params: dict[int, torch.Tensor] | None = None,
-                inputs: list[torch.Tensor] | None = None, seed: int = 0) -> list[torch.Tensor]:
-    """The forward graph's inputs: the given real tensors, else random parameters and inputs made from the bundle."""
-    generator = torch.Generator().manual_seed(seed)
-    by_id = bundle.param_by_ds_id()
-    values = []
-    for kind in bundle.forward_placeholders:
-        if kind["kind"] == "param":
-            ds_id = kind["ds_id"]
-            tensor = params[ds_id] if params is not None else _random_param(by_id[ds_id], device, generator)
-            values.append(tensor.detach().to(device))
-        else:
-            index = kind["index"]
-            tensor = inputs[index] if inputs is not None else make_input(bundle.inputs[index], device, generator)
-            values.append(tensor.detach().to(device))
-    return values
-
-
-def backward_inputs(bundle: Bundle, forward_outputs: list) -> list:
-    """The backward graph's inputs: saved forward outputs and tangents of ones."""
-    values = []
-    placeholders = [n for n in bundle.backward.nodes if n.op == "placeholder"]
-    for node, kind in zip(placeholders, bundle.backward_placeholders):
-        if kind["kind"] == "saved":
-            values.append(forward_outputs[kind["index"]])
-        else:
-            user = forward_outputs[kind["index"]]
-            specs = node_specs(node)
-            if isinstance(user, torch.Tensor):
-                values.append(torch.ones_like(user))
-            else:
-                shape, dtype = specs[0]
-                values.append(torch.ones(shape, dtype=dtype))
-    return values
-
-
-def run_step(bundle: Bundle, values: list, on_node=None, device=None) -> tuple[list, list]:
-    """Run the forward on ``values`` (see :func:`step_inputs`), then the backward; returns both graphs' outputs."""
-    forward_out = run_graph(bundle.forward, values, bundle.constants, on_node, device)
-    backward_out = []
-    if bundle.backward is not None:
-        backward_out = run_graph(bundle.backward, backward_inputs(bundle, forward_out), bundle.constants, on_node,
-                                 device)
-    return forward_out, backward_out
 
 
 # ---------------------------------------------------------------------------
@@ -471,7 +345,10 @@ def profile_bundle(bundle: Bundle, options: ProfileOptions = ProfileOptions(), *
             calls = sum(n.op == "call_function" for graph in bundle.graphs.values() for n in graph.nodes)
             task = progress.add_task(f"profiling on {device_desc}", total=calls)
 
-            def on_node(node: torch.fx.Node, call):
+            by_name = {name: {n.name: n for n in graph.nodes} for name, graph in bundle.graphs.items()}
+
+            def on_node(graph_name: str, copy: torch.fx.Node, call):
+                node = by_name[graph_name][copy.name]  # the runnable copy's node is the bundle's by name
                 role = role_of(node)
                 if role in COMM_ROLES:
                     if distributed and role in (Role.ALLGATHER, Role.REDUCE):
@@ -488,17 +365,15 @@ def profile_bundle(bundle: Bundle, options: ProfileOptions = ProfileOptions(), *
                 progress.advance(task)
                 return out
 
-            previous = ops.set_runtime(ops.Zero3Runtime())
             try:
-                with torch.no_grad():
-                    run_step(bundle, step_inputs(bundle, device, params, inputs), on_node, device)
+                with installed(ops.Zero3Runtime()), torch.no_grad():
+                    step = build_step(bundle, device)
+                    run_step(step, make_state(bundle, device=device, params=params, inputs=inputs), on_node=on_node)
             except DcschedError:
                 raise
             except Exception as exc:  # a node that cannot run here: say which
                 raise DcschedError(f"profiling failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}") \
                     from exc
-            finally:
-                ops.set_runtime(previous)
             for graph in bundle.graphs.values():
                 for node in graph.nodes:
                     if node.op in ("placeholder", "output", "get_attr"):

@@ -15,7 +15,9 @@ import dcsched
 from dcsched import costmodel
 from dcsched.capture import capture_step
 from dcsched.errors import DcschedError
-from dcsched.profile import ProfileOptions, profile_bundle, run_step, step_inputs
+from dcsched import ops
+from dcsched.profile import ProfileOptions, profile_bundle
+from dcsched.step import build_step, installed, make_state, run_step
 from dcsched.roles import Role, role_of
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -175,9 +177,12 @@ def test_provenance_names_the_target_gpu_memory(gpt):
 def test_profiled_bundle_still_computes_the_step(gpt):
     bundle = profile_bundle(gpt.bundle, ProfileOptions(iters=1, warmup=0, device="cpu", progress=False),
                             params=gpt.params, inputs=gpt.inputs)
-    forward_out, backward_out = run_step(bundle, step_inputs(bundle, "cpu", gpt.params, gpt.inputs))
-    reference, _ = run_step(gpt.bundle, step_inputs(gpt.bundle, "cpu", gpt.params, gpt.inputs))
-    torch.testing.assert_close(forward_out[0], reference[0])
+    with installed(ops.Zero3Runtime()):
+        profiled = run_step(build_step(bundle), make_state(bundle, params=gpt.params, inputs=gpt.inputs))
+        reference = run_step(build_step(gpt.bundle), make_state(gpt.bundle, params=gpt.params, inputs=gpt.inputs))
+    assert list(profiled) == list(reference) and "loss" in profiled
+    for name, value in reference.items():
+        torch.testing.assert_close(profiled[name], value)
 
 
 @pytest.mark.parametrize("options, message", [

@@ -30,9 +30,10 @@ report), :func:`build_step`, :func:`make_state`, :func:`run_step`,
 :func:`measure`, :func:`estimate_bytes`, :func:`check_fits`,
 :func:`resolve_device`.
 
-Modules, in the order a replay uses them: ``device`` (devices, memory
-estimates, the fit check), ``step`` (runnable modules, seeded parameters and
-inputs, one step), ``measure`` (peak memory, timing), ``run`` (one bundle's
+The step itself (runnable modules, seeded parameters and inputs, one step) is
+:mod:`dcsched.step`, shared with the profiler and training; its API is
+re-exported here. Modules, in the order a replay uses them: ``device`` (devices,
+memory estimates, the fit check), ``measure`` (peak memory, timing), ``run`` (one bundle's
 replay), ``compare`` (two runs' results), ``simulated`` (the simulator's
 figures for the report), ``orders`` (a reordered bundle beside its baseline),
 ``transforms`` (orders for tests), ``example`` (a hand-written bundle).
@@ -41,10 +42,11 @@ figures for the report), ``orders`` (a reordered bundle beside its baseline),
 from __future__ import annotations
 
 from .device import resolve_device, estimate_bytes, free_bytes, check_fits
-from .step import DEFAULT_SEED, Step, build_step, StepState, make_param, make_input, make_state, run_step
-from .measure import Measurement, measure_memory, time_step, summarize, measure
-from .run import deterministic, installed, ReplayRun, prepare, replay
-from .compare import TOLERANCES, Comparison, compare
+from ..step import DEFAULT_SEED, Step, build_step, StepState, make_param, make_input, make_state, run_step
+from .measure import Measurement, measure_memory, time_step, measure
+from ..step import installed
+from .run import deterministic, ReplayRun, prepare, replay
+from .compare import TOLERANCES, ResultComparison, compare
 from .simulated import simulated_figures, percent_error
 from .orders import OrderReport, ReplayReport, placeholder_names, check_same_step, replay_orders
 from .transforms import latest_first
@@ -66,7 +68,6 @@ __all__ = [
     "Measurement",
     "measure_memory",
     "time_step",
-    "summarize",
     "measure",
     "deterministic",
     "installed",
@@ -74,7 +75,7 @@ __all__ = [
     "prepare",
     "replay",
     "TOLERANCES",
-    "Comparison",
+    "ResultComparison",
     "compare",
     "simulated_figures",
     "percent_error",

@@ -22,7 +22,7 @@ TOLERANCES = {
 
 
 @dataclasses.dataclass(frozen=True)
-class Comparison:
+class ResultComparison:
     """Two runs' results agree: how many outputs, how strictly, and the largest difference."""
 
     outputs: int
@@ -51,7 +51,7 @@ def _difference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def compare(reference: Mapping[str, torch.Tensor], candidate: Mapping[str, torch.Tensor], *,
             exact: bool = True, rtol: float | None = None, atol: float | None = None,
-            names: tuple[str, str] = ("baseline", "scheduled")) -> Comparison:
+            names: tuple[str, str] = ("baseline", "scheduled")) -> ResultComparison:
     """Check ``candidate`` computed what ``reference`` did; raise :class:`ResultMismatch` naming
     the first output that differs.
 
@@ -95,4 +95,4 @@ def compare(reference: Mapping[str, torch.Tensor], candidate: Mapping[str, torch
         f"rtol={rtol}, atol={atol}" if rtol is not None or atol is not None else
         "rtol/atol by dtype: " + ", ".join(f"{str(d).removeprefix('torch.')} {r:g}/{t:g}"
                                            for d, (r, t) in TOLERANCES.items()))
-    return Comparison(len(reference), exact, worst, worst_name, tolerance)
+    return ResultComparison(len(reference), exact, worst, worst_name, tolerance)

@@ -8,8 +8,7 @@ import torch.fx
 
 from .. import ops
 from ..bundle import Bundle, InputInfo, ParamInfo
-from .run import installed
-from .step import build_step, make_state, run_step
+from ..step import build_step, installed, make_state, run_step
 
 
 def _call(graph, op, args, name):

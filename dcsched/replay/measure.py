@@ -10,7 +10,7 @@ import torch
 import torch.fx
 
 from ..memtrack import LiveBytes
-from .step import Step, StepState, run_step
+from ..step import Step, StepState, run_step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +36,21 @@ class Measurement:
         if not self.step_ms or self.step_ms_min is None or self.step_ms_max is None:
             return None
         return 100.0 * (self.step_ms_max - self.step_ms_min) / self.step_ms
+
+    @classmethod
+    def from_samples(cls, device: torch.device, warmup: int, times: list[tuple[float, float]], peak: int,
+                     resident: int, timer: str, memory_source: str) -> "Measurement":
+        """From per-step (forward ms, backward ms) samples and the memory figures."""
+        steps = [f + b for f, b in times]
+        median = statistics.median
+        return cls(
+            device=str(device), iters=len(steps), warmup=warmup,
+            step_ms=median(steps) if steps else None,
+            step_ms_min=min(steps) if steps else None,
+            step_ms_max=max(steps) if steps else None,
+            forward_ms=median(f for f, _ in times) if steps else None,
+            backward_ms=median(b for _, b in times) if steps else None,
+            peak_bytes=int(peak), resident_bytes=int(resident), timer=timer, memory_source=memory_source)
 
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)
@@ -74,7 +89,7 @@ class _CudaClock:
         return a.elapsed_time(b), b.elapsed_time(c)
 
 
-def _synchronize(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -89,11 +104,11 @@ def measure_memory(step: Step, state: StepState) -> tuple[int, int, str]:
     """(peak bytes, resident bytes before the step, how it was measured) for one step."""
     device = step.device
     if device.type == "cuda":
-        _synchronize(device)
+        synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         resident = torch.cuda.memory_allocated(device)
         results = run_step(step, state)
-        _synchronize(device)
+        synchronize(device)
         del results
         return torch.cuda.max_memory_allocated(device), resident, "torch.cuda.max_memory_allocated"
     with LiveBytes() as tracker:
@@ -106,41 +121,26 @@ def measure_memory(step: Step, state: StepState) -> tuple[int, int, str]:
     return peak, resident, "live tensor storages (dcsched.memtrack)"
 
 
-def _clock_for(device: torch.device):
+def clock_for(device: torch.device):
     return _CudaClock() if device.type == "cuda" else _CpuClock()
 
 
 def time_step(step: Step, state: StepState, clock) -> tuple[float, float]:
     """(forward ms, backward ms) of one step, all ranks starting together."""
     _barrier()
-    _synchronize(step.device)
+    synchronize(step.device)
     results = run_step(step, state, mark=clock)
-    _synchronize(step.device)
+    synchronize(step.device)
     del results
     return clock.split_ms()
-
-
-def summarize(device: torch.device, warmup: int, times: list[tuple[float, float]], peak: int, resident: int,
-              timer: str, memory_source: str) -> Measurement:
-    """A :class:`Measurement` from per-step (forward ms, backward ms) samples and the memory figures."""
-    steps = [f + b for f, b in times]
-    median = statistics.median
-    return Measurement(
-        device=str(device), iters=len(steps), warmup=warmup,
-        step_ms=median(steps) if steps else None,
-        step_ms_min=min(steps) if steps else None,
-        step_ms_max=max(steps) if steps else None,
-        forward_ms=median(f for f, _ in times) if steps else None,
-        backward_ms=median(b for _, b in times) if steps else None,
-        peak_bytes=int(peak), resident_bytes=int(resident), timer=timer, memory_source=memory_source)
 
 
 def measure(step: Step, state: StepState, *, iters: int = 5, warmup: int = 1) -> Measurement:
     """Warm up, measure peak memory over one step, then time ``iters`` steps."""
     for _ in range(max(warmup, 0)):
         run_step(step, state)
-    _synchronize(step.device)
+    synchronize(step.device)
     peak, resident, memory_source = measure_memory(step, state)
-    clock = _clock_for(step.device)
+    clock = clock_for(step.device)
     times = [time_step(step, state, clock) for _ in range(max(iters, 0))]
-    return summarize(step.device, warmup, times, peak, resident, clock.name, memory_source)
+    return Measurement.from_samples(step.device, warmup, times, peak, resident, clock.name, memory_source)

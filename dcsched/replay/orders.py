@@ -11,12 +11,12 @@ import torch.fx
 from .. import ops
 from ..bundle import Bundle
 from ..errors import DcschedError, ResultMismatch
-from .compare import Comparison, compare
+from .compare import ResultComparison, compare
 from .device import check_fits, resolve_device
-from .measure import Measurement, _clock_for, _synchronize, summarize, time_step
-from .run import ReplayRun, deterministic, installed, prepare, replay
+from .measure import Measurement, clock_for, synchronize, time_step
+from .run import ReplayRun, deterministic, prepare, replay
 from .simulated import percent_error, simulated_figures
-from .step import DEFAULT_SEED, _placeholders, run_step
+from ..step import DEFAULT_SEED, graph_placeholder_names, installed, run_step
 
 
 @dataclasses.dataclass
@@ -48,7 +48,7 @@ class ReplayReport:
     world_size: int
     seed: int
     orders: list[OrderReport]
-    comparison: Comparison | None
+    comparison: ResultComparison | None
 
     def to_dict(self) -> dict:
         return {"device": self.device, "world_size": self.world_size, "seed": self.seed,
@@ -57,7 +57,7 @@ class ReplayReport:
 
 
 def placeholder_names(bundle: Bundle) -> dict[str, list[str]]:
-    return {name: _placeholders(graph) for name, graph in bundle.graphs.items()}
+    return {name: graph_placeholder_names(graph) for name, graph in bundle.graphs.items()}
 
 
 def check_same_step(candidate: Bundle, baseline: Bundle) -> None:
@@ -122,7 +122,7 @@ def _time_interleaved(bundles: list[Bundle], *, device: torch.device, seed: int,
         runtime = factory(bundle)
         ready.append((runtime, *prepare(bundle, device=device, seed=seed, runtime=runtime,
                                         placeholder_order=placeholder_order)))
-    clock = _clock_for(device)
+    clock = clock_for(device)
     with deterministic():
         for round_ in range(max(warmup, 0) + iters):
             turn = range(len(ready)) if round_ % 2 == 0 else reversed(range(len(ready)))
@@ -131,7 +131,7 @@ def _time_interleaved(bundles: list[Bundle], *, device: torch.device, seed: int,
                 with installed(runtime):
                     if round_ < warmup:
                         run_step(step, state)
-                        _synchronize(device)
+                        synchronize(device)
                     else:
                         times[k].append(time_step(step, state, clock))
     return times
@@ -181,8 +181,8 @@ def replay_orders(candidate: Bundle, baseline: Bundle | None = None, *, device: 
                               factory=factory, placeholder_order=order)
     for k, (label, path, bundle, run) in enumerate(runs):
         m = run.measurement
-        run.measurement = summarize(device, warmup, times[k], m.peak_bytes, m.resident_bytes,
-                                    _clock_for(device).name, m.memory_source)
+        run.measurement = Measurement.from_samples(device, warmup, times[k], m.peak_bytes, m.resident_bytes,
+                                    clock_for(device).name, m.memory_source)
     orders = []
     for label, path, bundle, run in runs:
         simulated, note = simulated_figures(bundle, run.world_size)

@@ -13,8 +13,8 @@ import torch.fx
 from .. import ops
 from ..bundle import Bundle
 from .device import check_fits, resolve_device
-from .measure import Measurement, _synchronize, measure
-from .step import DEFAULT_SEED, Step, StepState, build_step, make_state, run_step
+from .measure import Measurement, synchronize, measure
+from ..step import DEFAULT_SEED, Step, StepState, build_step, installed, make_state, run_step
 
 
 @contextlib.contextmanager
@@ -28,18 +28,6 @@ def deterministic():
         yield
     finally:
         torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
-
-
-@contextlib.contextmanager
-def installed(runtime: ops.Zero3Runtime):
-    """``runtime`` behind the ZeRO-3 ops for the duration."""
-    previous = ops.set_runtime(runtime)
-    runtime.reset()
-    try:
-        yield runtime
-    finally:
-        runtime.reset()
-        ops.set_runtime(previous)
 
 
 @dataclasses.dataclass
@@ -83,7 +71,7 @@ def replay(bundle: Bundle, *, device: torch.device | str = "cpu", seed: int = DE
         step, state = prepare(bundle, device=device, seed=seed, runtime=runtime, values=values,
                               placeholder_order=placeholder_order)
         results = {name: value.detach().to("cpu", copy=True) for name, value in run_step(step, state).items()}
-        _synchronize(device)
+        synchronize(device)
         measurement = None
         if memory or iters > 0:  # the results' step above was the first warm-up step
             measurement = measure(step, state, iters=iters, warmup=max(warmup - 1, 0))
