@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dcsched
-from dcsched import costmodel
+from dcsched.costmodels import formulas
 from dcsched.capture import capture_step
 from dcsched.errors import DcschedError
 from dcsched import ops
@@ -37,19 +37,19 @@ def gpt():
 
 def test_comm_model_formula():
     # 1 GB over 8 ranks at 100 GB/s: 7/8 of it moves, 8.75 ms, plus 20 us latency.
-    assert costmodel.comm_time_ms(10**9, world_size=8, bandwidth_gbps=100, latency_us=20) == pytest.approx(8.77)
-    assert costmodel.comm_time_ms(10**9, world_size=1, bandwidth_gbps=100, latency_us=5) == pytest.approx(0.005)
+    assert formulas.comm_time_ms(10**9, world_size=8, bandwidth_gbps=100, latency_us=20) == pytest.approx(8.77)
+    assert formulas.comm_time_ms(10**9, world_size=1, bandwidth_gbps=100, latency_us=5) == pytest.approx(0.005)
     with pytest.raises(ValueError):
-        costmodel.comm_time_ms(1, world_size=0, bandwidth_gbps=1, latency_us=0)
+        formulas.comm_time_ms(1, world_size=0, bandwidth_gbps=1, latency_us=0)
 
 
 @settings(max_examples=50, deadline=None)
 @given(nbytes=st.integers(0, 10**12), world=st.integers(1, 1024), bw=st.floats(0.1, 1000), lat=st.floats(0, 1000))
 def test_comm_model_matches_its_formula(nbytes, world, bw, lat):
     expected = nbytes * (world - 1) / world / (bw * 1e9) * 1e3 + lat / 1e3
-    got = costmodel.comm_time_ms(nbytes, world_size=world, bandwidth_gbps=bw, latency_us=lat)
+    got = formulas.comm_time_ms(nbytes, world_size=world, bandwidth_gbps=bw, latency_us=lat)
     assert got == pytest.approx(expected, rel=1e-12, abs=1e-15)
-    assert costmodel.comm_time_ms(nbytes * 2, world_size=world, bandwidth_gbps=bw, latency_us=lat) >= got
+    assert formulas.comm_time_ms(nbytes * 2, world_size=world, bandwidth_gbps=bw, latency_us=lat) >= got
 
 
 def test_comm_nodes_are_modelled_from_gathered_and_gradient_bytes(gpt):
@@ -104,18 +104,18 @@ def test_tensor_sizes_under_sharding(gpt):
 # ---------------------------------------------------------------------------
 
 def test_roofline_is_the_slower_of_compute_and_memory():
-    h100 = costmodel.gpu("H100")
+    h100 = formulas.gpu("H100")
     # Compute-bound: a bf16 4096^3 matmul, 2*4096^3 FLOPs at 989 TFLOP/s.
-    assert costmodel.roofline_ms(2 * 4096**3, 0, torch.bfloat16, h100) == pytest.approx(2 * 4096**3 / 989e12 * 1e3)
+    assert formulas.roofline_ms(2 * 4096**3, 0, torch.bfloat16, h100) == pytest.approx(2 * 4096**3 / 989e12 * 1e3)
     # Memory-bound: 1 GB at 3.35 TB/s.
-    assert costmodel.roofline_ms(1e6, 1e9, torch.float32, h100) == pytest.approx(1e9 / 3.35e12 * 1e3)
-    assert costmodel.gpu("a100").peak_flops(torch.float32) == 19.5e12
+    assert formulas.roofline_ms(1e6, 1e9, torch.float32, h100) == pytest.approx(1e9 / 3.35e12 * 1e3)
+    assert formulas.gpu("a100").peak_flops(torch.float32) == 19.5e12
     with pytest.raises(ValueError, match="unknown GPU"):
-        costmodel.gpu("v100")
+        formulas.gpu("v100")
 
 
 def test_analytic_times_follow_flops_and_bytes(gpt):
-    h100 = costmodel.GPUS["h100"]
+    h100 = formulas.GPUS["h100"]
     bundle = profile_bundle(gpt.bundle, ProfileOptions(cost_model="analytic", gpu="h100", progress=False))
     mms = [n for n in bundle.forward.nodes if n.target is torch.ops.aten.mm.default]
     assert mms
@@ -136,7 +136,7 @@ def test_analytic_times_follow_flops_and_bytes(gpt):
 
 def test_flops_of_attention_on_cpu_kernels():
     q = torch.empty(2, 4, 8, 16, device="meta")
-    flops = costmodel.node_flops(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default, (q, q, q),
+    flops = formulas.node_flops(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default, (q, q, q),
                                  {}, None)
     assert flops == 2 * (2 * 2 * 4 * 8 * 8 * 16)  # q@k^T and attn@v
 
@@ -167,7 +167,7 @@ def test_measured_profile_on_cpu_times_every_compute_node(gpt):
 
 def test_provenance_names_the_target_gpu_memory(gpt):
     analytic = profile_bundle(gpt.bundle, ProfileOptions(cost_model="analytic", gpu="h200", progress=False))
-    assert analytic.provenance["target_memory_bytes"] == costmodel.GPUS["h200"].memory_bytes
+    assert analytic.provenance["target_memory_bytes"] == formulas.GPUS["h200"].memory_bytes
     assert analytic.provenance["cost_model"] == "analytic" and "not run" in analytic.provenance["device"]
     measured = profile_bundle(gpt.bundle, ProfileOptions(iters=1, warmup=0, gpu="a100", device="cpu",
                                                          progress=False))

@@ -43,7 +43,13 @@ def profile(
                                               "compiles several (default: the one with the most parameters)."),
     cost_model: str = typer.Option("measured", "--cost-model",
                                    help="measured: run every node and time it here; analytic: estimate compute "
-                                        "time for --gpu from FLOPs and bytes (roofline), running nothing."),
+                                        "time for --gpu from FLOPs and bytes (roofline), running nothing; "
+                                        "calibrated: the analytic estimate times per-op-kind factors from "
+                                        "--calibration."),
+    calibration: Optional[Path] = typer.Option(None, "--calibration",
+                                               help="Calibration file (JSON: measured/analytic factors by op "
+                                                    "kind, written by benchmarks/gpu_check.sh); with "
+                                                    "--cost-model analytic or calibrated."),
     gpu: Optional[str] = typer.Option(None, "--gpu",
                                       help="Target GPU: h100, a100 or h200. Needed by --cost-model analytic; "
                                            "also sets the target device memory recorded in the bundle."),
@@ -73,7 +79,8 @@ def profile(
     if not output.parent.exists() if str(output.parent) else False:
         raise DcschedError(f"{output}: directory {output.parent} does not exist")
     options = ProfileOptions(cost_model=cost_model, iters=iters, warmup=warmup, world_size=world_size,
-                             bandwidth_gbps=bandwidth, latency_us=latency, gpu=gpu, progress=progress)
+                             bandwidth_gbps=bandwidth, latency_us=latency, gpu=gpu, progress=progress,
+                             calibration=calibration)
     options.check()
     _init_distributed()
     from ..distributed import shutdown

@@ -1,4 +1,4 @@
-"""Cost models: communication time from bytes, and an analytic compute model from FLOPs and bytes.
+"""The formulas behind the cost models: communication time from bytes, a roofline from FLOPs and bytes, the GPU table.
 
 Communication (one process standing in for W ranks): moving ``nbytes`` through
 an all-gather or a reduce-scatter over W ranks takes
@@ -27,7 +27,6 @@ The roofline is a lower bound: real kernels reach a fraction of peak.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import torch
 
@@ -101,11 +100,6 @@ def roofline_ms(flops: float, bytes_moved: float, dtype: torch.dtype, device: GP
     compute = flops / device.peak_flops(dtype) if flops else 0.0
     memory = bytes_moved / device.memory_bandwidth if bytes_moved else 0.0
     return max(compute, memory) * 1e3
-
-
-def shard_numel(numel: int, world_size: int) -> int:
-    """Elements of one rank's shard: ``ceil(numel / W)`` (ZeRO-3 pads the last shard)."""
-    return math.ceil(numel / world_size)
 
 
 # ---------------------------------------------------------------------------

@@ -1,0 +1,119 @@
+"""The cost-model interface, and what every model shares: communication figures and the static node loop.
+
+A cost model fills ``device_time`` (ms) and ``time_source`` on every node of
+a bundle whose ``tensor_size`` figures are already set, and says how it got
+them. Communication nodes are the same for every model in one process: an
+all-gather or a reduce-scatter is modelled from its bytes
+(:func:`~dcsched.costmodels.formulas.comm_time_ms`), waits and releases cost
+0; placeholders, outputs and constants cost 0 with ``time_source`` ``none``.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
+
+import torch
+import torch.fx
+
+from ..bundle import Bundle
+from ..roles import COMM_ROLES, Role, role_of
+from ..specs import node_bytes
+from .formulas import GPU, GPUS, comm_time_ms
+
+if TYPE_CHECKING:
+    from ..profile import ProfileOptions
+
+#: Nodes that compute nothing and cost nothing.
+FREE_OPS = ("placeholder", "output", "get_attr")
+
+
+@dataclasses.dataclass
+class ProfileRun:
+    """What one profile works with besides the options: real tensors and the process group."""
+
+    #: ds_id -> full parameter, or None for seeded random ones.
+    params: Mapping[int, torch.Tensor] | None = None
+    #: The step inputs in ``bundle.inputs`` order, or None for ones made from the bundle.
+    inputs: Sequence[torch.Tensor] | None = None
+    #: Ranks the figures are for (the process group's size under torchrun).
+    world_size: int = 1
+    #: A process group of more than one rank is there: collectives are measured.
+    distributed: bool = False
+
+
+def modelled_comm_time(node: torch.fx.Node, options: ProfileOptions) -> float:
+    """All-gather / reduce-scatter time (ms) from its bytes (the full parameter or gradient); 0 otherwise."""
+    if role_of(node) in (Role.ALLGATHER, Role.REDUCE):
+        return comm_time_ms(node_bytes(node), world_size=options.world_size, bandwidth_gbps=options.bandwidth_gbps,
+                            latency_us=options.latency_us)
+    return 0.0
+
+
+def progress_bar(enabled: bool):
+    """A rich progress bar on stderr (drawn nothing when ``enabled`` is false)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=Console(stderr=True), disable=not enabled, transient=True)
+
+
+class CostModel(abc.ABC):
+    """One way to obtain compute times. Subclasses set ``name`` and ``description`` and register."""
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    #: Whether the model reads ``options.calibration`` (a factors file).
+    takes_calibration: ClassVar[bool] = False
+
+    @classmethod
+    @abc.abstractmethod
+    def from_options(cls, options: ProfileOptions) -> CostModel:
+        """The model for ``options``; raises :class:`~dcsched.errors.DcschedError` for options it cannot use."""
+
+    @abc.abstractmethod
+    def annotate(self, bundle: Bundle, options: ProfileOptions, run: ProfileRun) -> str:
+        """Set ``device_time`` and ``time_source`` on every node; return the device the figures are for."""
+
+    @abc.abstractmethod
+    def provenance(self, options: ProfileOptions) -> dict[str, Any]:
+        """``device_time`` (how compute times were obtained), ``iters`` and ``warmup`` (None unless run)."""
+
+    def target_gpu(self, options: ProfileOptions) -> GPU | None:
+        """The GPU the figures are for: the one ``--gpu`` names, if any."""
+        return GPUS[options.gpu.lower()] if options.gpu is not None else None
+
+    def target_memory(self, options: ProfileOptions) -> int | None:
+        """Bytes of the device the schedule is for: the target GPU's, else unknown."""
+        gpu = self.target_gpu(options)
+        return gpu.memory_bytes if gpu is not None else None
+
+
+class StaticCostModel(CostModel):
+    """A model that runs nothing: each compute node's time is a function of its recorded shapes."""
+
+    @abc.abstractmethod
+    def compute_time(self, node: torch.fx.Node) -> tuple[float, str]:
+        """(ms, time_source) of one compute node."""
+
+    def annotate(self, bundle: Bundle, options: ProfileOptions, run: ProfileRun) -> str:
+        total = sum(len(graph.nodes) for graph in bundle.graphs.values())
+        with progress_bar(options.progress) as progress:
+            task = progress.add_task("estimating", total=total)
+            for graph in bundle.graphs.values():
+                for node in graph.nodes:
+                    if node.op in FREE_OPS:
+                        node.meta.update(device_time=0.0, time_source="none")
+                    elif role_of(node) in COMM_ROLES:
+                        node.meta.update(device_time=modelled_comm_time(node, options), time_source="modelled")
+                    else:
+                        ms, source = self.compute_time(node)
+                        node.meta.update(device_time=ms, time_source=source)
+                    progress.advance(task)
+        return self.device_description()
+
+    @abc.abstractmethod
+    def device_description(self) -> str:
+        """What ``provenance['device']`` says, e.g. ``h100 (analytic, not run)``."""

@@ -1,0 +1,60 @@
+"""Cost models by name: each is one module whose :class:`~dcsched.costmodels.base.CostModel` subclass registers.
+
+>>> from dcsched import costmodels
+>>> costmodels.available()
+['measured', 'analytic', 'calibrated']
+>>> costmodels.get("analytic").description.split(":")[0]
+'roofline for a named GPU from FLOPs and bytes'
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, TypeVar
+
+from ..errors import DcschedError
+from .base import CostModel
+
+if TYPE_CHECKING:
+    from ..profile import ProfileOptions
+
+Model = TypeVar("Model", bound=type[CostModel])
+
+_REGISTRY: dict[str, type[CostModel]] = {}
+
+
+def register(cls: Model) -> Model:
+    """Class decorator: make ``cls`` available as ``cls.name`` (``--cost-model NAME``)."""
+    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
+        raise ValueError(f"cost model {cls.name!r} is registered twice")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def unregister(name: str) -> type[CostModel]:
+    return _REGISTRY.pop(name)
+
+
+def available() -> list[str]:
+    return list(_REGISTRY)
+
+
+def get(name: str) -> type[CostModel]:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise DcschedError(f"unknown cost model {name!r} (choose from {', '.join(available())})") from None
+
+
+def build(options: ProfileOptions) -> CostModel:
+    """The cost model ``options`` asks for, checked against them.
+
+    A calibration file with the analytic model asks for the calibrated one
+    (the analytic roofline scaled by the file's factors).
+    """
+    name = options.cost_model
+    if options.calibration is not None and name == "analytic":
+        name = "calibrated"
+    cls = get(name)
+    if options.calibration is not None and not cls.takes_calibration:
+        raise DcschedError(f"a calibration file scales the analytic model; the {name} cost model takes none")
+    return cls.from_options(options)
