@@ -32,6 +32,8 @@ CONFIGS = {
     "gpt": dict(d_model=512, n_heads=8, vocab=8192, seq=512, batch=4),
     "llama": dict(d_model=512, n_heads=8, vocab=8192, seq=512, batch=4),
     "convnet": dict(width=64, image=64, batch=32),
+    # Mixtral-style: Llama with 8 SwiGLU experts per layer, each token routed to 2 (models.MoE).
+    "mixtral": dict(d_model=512, n_heads=8, vocab=8192, seq=512, batch=4, n_experts=8, top_k=2),
 }
 #: Stress configurations, benchmarked with ``--stress`` only: ``convnet_down`` downsamples in every
 #: block (so deep stacks run hundreds of 512-channel 3x3 convolutions at 1x1 resolution, whose
@@ -40,6 +42,13 @@ STRESS = {
     "convnet_down": dict(model="convnet", width=64, image=64, batch=32, stages="n_layers"),
 }
 LAYERS = (8, 32, 80)
+#: Depths per architecture where not all of LAYERS (an 80-layer Mixtral is 5.6 GB of float32
+#: parameters, too much to capture on a 24 GiB machine beside its gradients).
+DEPTHS = {"mixtral": (8, 32)}
+
+
+def depths(arch: str) -> tuple[int, ...]:
+    return DEPTHS.get(arch, LAYERS)
 PROFILE = ProfileOptions(cost_model="analytic", gpu="h100", progress=False)
 
 
@@ -79,7 +88,7 @@ def samples() -> dict[str, dcsched.Bundle]:
 
 
 def main(argv: list[str]) -> None:
-    wanted = argv or [f"{a}-{n}" for n in LAYERS for a in CONFIGS]
+    wanted = argv or [f"{a}-{n}" for n in LAYERS for a in CONFIGS if n in depths(a)]
     for item in wanted:
         arch, _, n = item.partition("-")
         captured(arch, int(n))

@@ -10,7 +10,7 @@ scalar loss::
     torch.Size([])
 
 ``build(name, **config) -> (model, example_inputs, loss_fn)`` with ``name`` one
-of ``gpt``, ``convnet``, ``llama``; the keyword arguments override the
+of ``gpt``, ``convnet``, ``llama``, ``mixtral`` (Llama with mixture-of-experts MLPs); the keyword arguments override the
 defaults in :data:`DEFAULTS` (e.g. ``n_layers=48, d_model=1024`` for a
 benchmark-sized GPT). ``loss_fn(output)`` turns the model's output into the
 scalar loss (the identity here, since the models compute their loss).
@@ -147,13 +147,39 @@ class SwiGLU(nn.Module):
         return self.down(F.silu(self.gate(x)) * self.up(x))
 
 
+class MoE(nn.Module):
+    """Mixtral-style mixture of experts: a router, ``n_experts`` SwiGLU experts, each token to ``top_k`` of them.
+
+    Static shapes, so it traces: each expert takes the ``capacity`` tokens
+    (tokens x top_k / experts) whose renormalised router weight for it is
+    highest, a token not among its expert's top ones being dropped there.
+    """
+
+    def __init__(self, d_model: int, hidden: int, n_experts: int, top_k: int):
+        super().__init__()
+        self.router = nn.Linear(d_model, n_experts, bias=False)
+        self.experts = nn.ModuleList(SwiGLU(d_model, hidden) for _ in range(n_experts))
+        self.top_k = top_k
+
+    def forward(self, x):
+        tokens = x.reshape(-1, x.shape[-1])
+        weights, chosen = torch.topk(torch.softmax(self.router(tokens), -1), self.top_k, dim=-1)
+        weights = weights / weights.sum(-1, keepdim=True)
+        capacity = max(1, tokens.shape[0] * self.top_k // len(self.experts))
+        out = torch.zeros_like(tokens)
+        for e, expert in enumerate(self.experts):
+            gate, idx = torch.topk((weights * (chosen == e)).sum(-1), capacity)
+            out = out.index_add(0, idx, expert(tokens[idx]) * gate[:, None])
+        return out.view_as(x)
+
+
 class LlamaBlock(nn.Module):
-    def __init__(self, d_model: int, n_heads: int, hidden: int):
+    def __init__(self, d_model: int, n_heads: int, hidden: int, n_experts: int = 0, top_k: int = 2):
         super().__init__()
         self.attn_norm = RMSNorm(d_model)
         self.attn = LlamaAttention(d_model, n_heads)
         self.mlp_norm = RMSNorm(d_model)
-        self.mlp = SwiGLU(d_model, hidden)
+        self.mlp = MoE(d_model, hidden, n_experts, top_k) if n_experts else SwiGLU(d_model, hidden)
 
     def forward(self, x, cos, sin):
         x = x + self.attn(self.attn_norm(x), cos, sin)
@@ -161,14 +187,17 @@ class LlamaBlock(nn.Module):
 
 
 class Llama(nn.Module):
-    """A Llama-style decoder (untied output head); ``rotary=False`` drops the rotary embeddings."""
+    """A Llama-style decoder (untied output head); ``rotary=False`` drops the rotary embeddings.
+
+    ``n_experts`` > 0 makes it Mixtral-style: each block's MLP is a :class:`MoE`.
+    """
 
     def __init__(self, vocab: int = 512, seq: int = 64, d_model: int = 128, n_heads: int = 4, n_layers: int = 2,
-                 hidden: int | None = None, rotary: bool = True):
+                 hidden: int | None = None, rotary: bool = True, n_experts: int = 0, top_k: int = 2):
         super().__init__()
         hidden = hidden or 64 * math.ceil(8 * d_model / 3 / 64)
         self.embed = nn.Embedding(vocab, d_model)
-        self.blocks = nn.ModuleList(LlamaBlock(d_model, n_heads, hidden) for _ in range(n_layers))
+        self.blocks = nn.ModuleList(LlamaBlock(d_model, n_heads, hidden, n_experts, top_k) for _ in range(n_layers))
         self.norm = RMSNorm(d_model)
         self.head = nn.Linear(d_model, vocab, bias=False)
         self.rotary = rotary
@@ -248,6 +277,8 @@ DEFAULTS = {
     "gpt": {"n_layers": 2, "d_model": 128, "n_heads": 4, "vocab": 512, "seq": 64, "batch": 4},
     "llama": {"n_layers": 2, "d_model": 128, "n_heads": 4, "vocab": 512, "seq": 64, "batch": 4, "rotary": True,
               "hidden": None},
+    "mixtral": {"n_layers": 2, "d_model": 128, "n_heads": 4, "vocab": 512, "seq": 64, "batch": 4, "rotary": True,
+                "hidden": None, "n_experts": 8, "top_k": 2},
     "convnet": {"n_layers": 2, "width": 32, "n_classes": 10, "image": 32, "channels": 3, "batch": 8, "stages": 4},
 }
 
@@ -284,7 +315,7 @@ def build(name: str, *, seed: int = 0, dtype: torch.dtype = torch.float32, devic
         idx = torch.randint(0, cfg["vocab"], (batch, cfg["seq"]), generator=generator)
         targets = torch.randint(0, cfg["vocab"], (batch, cfg["seq"]), generator=generator)
         inputs = (idx, targets)
-    elif name == "llama":
+    elif name in ("llama", "mixtral"):
         model = Llama(**cfg)
         idx = torch.randint(0, cfg["vocab"], (batch, cfg["seq"]), generator=generator)
         targets = torch.randint(0, cfg["vocab"], (batch, cfg["seq"]), generator=generator)

@@ -18,12 +18,24 @@ def records() -> tuple[dict, ...]:
 
 
 @functools.lru_cache(maxsize=None)
+def prefetch_records() -> tuple[dict, ...]:
+    """DeepSpeed's prefetch pass over its fast-free order, per corpus graph and budget (``prefetch.json``)."""
+    return tuple(json.loads((GOLDEN / "prefetch.json").read_text())["graphs"])
+
+
+@functools.lru_cache(maxsize=None)
 def _bundle(path: str):
     return bundle.load(GOLDEN / path)
 
 
 def build(entry: dict, namespace: str = "dcsched"):
-    """The FX graph a corpus entry describes (the same recipe as the recorder's)."""
+    """The FX graph a corpus entry describes (the same recipe as the recorder's); built once, do not modify."""
+    return _build(json.dumps(entry, sort_keys=True), namespace)
+
+
+@functools.lru_cache(maxsize=None)
+def _build(key: str, namespace: str):
+    entry = json.loads(key)
     if entry["source"] == "random":
         return random_graph(entry["seed"], kind=entry["kind"], n_params=entry.get("n_params"),
                             n_ops=entry.get("n_ops"), kwargs_deps=entry.get("kwargs_deps", False),

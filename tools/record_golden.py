@@ -10,6 +10,10 @@ Two steps, two interpreters:
 2. ``/work/dsvenv/bin/python tools/record_golden.py record`` runs DeepSpeed
    0.19.8's ``fast_free_schedule`` and ``simple_prefetch`` (no budget) and its
    ``get_last_uses`` on every corpus graph and writes ``tests/golden/orders.json``.
+3. ``/work/dsvenv/bin/python tools/record_golden.py prefetch`` runs DeepSpeed
+   0.19.8's ``schedule_prefetch`` pass (``passes/prefetch.py``) over its own
+   fast-free order of every corpus graph, at several memory budgets, and
+   writes ``tests/golden/prefetch.json`` (see :func:`record_prefetch`).
 
 The corpus: seeded random ZeRO-3-like DAGs (forward and backward style, small
 to a few hundred nodes), layered transformer-like stacks, and the forward and
@@ -219,11 +223,143 @@ def record() -> None:
     print(f"{len(results)} graphs in {time.time() - started:.1f} s -> {ORDERS.relative_to(ROOT)}")
 
 
+def _deepspeed_prefetch_module(total_memory: list[float]):
+    """DeepSpeed's prefetch pass module, cut off from a device and a process group.
+
+    The pass reads the device's memory (``total_memory[0]``, as set by the
+    caller), all-reduces it over the ranks (one rank here) and profiles
+    all-gathers for its communication model; the stand-ins answer those.
+    ``create_predictor`` is replaced per graph by the caller.
+    """
+    import types
+
+    import torch
+    from deepspeed.compile.passes import prefetch
+
+    lib = torch.library.Library("dc", "FRAGMENT")
+    lib.define("prefetch_params_fused(int graph_id, Tensor[] params, int[] ids) -> ()")
+    lib.define("reload_parameter(Tensor a, int graph_id, int id) -> ()")
+    accelerator = types.SimpleNamespace(
+        total_memory=lambda: total_memory[0], current_device=lambda: "cpu", available_memory=lambda: 0,
+        memory_allocated=lambda: 0, max_memory_allocated=lambda: 0)
+    prefetch.get_accelerator = lambda: accelerator
+    prefetch.dist = types.SimpleNamespace(get_rank=lambda *a, **k: 0, all_reduce=lambda *a, **k: None,
+                                          ReduceOp=types.SimpleNamespace(MIN=None))
+    return prefetch, lib
+
+
+#: Budgets for the prefetch pass, as (fraction of the largest all-gather) added to fast-free's
+#: simulated all-tensor peak; None: a device far larger than any corpus graph.
+PREFETCH_BUDGETS = (0.0, 0.5, 2.0, 8.0, None)
+
+
+def record_prefetch() -> None:
+    """DeepSpeed's ``schedule_prefetch`` over its fast-free order of every corpus graph.
+
+    Its inputs come from dcsched, as the ``deepcompile`` scheduler computes them
+    (:func:`dcsched.schedulers.deepcompile.profiled_inputs`): per node the
+    simulated all-tensor memory of fast-free's order (the profiled peak) and
+    the all-gather time model fitted to the graph. The device memory is set so
+    that DeepSpeed's ``max_mem`` (90% of it, through a float32 tensor) is
+    fast-free's peak plus a fraction of the largest all-gather
+    (:data:`PREFETCH_BUDGETS`); the recorded ``budget`` is that ``max_mem``.
+    Each record stores the pass's output as input positions, a fused
+    prefetch as a list of all-gather positions in DeepSpeed's member order.
+    """
+    import contextlib
+    import io
+    import types
+
+    import torch
+
+    from dcsched.nxview import check_order, to_networkx
+    from dcsched.errors import GraphError
+    from dcsched.schedulers.deepcompile import profiled_inputs
+    from dcsched.simulate import ALLGATHER, compile_view
+    from dcsched.synthetic import graph_digest
+
+    list_schedule, _ = _prepare_deepspeed()
+    import deepspeed
+
+    total_memory = [0.0]
+    prefetch, _lib = _deepspeed_prefetch_module(total_memory)
+    fused_op = torch.ops.dc.prefetch_params_fused.default
+    results = []
+    started = time.time()
+    for entry in corpus():
+        graph = build(entry)
+        view = to_networkx(graph)
+        names = [n.name for n in graph.nodes]
+        position = {name: i for i, name in enumerate(names)}
+        try:
+            ff_graph = list_schedule.fast_free_schedule(to_deepspeed_graph(graph), 0, 0, False)
+            ff_order = [n.name for n in ff_graph.nodes]
+            check_order(view, ff_order)
+        except Exception:  # no valid fast-free order from DeepSpeed: nothing to prefetch
+            continue
+        compiled = compile_view(view, assume_zero=True)
+        ff = [compiled.index[name] for name in ff_order]
+        inputs = profiled_inputs(compiled, ff)
+        peak, comm_time = inputs["peak"], inputs["comm_time"]
+        gathers = [v for v in ff if compiled.kind[v] == ALLGATHER]
+        largest = max((compiled.size[v] for v in gathers), default=0)
+        gather_of = {(n.args[0].name, n.args[2]): n.name for n in ff_graph.nodes
+                     if n.target == torch.ops.dc.allgather_param.default}
+        record = {"id": entry_id(entry), "graph": entry, "digest": graph_digest(graph), "nodes": len(names),
+                  "comm_model": [comm_time.latency_ms, comm_time.ms_per_byte], "runs": []}
+        for fraction in PREFETCH_BUDGETS:
+            target = 1e30 if fraction is None else max(peak) + fraction * largest
+            total_memory[0] = target / (1 - prefetch.MARGIN)
+            budget = torch.tensor([total_memory[0] * (1 - prefetch.MARGIN)])[0].item()  # as the pass does
+            mem = [(name, 0, 0, peak[compiled.index[name]]) for name in ff_order]
+            sizes = [(name, compiled.size[compiled.index[name]]) for name in ff_order]
+            profile = types.SimpleNamespace(fwd_graph=None, bwd_graph=None, fwd_mem_complete=True,
+                                            bwd_mem_complete=True, fwd_mem=mem, bwd_mem=mem, fwd_time=[],
+                                            bwd_time=[], fwd_tensor_sizes=sizes, bwd_tensor_sizes=sizes)
+            prefetch.create_predictor = lambda: comm_time
+            module = types.SimpleNamespace(graph=to_deepspeed_graph_from(ff_graph))
+            run = {"budget": budget}
+            try:
+                with contextlib.redirect_stdout(io.StringIO()):
+                    out = prefetch.schedule_prefetch(module, 0, [], {0: profile}, None, 0.0, None, False)
+                plan = []
+                for n in out.graph.nodes:
+                    if n.target == fused_op:
+                        plan.append([position[gather_of[(p.name, d)]] for p, d in zip(n.args[1], n.args[2])])
+                    else:
+                        plan.append(position[n.name])
+                run["plan"] = plan
+            except Exception as exc:  # recorded: DeepSpeed fails on some graphs
+                run["error"] = f"{type(exc).__name__}: {exc}"[:300]
+            record["runs"].append(run)
+        results.append(record)
+        print(f"{record['id']}: {record['nodes']} nodes, {len(gathers)} all-gathers", flush=True)
+    data = {"recorded_with": {"deepspeed": deepspeed.__version__, "torch": torch.__version__,
+                              "pass": "deepspeed.compile.passes.prefetch.schedule_prefetch"},
+            "graphs": results}
+    path = GOLDEN / "prefetch.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, separators=(",", ":")).replace('{"id"', '\n{"id"') + "\n")
+    os.replace(tmp, path)
+    print(f"{len(results)} graphs in {time.time() - started:.1f} s -> {path.relative_to(ROOT)}")
+
+
+def to_deepspeed_graph_from(graph):
+    """A fresh copy of a DeepSpeed-op graph (the pass rewrites the graph it is given)."""
+    import torch.fx
+
+    new = torch.fx.Graph()
+    env = {}
+    for node in graph.nodes:
+        env[node.name] = new.node_copy(node, lambda n: env[n.name])
+    return new
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("step", choices=("bundles", "record"))
+    parser.add_argument("step", choices=("bundles", "record", "prefetch"))
     args = parser.parse_args()
-    make_bundles() if args.step == "bundles" else record()
+    {"bundles": make_bundles, "record": record, "prefetch": record_prefetch}[args.step]()
 
 
 if __name__ == "__main__":

@@ -12,5 +12,6 @@ from . import list_order  # noqa: F401
 from . import simple_prefetch  # noqa: F401
 from . import fast_free  # noqa: F401
 from . import overlap, ahead  # noqa: F401
+from . import deepcompile  # noqa: F401
 
 __all__ = ["SchedulerInfo", "available", "get", "register"]
