@@ -21,7 +21,6 @@ import dataclasses
 import operator
 import os
 import pickle
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ import torch.fx
 
 from . import ops
 from .errors import BundleError
+from .outputs import write_atomic  # noqa: F401  (re-exported: dcsched.bundle.write_atomic)
 from .roles import qualified_name
 
 FORMAT = "dcsched-bundle"
@@ -429,7 +429,7 @@ def load(path: str | os.PathLike) -> Bundle:
 
 
 def save(bundle: Bundle, path: str | os.PathLike, *, overwrite: bool = True) -> Path:
-    """Write ``bundle`` to ``path`` atomically (a temporary file renamed into place).
+    """Write ``bundle`` to ``path`` atomically (:func:`dcsched.outputs.write_atomic`).
 
     With ``overwrite=False`` an existing file is an error.
     """
@@ -439,30 +439,3 @@ def save(bundle: Bundle, path: str | os.PathLike, *, overwrite: bool = True) -> 
     data = to_data(bundle)
     write_atomic(path, lambda handle: torch.save(data, handle))
     return path
-
-
-def write_atomic(path: str | os.PathLike, write) -> None:
-    """Call ``write(binary_file)`` on a temporary file beside ``path``, then rename it into place.
-
-    A failure leaves no partial file behind.
-    """
-    path = Path(path)
-    directory = path.parent if str(path.parent) else Path(".")
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise BundleError(path, f"cannot create directory {directory} ({exc.strerror})") from None
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    try:
-        # mkstemp creates the file 0600; give it the mode a plain open() would.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        with os.fdopen(fd, "wb") as handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from .bundle import write_atomic
+from .outputs import write_atomic
 from .errors import DcschedError
 from .simulate import SimResult
 
@@ -32,9 +32,24 @@ def require_matplotlib():
     return plt
 
 
+def plot_format(path: str | os.PathLike) -> str:
+    """The image format ``path``'s suffix names (png without one)."""
+    return Path(path).suffix.lstrip(".").lower() or "png"
+
+
+def check_plot_format(path: str | os.PathLike) -> None:
+    """Refuse, before any work, a plot without matplotlib or in a format matplotlib cannot write."""
+    plt = require_matplotlib()
+    supported = plt.figure().canvas.get_supported_filetypes()
+    plt.close("all")
+    fmt = plot_format(path)
+    if fmt not in supported:
+        raise DcschedError(f"--plot {path}: cannot draw format '{fmt}' (choose one of: {', '.join(sorted(supported))})")
+
+
 def _save(fig, plt, path: Path) -> Path:
     """Render ``fig`` in the format ``path``'s suffix names and write it atomically."""
-    fmt = path.suffix.lstrip(".").lower() or "png"
+    fmt = plot_format(path)
     buffer = io.BytesIO()
     try:
         fig.savefig(buffer, format=fmt, dpi=110)

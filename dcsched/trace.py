@@ -25,7 +25,7 @@ import json
 import os
 from typing import Iterable
 
-from .bundle import write_atomic
+from .outputs import write_atomic
 from .simulate import SimResult
 
 COMPUTE_TID = 1

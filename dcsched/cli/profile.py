@@ -9,7 +9,7 @@ from typing import List, Optional
 import typer
 
 from .. import bundle as bundle_io
-from ..errors import DcschedError
+from ..outputs import check_outputs
 from ..units import format_bytes, format_ms
 from .app import app, console, err_console
 
@@ -62,7 +62,7 @@ def profile(
                                                               "for the communication model."),
     latency: float = typer.Option(20.0, "--latency", help="Per-collective latency in microseconds for the "
                                                          "communication model."),
-    force: bool = typer.Option(False, "--force", help="Overwrite the output file if it exists."),
+    force: bool = typer.Option(False, "--force", help="Replace the output file if it exists (refused otherwise)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar (on stderr)."),
 ) -> None:
     """Capture a training script's compiled model as forward and backward aten graphs with ZeRO-3 ops, profile every node and write a graph bundle.
@@ -74,10 +74,7 @@ def profile(
     from ..capture import capture_script_step
     from ..profile import ProfileOptions, profile_bundle
 
-    if output.exists() and not force:
-        raise DcschedError(f"{output}: exists already (pass --force to replace it)")
-    if not output.parent.exists() if str(output.parent) else False:
-        raise DcschedError(f"{output}: directory {output.parent} does not exist")
+    check_outputs({"-o": output}, inputs=[script], force=force)
     options = ProfileOptions(cost_model=cost_model, iters=iters, warmup=warmup, world_size=world_size,
                              bandwidth_gbps=bandwidth, latency_us=latency, gpu=gpu, progress=progress,
                              calibration=calibration)

@@ -19,6 +19,7 @@ from .. import bundle as bundle_io
 from .. import schedulers
 from ..errors import DcschedError
 from ..nxview import to_fx
+from ..outputs import check_outputs
 from ..report import Comparison, GraphComparison, compare_bundle
 from ..simulate import SimResult
 from ..units import format_bytes, format_ms, parse_size
@@ -85,8 +86,8 @@ def scheduler_options(algorithms: list[str], memory_budget: str | None, budget_s
     return per_algo
 
 
-def output_paths(source: Path, algorithms: list[str], output: Path | None, force: bool) -> dict[str, Path]:
-    """Where each algorithm's bundle goes; refuses to write over the input unless ``force``.
+def output_paths(source: Path, algorithms: list[str], output: Path | None) -> dict[str, Path]:
+    """Where each algorithm's bundle goes.
 
     Without ``output``: ``<input stem>.<algo>.pt`` beside the input. With one
     algorithm, ``output`` itself; with several, ``<output stem>.<algo><suffix>``.
@@ -99,22 +100,13 @@ def output_paths(source: Path, algorithms: list[str], output: Path | None, force
             paths[algo] = output
         else:
             paths[algo] = output.with_name(f"{output.stem}.{algo}{output.suffix or '.pt'}")
-    for algo, path in paths.items():
-        if not force and path.exists() and path.resolve() == source.resolve():
-            raise DcschedError(f"{path}: would overwrite the input bundle (choose another -o, or pass --force)")
-        _check_directory(path)
     return paths
 
 
-def _check_directory(path: Path) -> None:
-    """An output path must not be a directory; missing parent directories are created on write."""
-    if path.is_dir():
-        raise DcschedError(f"{path}: is a directory")
-    for parent in path.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise DcschedError(f"{path}: {parent} is not a directory")
-            break
+def check_plot_target(plot: Path) -> None:
+    """``--plot``: matplotlib is there and can write the suffix's format (before any work is done)."""
+    from ..plot import check_plot_format
+    check_plot_format(plot)
 
 
 def scheduled_bundle(bundle: bundle_io.Bundle, comparison: Comparison, algo: str, source: Path) -> bundle_io.Bundle:
@@ -316,7 +308,8 @@ def schedule(
     output: Path | None = typer.Option(None, "--output", "-o",
                                        help="Output bundle. Default: <input stem>.<algo>.pt beside the input; "
                                             "with several algorithms, <output stem>.<algo>.pt."),
-    force: bool = typer.Option(False, "--force", help="Allow writing over the input bundle."),
+    force: bool = typer.Option(False, "--force", help="Replace output files that exist already, the input "
+                                                       "bundle included (refused otherwise)."),
     as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON (bytes, ms) on stdout, "
                                                        "nothing else."),
     trace: Path | None = typer.Option(None, "--trace", help="Write a Chrome/Perfetto trace of the simulated "
@@ -347,21 +340,23 @@ def schedule(
     """
     algorithms = resolve_algorithms(algo)
     options = scheduler_options(algorithms, memory_budget, budget_scope, option)
-    if plot is not None:
-        from ..plot import require_matplotlib
-        try:
-            require_matplotlib()  # fail before any work or any file is written
-        except DcschedError as exc:
-            fail(str(exc))
-        _check_directory(plot)
-    if trace is not None:
-        _check_directory(trace)
     if sweep_budgets:
         if algorithms != ["overlap"]:
             raise DcschedError("--sweep traces the overlap scheduler's memory/time trade-off: use --algo overlap")
+        if memory_budget is not None:
+            raise DcschedError("--sweep chooses its own budgets, from the smallest workable to unlimited: "
+                               "drop --memory-budget")
+        files = {"--plot": plot} if plot is not None else {}
+    else:
+        outputs = output_paths(path, algorithms, output)
+        files = {(f"-o ({a})" if len(outputs) > 1 else "-o"): p for a, p in outputs.items()}
+        files.update({flag: p for flag, p in (("--trace", trace), ("--plot", plot)) if p is not None})
+    check_outputs(files, inputs=[path], force=force)  # every output, before any work or any write
+    if plot is not None:
+        check_plot_target(plot)
+    if sweep_budgets:
         run_sweep(path, budget_scope or "gathered", as_json=as_json, plot=plot)
         return
-    outputs = output_paths(path, algorithms, output, force)
     bundle = bundle_io.load(path)
     apply_default_budget(bundle, options, explicit=memory_budget is not None)
 

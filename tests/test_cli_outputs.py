@@ -1,0 +1,193 @@
+"""Where commands write: never over a device or an input, every output checked before any write (issue 12)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import dcsched
+from bundles import linear_bundle
+from dcsched.cli import run
+from dcsched.errors import DcschedError
+from dcsched.outputs import check_outputs, write_atomic
+
+
+@pytest.fixture
+def bundle_path(tmp_path):
+    return dcsched.save(linear_bundle(), tmp_path / "in.pt")
+
+
+def tree(directory):
+    """Every path under ``directory`` with its kind and content, to show nothing changed."""
+    found = {}
+    for root, dirs, names in os.walk(directory):
+        for name in dirs + names:
+            path = os.path.join(root, name)
+            mode = os.lstat(path).st_mode
+            found[os.path.relpath(path, directory)] = (stat.S_IFMT(mode),
+                                                       open(path, "rb").read() if stat.S_ISREG(mode) else None)
+    return found
+
+
+def refused(capsys, tmp_path, args, *words):
+    before = tree(tmp_path)
+    code = run(args)
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    for word in words:
+        assert word in " ".join(err.split()), err
+    assert tree(tmp_path) == before, "a refused command changed a file"
+    return err
+
+
+def _fifo(tmp_path):
+    path = tmp_path / "fifo"
+    os.mkfifo(path)
+    return path
+
+
+def _device(tmp_path):
+    path = tmp_path / "null"
+    try:
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    except (PermissionError, OSError) as exc:
+        pytest.skip(f"cannot make a device node here ({exc})")
+    return path
+
+
+@pytest.mark.parametrize("make", [_fifo, _device, lambda tmp: tmp / "sub"], ids=["fifo", "device", "directory"])
+@pytest.mark.parametrize("flag", ["-o", "--trace", "--plot"])
+def test_output_onto_a_non_regular_file_is_refused(bundle_path, tmp_path, capsys, make, flag):
+    target = make(tmp_path)
+    if target.name == "sub":
+        target.mkdir()
+    kind_before = stat.S_IFMT(os.lstat(target).st_mode)
+    args = ["schedule", str(bundle_path), "--algo", "none", flag, str(target)]
+    if flag != "-o":
+        args += ["-o", str(tmp_path / "out.pt")]
+    refused(capsys, tmp_path, args, str(target), "regular file")
+    assert stat.S_IFMT(os.lstat(target).st_mode) == kind_before
+
+
+def test_write_atomic_refuses_a_fifo(tmp_path):
+    fifo = _fifo(tmp_path)
+    with pytest.raises(DcschedError, match="FIFO"):
+        write_atomic(fifo, lambda f: f.write(b"x"))
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+COLLISIONS = {
+    "trace over the input": (["-o", "{d}/out/x.pt", "--trace", "{d}/in.pt"], "input"),
+    "plot over the input": (["-o", "{d}/x.pt", "--plot", "{d}/in.pt"], "input"),
+    "-o and --trace on one path": (["-o", "{d}/z.pt", "--trace", "{d}/z.pt"], "also the output of -o"),
+    "--trace and --plot on one path": (["-o", "{d}/z.pt", "--trace", "{d}/p.png", "--plot", "{d}/p.png"],
+                                       "also the output of --trace"),
+    "one path by two spellings": (["-o", "{d}/z.pt", "--trace", "{d}/sub/../z.pt"], "also the output"),
+    "-o of one algorithm onto --trace": (["--algo", "none,list", "-o", "{d}/k.pt", "--trace", "{d}/k.list.pt"],
+                                         "also the output of -o (list)"),
+}
+
+
+@pytest.mark.parametrize("case", list(COLLISIONS))
+def test_outputs_colliding_with_inputs_or_each_other(bundle_path, tmp_path, capsys, case):
+    pytest.importorskip("matplotlib")
+    (tmp_path / "sub").mkdir()
+    extra, words = COLLISIONS[case]
+    extra = [a.format(d=tmp_path) for a in extra]
+    algo = [] if "--algo" in extra else ["--algo", "none"]
+    refused(capsys, tmp_path, ["schedule", str(bundle_path), *algo, *extra], words)
+
+
+def test_bad_plot_format_is_refused_before_any_write(bundle_path, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    refused(capsys, tmp_path, ["schedule", str(bundle_path), "--algo", "none", "-o", str(tmp_path / "out/a.pt"),
+                               "--plot", str(tmp_path / "out/p.bmpx")], "bmpx", "png")
+
+
+def test_existing_output_needs_force_in_every_command(bundle_path, tmp_path, capsys):
+    out = tmp_path / "in.none.pt"
+    assert run(["schedule", str(bundle_path), "--algo", "none"]) == 0
+    capsys.readouterr()
+    refused(capsys, tmp_path, ["schedule", str(bundle_path), "--algo", "none"], "exists already", "--force")
+    trace = tmp_path / "t.json"
+    trace.write_text("keep")
+    refused(capsys, tmp_path, ["schedule", str(bundle_path), "--algo", "none", "-o", str(tmp_path / "new.pt"),
+                               "--trace", str(trace)], "--trace", "exists already")
+    assert run(["schedule", str(bundle_path), "--algo", "none", "--force", "--trace", str(trace)]) == 0
+    capsys.readouterr()
+    assert trace.read_text() != "keep" and dcsched.load(out)
+    script = tmp_path / "train.py"
+    script.write_text("raise SystemExit('not reached')\n")
+    refused(capsys, tmp_path, ["profile", str(script), "-o", str(out)], "exists already", "--force")
+    refused(capsys, tmp_path, ["profile", str(script), "-o", str(script)], "would overwrite the input", "--force")
+
+
+def test_missing_directories_are_created_in_every_command(bundle_path, tmp_path):
+    out = tmp_path / "nope" / "a" / "b" / "out.pt"
+    assert run(["schedule", str(bundle_path), "--algo", "none", "-o", str(out)]) == 0
+    assert dcsched.load(out).provenance["schedule"]["algorithm"] == "none"
+    check_outputs({"-o": tmp_path / "also" / "missing" / "graph.pt"}, inputs=[])  # profile's check
+
+
+def test_output_below_a_file_is_refused(bundle_path, tmp_path, capsys):
+    refused(capsys, tmp_path, ["schedule", str(bundle_path), "--algo", "none", "-o", str(bundle_path / "x.pt")],
+            "is not a directory")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
+@pytest.mark.parametrize("command", ["schedule", "profile"])
+def test_read_only_directory_one_line(bundle_path, tmp_path, capsys, command):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    try:
+        args = (["schedule", str(bundle_path), "--algo", "none"] if command == "schedule"
+                else ["profile", str(tmp_path / "train.py")])
+        refused(capsys, tmp_path, [*args, "-o", str(locked / "out.pt")], "not writable")
+    finally:
+        locked.chmod(0o755)
+
+
+def test_a_failing_write_is_one_line_and_leaves_nothing(bundle_path, tmp_path, capsys, monkeypatch):
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(os, "replace", read_only)
+    before = set(os.listdir(tmp_path))
+    assert run(["schedule", str(bundle_path), "--algo", "none", "-o", str(tmp_path / "out.pt")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert [line for line in err if "error" in line] == err[-1:], err  # progress lines, then one error line
+    assert "Read-only file system" in err[-1] and "out.pt" in err[-1] and "Traceback" not in "".join(err)
+    assert set(os.listdir(tmp_path)) == before
+
+
+def test_temp_files_of_a_killed_writer_are_removed_on_the_next_write(tmp_path):
+    target = tmp_path / "k.pt"
+    writer = textwrap.dedent(f"""
+        import sys, time
+        from dcsched.outputs import write_atomic
+        def slow(handle):
+            handle.write(b"partial"); handle.flush()
+            print("writing", flush=True)
+            time.sleep(60)
+        write_atomic({str(target)!r}, slow)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", writer], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "writing"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        proc.stdout.close()
+    stale = [name for name in os.listdir(tmp_path) if name.endswith(".tmp")]
+    assert len(stale) == 1 and stale[0].startswith(f".k.pt.{proc.pid}.") and not target.exists()
+    write_atomic(target, lambda handle: handle.write(b"whole"))
+    assert os.listdir(tmp_path) == ["k.pt"] and target.read_bytes() == b"whole"
