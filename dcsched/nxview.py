@@ -19,6 +19,16 @@ node reads them (so ``view.pred[v]`` iterates the inputs in argument order).
 Edge attribute ``via_kwargs`` is True for a dependency that only kwargs carry.
 ``view.graph['output']`` names the output node.
 
+Random ops (:func:`dcsched.roles.is_random`: dropout, ``rand_like``, ...)
+each draw the next numbers of the device's one generator, so an order that
+swaps two of them changes what the step computes. The view chains them: an
+edge from each random op to the next one in input order (unless it already
+reads it), with attribute ``order_only`` True, placed after the node's data
+inputs in ``view.pred``. Every scheduler and order check sees it as an input,
+so every order keeps the random ops in their input order; it carries no
+value, so the simulator does not keep the earlier op's output alive for it.
+``view.graph['order_only_edges']`` lists these edges as (source, reader).
+
 >>> import torch, torch.fx
 >>> g = torch.fx.Graph()
 >>> x = g.placeholder("x")
@@ -40,7 +50,8 @@ import networkx as nx
 import torch.fx
 
 from .errors import GraphError
-from .roles import Role, ds_id_of, graph_id_of, is_aliasing, is_view_like, n_users_of, qualified_name, role_of
+from .roles import (Role, ds_id_of, graph_id_of, is_aliasing, is_random, is_view_like, n_users_of, qualified_name,
+                    role_of)
 
 
 def input_nodes(node: torch.fx.Node) -> list[torch.fx.Node]:
@@ -68,18 +79,23 @@ def to_networkx(graph: torch.fx.Graph) -> nx.DiGraph:
     # What depends only on (op, target) is worked out once per distinct target:
     # views of 10^5-node graphs repeat a few dozen targets.
     per_target: dict = {}
+    random_ops: list[torch.fx.Node] = []
     for position, node in enumerate(graph.nodes):
         key = (node.op, node.target)
         try:
-            role, target, aliasing, view_like = per_target[key]
+            role, target, aliasing, view_like, seeded = per_target[key]
         except (KeyError, TypeError):
             role = role_of(node)
             target = qualified_name(node.target) if node.op == "call_function" else ""
             aliasing, view_like = is_aliasing(node), is_view_like(node)
+            seeded = isinstance(node.target, torch._ops.OpOverload) and \
+                torch.Tag.nondeterministic_seeded in node.target.tags
             try:
-                per_target[key] = (role, target, aliasing, view_like)
+                per_target[key] = (role, target, aliasing, view_like, seeded)
             except TypeError:  # an unhashable target
                 pass
+        if seeded and is_random(node):
+            random_ops.append(node)
         if role is Role.OUTPUT:
             output = node.name
         nodes.append((node.name, {
@@ -107,7 +123,18 @@ def to_networkx(graph: torch.fx.Graph) -> nx.DiGraph:
     view.add_nodes_from(nodes)
     view.add_edges_from(edges)
     view.graph["output"] = output
+    view.graph["order_only_edges"] = _chain_random_ops(view, random_ops)
     return view
+
+
+def _chain_random_ops(view: nx.DiGraph, random_ops: list[torch.fx.Node]) -> list[tuple[str, str]]:
+    """Add an ``order_only`` edge from each random op to the next (see the module docstring)."""
+    chain = []
+    for earlier, later in zip(random_ops, random_ops[1:]):
+        if not view.has_edge(earlier.name, later.name):
+            chain.append((earlier.name, later.name))
+    view.add_edges_from(chain, via_kwargs=False, order_only=True)
+    return chain
 
 
 def missing_costs(view: nx.DiGraph) -> dict[str, list[str]]:

@@ -149,6 +149,48 @@ def is_aliasing(node: torch.fx.Node) -> bool:
 _UNANNOTATED_VIEWS = frozenset({torch.ops.aten._unsafe_view.default})
 
 
+#: Arguments that, at 0 (or False for ``train``), make a seeded op draw no random numbers: SDPA's
+#: ``dropout_p`` (the attention kernels are tagged random whether or not they drop), the RNN ops'
+#: ``dropout``, dropout's ``train``.
+_NO_DRAW_WHEN = {"dropout_p": 0, "dropout": 0, "train": False}
+
+
+def is_random(node: torch.fx.Node) -> bool:
+    """Whether the node draws from the device's global random generator when it runs.
+
+    An aten op whose schema is tagged ``torch.Tag.nondeterministic_seeded``
+    (``native_dropout``, ``rand``, ``rand_like``, ``randn``, ``bernoulli``,
+    ``randint``, ``uniform_``, ...), unless its arguments say it draws
+    nothing: an attention op with ``dropout_p=0``, a dropout with
+    ``train=False``. Each such op takes the next numbers of one stream, so
+    two of them swapped draw each other's numbers (:mod:`dcsched.nxview`
+    keeps them in order).
+
+    >>> import torch.fx
+    >>> g = torch.fx.Graph()
+    >>> x = g.placeholder("x")
+    >>> drop = g.call_function(torch.ops.aten.native_dropout.default, (x, 0.1, True))
+    >>> off = g.call_function(torch.ops.aten.native_dropout.default, (x, 0.1, False))
+    >>> [is_random(n) for n in (x, drop, off, g.call_function(torch.ops.aten.relu.default, (x,)))]
+    [False, True, False, False]
+    """
+    target = node.target
+    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+        return False
+    if torch.Tag.nondeterministic_seeded not in target.tags:
+        return False
+    for position, argument in enumerate(target._schema.arguments):
+        if argument.name not in _NO_DRAW_WHEN:
+            continue
+        if position < len(node.args) and not argument.kwarg_only:
+            value = node.args[position]
+        else:
+            value = node.kwargs.get(argument.name, argument.default_value)
+        if isinstance(value, (bool, int, float)) and value == _NO_DRAW_WHEN[argument.name]:
+            return False
+    return True
+
+
 def is_view_like(node: torch.fx.Node) -> bool:
     """Nodes that allocate nothing and keep their source alive (for the simulator).
 

@@ -311,6 +311,10 @@ class CompiledGraph:
                 gates.append(no_gates)
             else:
                 gates.append(tuple([x for x in r if kind[x] in COMM_KINDS]) or no_gates)
+        # An order-only edge (random ops kept in stream order, dcsched.nxview) reads no value.
+        for source, reader in view.graph.get("order_only_edges", ()):
+            s, i = index[source], index[reader]
+            reads[i] = tuple(dict.fromkeys([root[p] for p in self.preds[i] if p != s]))
         self.reads: list[tuple[int, ...]] = reads
         self.gates: list[tuple[int, ...]] = gates
         self.alloc = [size[i] if kind[i] in (COMPUTE, ALLGATHER, REDUCE) and not view_like[i] else 0

@@ -24,12 +24,13 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--dropout", type=float, default=0.0, help="GPT-2's dropout (0.1 in GPT-2; default off)")
     parser.add_argument("--bf16", action="store_true", help="run under bf16 autocast")
     args = parser.parse_args()
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model, _, _ = build("gpt", n_layers=args.layers, d_model=args.d_model, n_heads=args.heads, vocab=args.vocab,
-                        seq=args.seq, batch=args.batch, device=device)
+                        seq=args.seq, batch=args.batch, dropout=args.dropout, device=device)
     model = torch.compile(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     generator = torch.Generator().manual_seed(0)

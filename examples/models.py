@@ -10,7 +10,8 @@ scalar loss::
     torch.Size([])
 
 ``build(name, **config) -> (model, example_inputs, loss_fn)`` with ``name`` one
-of ``gpt``, ``convnet``, ``llama``, ``mixtral`` (Llama with mixture-of-experts MLPs); the keyword arguments override the
+of ``gpt``, ``convnet``, ``llama``, ``mixtral`` (Llama with mixture-of-experts MLPs),
+``t5`` (encoder-decoder with dropout); the keyword arguments override the
 defaults in :data:`DEFAULTS` (e.g. ``n_layers=48, d_model=1024`` for a
 benchmark-sized GPT). ``loss_fn(output)`` turns the model's output into the
 scalar loss (the identity here, since the models compute their loss).
@@ -29,6 +30,11 @@ import torch.nn.functional as F
 # ---------------------------------------------------------------------------
 
 
+def _drop(x, p: float, training: bool):
+    """``F.dropout`` where it does something: a model with ``p == 0`` traces to the same graph as before."""
+    return F.dropout(x, p, training) if p > 0 and training else x
+
+
 def _init_weights(module: nn.Module) -> None:
     """GPT-2-style initialisation, so the loss starts near log(vocab)."""
     if isinstance(module, (nn.Linear, nn.Embedding)):
@@ -38,9 +44,10 @@ def _init_weights(module: nn.Module) -> None:
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, d_model: int, n_heads: int):
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0):
         super().__init__()
         self.n_heads = n_heads
+        self.dropout = dropout
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.proj = nn.Linear(d_model, d_model)
 
@@ -48,32 +55,40 @@ class CausalSelfAttention(nn.Module):
         b, t, c = x.shape
         q, k, v = self.qkv(x).split(c, dim=2)
         q, k, v = (y.view(b, t, self.n_heads, c // self.n_heads).transpose(1, 2) for y in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+        p = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        return _drop(self.proj(y.transpose(1, 2).reshape(b, t, c)), self.dropout, self.training)
 
 
 class GPTBlock(nn.Module):
-    def __init__(self, d_model: int, n_heads: int):
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0):
         super().__init__()
+        self.dropout = dropout
         self.ln1 = nn.LayerNorm(d_model)
-        self.attn = CausalSelfAttention(d_model, n_heads)
+        self.attn = CausalSelfAttention(d_model, n_heads, dropout)
         self.ln2 = nn.LayerNorm(d_model)
         self.fc = nn.Linear(d_model, 4 * d_model)
         self.out = nn.Linear(4 * d_model, d_model)
 
     def forward(self, x):
         x = x + self.attn(self.ln1(x))
-        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+        return x + _drop(self.out(F.gelu(self.fc(self.ln2(x)))), self.dropout, self.training)
 
 
 class GPT(nn.Module):
-    """A GPT-2-style decoder; the output head shares the token embedding's weight."""
+    """A GPT-2-style decoder; the output head shares the token embedding's weight.
 
-    def __init__(self, vocab: int = 512, seq: int = 64, d_model: int = 128, n_heads: int = 4, n_layers: int = 2):
+    ``dropout`` > 0 drops, as GPT-2 does, the embeddings, the attention weights and each residual
+    branch's output (in training mode).
+    """
+
+    def __init__(self, vocab: int = 512, seq: int = 64, d_model: int = 128, n_heads: int = 4, n_layers: int = 2,
+                 dropout: float = 0.0):
         super().__init__()
+        self.dropout = dropout
         self.tok = nn.Embedding(vocab, d_model)
         self.pos = nn.Embedding(seq, d_model)
-        self.blocks = nn.ModuleList(GPTBlock(d_model, n_heads) for _ in range(n_layers))
+        self.blocks = nn.ModuleList(GPTBlock(d_model, n_heads, dropout) for _ in range(n_layers))
         self.ln_f = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab, bias=False)
         self.head.weight = self.tok.weight  # tied embeddings
@@ -81,7 +96,7 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets=None):
         t = idx.shape[1]
-        x = self.tok(idx) + self.pos(torch.arange(t, device=idx.device))
+        x = _drop(self.tok(idx) + self.pos(torch.arange(t, device=idx.device)), self.dropout, self.training)
         for block in self.blocks:
             x = block(x)
         logits = self.head(self.ln_f(x))
@@ -219,6 +234,98 @@ class Llama(nn.Module):
 
 
 # ---------------------------------------------------------------------------
+# T5-style encoder-decoder (shared embedding, RMS norms, dropout everywhere)
+# ---------------------------------------------------------------------------
+
+
+class T5Attention(nn.Module):
+    """T5's attention: no bias, no 1/sqrt(d) scaling, dropout on the attention weights."""
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float):
+        super().__init__()
+        self.n_heads, self.dropout = n_heads, dropout
+        self.q, self.k, self.v, self.o = (nn.Linear(d_model, d_model, bias=False) for _ in range(4))
+
+    def forward(self, x, memory=None, causal: bool = False):
+        memory = x if memory is None else memory
+        b, t, c = x.shape
+        h = self.n_heads
+
+        def heads(y):
+            return y.view(b, -1, h, c // h).transpose(1, 2)
+
+        scores = heads(self.q(x)) @ heads(self.k(memory)).transpose(-1, -2)
+        if causal:
+            future = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
+            scores = scores.masked_fill(future, float("-inf"))
+        weights = _drop(scores.softmax(-1), self.dropout, self.training)
+        return self.o((weights @ heads(self.v(memory))).transpose(1, 2).reshape(b, t, c))
+
+
+class T5FeedForward(nn.Module):
+    def __init__(self, d_model: int, hidden: int, dropout: float):
+        super().__init__()
+        self.dropout = dropout
+        self.wi = nn.Linear(d_model, hidden, bias=False)
+        self.wo = nn.Linear(hidden, d_model, bias=False)
+
+    def forward(self, x):
+        return self.wo(_drop(F.relu(self.wi(x)), self.dropout, self.training))
+
+
+class T5Block(nn.Module):
+    """An encoder block, or with ``cross=True`` a decoder block (causal self-attention, then cross-attention)."""
+
+    def __init__(self, d_model: int, n_heads: int, hidden: int, dropout: float, cross: bool = False):
+        super().__init__()
+        self.dropout = dropout
+        self.self_norm, self.self_attn = RMSNorm(d_model), T5Attention(d_model, n_heads, dropout)
+        self.cross_norm = RMSNorm(d_model) if cross else None
+        self.cross_attn = T5Attention(d_model, n_heads, dropout) if cross else None
+        self.ff_norm, self.ff = RMSNorm(d_model), T5FeedForward(d_model, hidden, dropout)
+
+    def forward(self, x, memory=None):
+        drop = self.dropout if self.training else 0.0
+        x = x + _drop(self.self_attn(self.self_norm(x), causal=self.cross_attn is not None), drop, True)
+        if self.cross_attn is not None:
+            x = x + _drop(self.cross_attn(self.cross_norm(x), memory), drop, True)
+        return x + _drop(self.ff(self.ff_norm(x)), drop, True)
+
+
+class T5(nn.Module):
+    """A T5-style encoder-decoder: the encoder and decoder share the token embedding; dropout (default
+    0.1, as T5's) on the embeddings, the attention weights, the feed-forward hidden layer, every
+    residual branch and both stacks' outputs. ``n_layers`` blocks in each stack."""
+
+    def __init__(self, vocab: int = 512, seq: int = 64, d_model: int = 128, n_heads: int = 4, n_layers: int = 2,
+                 hidden: int | None = None, dropout: float = 0.1):
+        super().__init__()
+        hidden = hidden or 4 * d_model
+        self.dropout = dropout
+        self.shared = nn.Embedding(vocab, d_model)
+        self.encoder = nn.ModuleList(T5Block(d_model, n_heads, hidden, dropout) for _ in range(n_layers))
+        self.encoder_norm = RMSNorm(d_model)
+        self.decoder = nn.ModuleList(T5Block(d_model, n_heads, hidden, dropout, cross=True)
+                                     for _ in range(n_layers))
+        self.decoder_norm = RMSNorm(d_model)
+        self.head = nn.Linear(d_model, vocab, bias=False)
+        self.apply(_init_weights)
+
+    def forward(self, src, tgt_in, targets=None):
+        x = _drop(self.shared(src), self.dropout, self.training)
+        for block in self.encoder:
+            x = block(x)
+        memory = _drop(self.encoder_norm(x), self.dropout, self.training)
+        y = _drop(self.shared(tgt_in), self.dropout, self.training)
+        for block in self.decoder:
+            y = block(y, memory)
+        logits = self.head(_drop(self.decoder_norm(y), self.dropout, self.training))
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+# ---------------------------------------------------------------------------
 # Convolutional net
 # ---------------------------------------------------------------------------
 
@@ -274,11 +381,13 @@ class ConvNet(nn.Module):
 
 #: Default configurations: small enough for tests and sample graphs.
 DEFAULTS = {
-    "gpt": {"n_layers": 2, "d_model": 128, "n_heads": 4, "vocab": 512, "seq": 64, "batch": 4},
+    "gpt": {"n_layers": 2, "d_model": 128, "n_heads": 4, "vocab": 512, "seq": 64, "batch": 4, "dropout": 0.0},
     "llama": {"n_layers": 2, "d_model": 128, "n_heads": 4, "vocab": 512, "seq": 64, "batch": 4, "rotary": True,
               "hidden": None},
     "mixtral": {"n_layers": 2, "d_model": 128, "n_heads": 4, "vocab": 512, "seq": 64, "batch": 4, "rotary": True,
                 "hidden": None, "n_experts": 8, "top_k": 2},
+    "t5": {"n_layers": 2, "d_model": 128, "n_heads": 4, "vocab": 512, "seq": 64, "batch": 4, "hidden": None,
+           "dropout": 0.1},
     "convnet": {"n_layers": 2, "width": 32, "n_classes": 10, "image": 32, "channels": 3, "batch": 8, "stages": 4},
 }
 
@@ -320,6 +429,11 @@ def build(name: str, *, seed: int = 0, dtype: torch.dtype = torch.float32, devic
         idx = torch.randint(0, cfg["vocab"], (batch, cfg["seq"]), generator=generator)
         targets = torch.randint(0, cfg["vocab"], (batch, cfg["seq"]), generator=generator)
         inputs = (idx, targets)
+    elif name == "t5":
+        model = T5(**cfg)
+        src, tgt_in, targets = (torch.randint(0, cfg["vocab"], (batch, cfg["seq"]), generator=generator)
+                                for _ in range(3))
+        inputs = (src, tgt_in, targets)
     else:
         model = ConvNet(**cfg)
         images = torch.randn(batch, cfg["channels"], cfg["image"], cfg["image"], generator=generator)

@@ -15,15 +15,25 @@ from dcsched import ops
 aten = torch.ops.aten
 
 
+#: Random ops for ``arbitrary_dags(random_ops=True)``: (target, extra args, returns a tuple).
+RANDOM_OPS = ((aten.native_dropout.default, (0.5, True), True), (aten.rand_like.default, (), False),
+              (aten.bernoulli.p, (0.5,), False))
+
+
 @st.composite
-def arbitrary_dags(draw):
-    """A DAG of random compute and ZeRO-3 nodes reading random earlier nodes, some through kwargs only."""
+def arbitrary_dags(draw, random_ops: bool = False):
+    """A DAG of random compute and ZeRO-3 nodes reading random earlier nodes, some through kwargs only.
+
+    With ``random_ops``, also ops that draw from the global generator (dropout, rand_like,
+    bernoulli), on independent branches that an order could swap.
+    """
     g = torch.fx.Graph()
     nodes = [g.placeholder(f"p{i}") for i in range(draw(st.integers(1, 4)))]
     for node in nodes:
         node.meta.update(device_time=0.0, tensor_size=draw(st.sampled_from([0, 8, 64])))
+    kinds = ["compute", "compute", "kwarg", "ag", "wait", "release", "reduce", "tuple"] + ["random"] * 3 * random_ops
     for i in range(draw(st.integers(1, 30))):
-        kind = draw(st.sampled_from(["compute", "compute", "kwarg", "ag", "wait", "release", "reduce", "tuple"]))
+        kind = draw(st.sampled_from(kinds))
         src = draw(st.sampled_from(nodes))
         ds_id = draw(st.integers(0, 3))
         if kind == "compute":
@@ -41,6 +51,13 @@ def arbitrary_dags(draw):
                                  name=f"r{i}")
         elif kind == "reduce":
             node = g.create_node("call_function", ops.reduce_grad, (src, 0, ds_id), name=f"red{i}")
+        elif kind == "random":
+            target, extra, returns_tuple = draw(st.sampled_from(RANDOM_OPS))
+            node = g.create_node("call_function", target, (src, *extra), name=f"rand{i}")
+            if returns_tuple:
+                node.meta.update(device_time=0.5, tensor_size=72)
+                nodes.append(node)
+                node = g.create_node("call_function", operator.getitem, (node, 0), name=f"gi{i}")
         else:
             tup = g.create_node("call_function", aten.split.Tensor, (src, 1), name=f"s{i}")
             tup.meta.update(device_time=draw(st.sampled_from([0.0, 0.5])), tensor_size=8)

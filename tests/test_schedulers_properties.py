@@ -3,7 +3,9 @@
 Every order is a topological order of exactly the input's nodes, the rebuilt
 FX graph holds exactly the input's nodes and edges (kwargs included), and the
 fast schedulers agree with their literal oracles, on DeepCompile-style graphs
-and on arbitrary DAGs where the ZeRO-3 ops sit anywhere.
+and on arbitrary DAGs where the ZeRO-3 ops sit anywhere. On DAGs with random
+ops (dropout, rand_like, bernoulli), every registered scheduler keeps them in
+their input order.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import torch.fx
 from hypothesis import given, settings, strategies as st
 
 from dcsched.nxview import check_order, input_nodes, to_fx, to_networkx
-from dcsched.schedulers import get, oracle
+from dcsched.roles import is_random
+from dcsched.schedulers import available, get, oracle
+from dcsched.schedulers.overlap import Overlap
 from dcsched.synthetic import random_graph
 
 from strategies import arbitrary_dags
@@ -52,3 +56,29 @@ def test_deepcompile_style_graphs(seed, kind, n_params, kwargs_deps, tie_prone):
 @given(graph=arbitrary_dags())
 def test_arbitrary_dags(graph):
     _check_all(graph)
+
+
+def _every_order(view):
+    """Each registered scheduler's order of ``view`` (overlap at its smallest and an unlimited budget)."""
+    for algo in available():
+        if algo == "overlap":
+            planner = Overlap(view)
+            for scope in ("gathered", "all"):
+                for budget in (planner.min_budget(scope), float("inf")):
+                    yield f"overlap {scope} {budget}", planner.order(budget, scope)
+        elif algo == "prefetch-ahead":
+            for k in (0, 2):
+                yield f"{algo} k={k}", get(algo)(view, k=k)
+        else:
+            yield algo, get(algo)(view)
+
+
+@settings(max_examples=60, deadline=None)
+@given(graph=arbitrary_dags(random_ops=True))
+def test_random_ops_keep_their_order_under_every_scheduler(graph):
+    _check_all(graph)
+    view = to_networkx(graph)
+    random_ops = [node.name for node in graph.nodes if is_random(node)]
+    for label, order in _every_order(view):
+        check_order(view, order)
+        assert [name for name in order if name in set(random_ops)] == random_ops, label
