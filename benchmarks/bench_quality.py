@@ -40,8 +40,9 @@ from quality_graphs import CONFIGS, LAYERS, STRESS, captured, depths, samples  #
 from dcsched.bounds import budget_bound, tight_bound  # noqa: E402
 from dcsched.nxview import to_networkx  # noqa: E402
 from dcsched.schedulers import get  # noqa: E402
+from dcsched.graphform import paused_gc  # noqa: E402
 from dcsched.schedulers.deepcompile import DeepCompile  # noqa: E402
-from dcsched.schedulers.overlap import UNLIMITED, Overlap, paused_gc  # noqa: E402
+from dcsched.schedulers.overlap import UNLIMITED, Overlap  # noqa: E402
 from dcsched.units import format_bytes  # noqa: E402
 
 AHEAD = (1, 2, 4, 8)

@@ -37,7 +37,8 @@ True
 
 from __future__ import annotations
 
-from .simulate import ALLGATHER, COMM_KINDS, COMPUTE, RELEASE, CompiledGraph
+from .graphform import ALLGATHER, COMM_KINDS, COMPUTE, RELEASE
+from .simulate import CompiledGraph
 
 
 def through_comm_bound(compiled: CompiledGraph, limit: int = 48) -> float:

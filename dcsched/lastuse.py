@@ -35,6 +35,8 @@ from typing import Sequence
 
 import networkx as nx
 
+from .graphform import GraphForm
+
 
 def last_use_indices(preds: Sequence[Sequence[int]], aliasing: Sequence[bool]) -> tuple[list, dict]:
     """The rule on an indexed graph whose index is the input order.
@@ -70,12 +72,8 @@ def last_use_indices(preds: Sequence[Sequence[int]], aliasing: Sequence[bool]) -
 
 
 def _indexed(view: nx.DiGraph):
-    data = view.nodes
-    names = sorted(view.nodes, key=lambda name: data[name]["position"])
-    index = {name: i for i, name in enumerate(names)}
-    preds = [[index[p] for p in view.pred[name]] for name in names]
-    aliasing = [bool(data[name].get("aliasing")) for name in names]
-    return names, preds, aliasing
+    form = GraphForm(view)
+    return form.names, form.preds, form.aliasing
 
 
 def last_uses(view: nx.DiGraph) -> dict[str, str]:

@@ -44,7 +44,7 @@ value, so the simulator does not keep the earlier op's output alive for it.
 from __future__ import annotations
 
 import copy
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import networkx as nx
 import torch.fx
@@ -70,16 +70,11 @@ def _kwarg_only_inputs(node: torch.fx.Node) -> set[torch.fx.Node]:
     return in_kwargs - in_args
 
 
-def to_networkx(graph: torch.fx.Graph) -> nx.DiGraph:
-    """Build the networkx view of ``graph`` (see the module docstring)."""
-    view = nx.DiGraph()
-    output = None
-    nodes = []
-    edges = []
+def fx_node_records(graph: torch.fx.Graph) -> Iterator[tuple[torch.fx.Node, dict]]:
+    """Each node of ``graph`` with its vertex attributes (see the module docstring), in input order."""
     # What depends only on (op, target) is worked out once per distinct target:
     # views of 10^5-node graphs repeat a few dozen targets.
     per_target: dict = {}
-    random_ops: list[torch.fx.Node] = []
     for position, node in enumerate(graph.nodes):
         key = (node.op, node.target)
         try:
@@ -94,11 +89,7 @@ def to_networkx(graph: torch.fx.Graph) -> nx.DiGraph:
                 per_target[key] = (role, target, aliasing, view_like, seeded)
             except TypeError:  # an unhashable target
                 pass
-        if seeded and is_random(node):
-            random_ops.append(node)
-        if role is Role.OUTPUT:
-            output = node.name
-        nodes.append((node.name, {
+        yield node, {
             "role": role.value,
             "ds_id": ds_id_of(node),
             "graph_id": graph_id_of(node),
@@ -109,7 +100,23 @@ def to_networkx(graph: torch.fx.Graph) -> nx.DiGraph:
             "target": target,
             "aliasing": aliasing,
             "view_like": view_like,
-        }))
+            "random": seeded and is_random(node),
+        }
+
+
+def to_networkx(graph: torch.fx.Graph) -> nx.DiGraph:
+    """Build the networkx view of ``graph`` (see the module docstring)."""
+    view = nx.DiGraph()
+    output = None
+    nodes = []
+    edges = []
+    random_ops: list[torch.fx.Node] = []
+    for node, data in fx_node_records(graph):
+        if data["role"] == Role.OUTPUT.value:
+            output = node.name
+        nodes.append((node.name, data))
+        if data["random"]:
+            random_ops.append(node)
         # Inputs: args first, then kwargs, each once, in reading order.
         from_args: dict = {}
         torch.fx.node.map_arg(node.args, lambda n: from_args.setdefault(n, None))

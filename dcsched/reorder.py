@@ -14,7 +14,7 @@ import torch.fx
 
 from . import schedulers
 from .nxview import check_order, to_fx, to_networkx
-from .schedulers._indexed import paused_gc
+from .graphform import paused_gc
 
 
 def order(graph: torch.fx.Graph, algo: str = "fast-free", **options) -> list[str]:

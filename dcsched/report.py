@@ -30,7 +30,8 @@ from . import schedulers
 from .bundle import Bundle
 from .errors import DcschedError, GraphError
 from .nxview import check_order, to_networkx
-from .simulate import ALLGATHER, REDUCE, CompiledGraph, SimResult, compile_view
+from .graphform import ALLGATHER, REDUCE
+from .simulate import CompiledGraph, SimResult, compile_view
 
 #: JSON schema version of :meth:`Comparison.to_dict`.
 REPORT_VERSION = 1

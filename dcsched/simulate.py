@@ -53,19 +53,9 @@ import networkx as nx
 import torch.fx
 
 from .errors import GraphError
-from .nxview import to_networkx
-from .roles import Role
+from .graphform import (ALLGATHER, COMM_KINDS, COMPUTE, CONSTANT, KIND_NAMES, OUTPUT, PLACEHOLDER, REDUCE, RELEASE,
+                        GraphForm)
 
-# Node kinds of the compiled form (small ints: the simulation loop compares them).
-PLACEHOLDER, COMPUTE, ALLGATHER, WAIT, RELEASE, REDUCE, OUTPUT, CONSTANT = range(8)
-_KIND_OF_ROLE = {
-    Role.PLACEHOLDER.value: PLACEHOLDER, Role.COMPUTE.value: COMPUTE, Role.ALLGATHER.value: ALLGATHER,
-    Role.WAIT.value: WAIT, Role.RELEASE.value: RELEASE, Role.REDUCE.value: REDUCE, Role.OUTPUT.value: OUTPUT,
-}
-KIND_NAMES = ("placeholder", "compute", "allgather", "wait", "release", "reduce", "output", "constant")
-#: Kinds that run on the communication stream.
-COMM_KINDS = (ALLGATHER, REDUCE)
-_GETITEM = "operator.getitem"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,97 +181,86 @@ class Bounds:
                    self.comm_with_head_and_tail_ms)
 
 
-class CompiledGraph:
-    """A graph as flat arrays, for simulating many orders fast.
+class CompiledGraph(GraphForm):
+    """A graph's :class:`~dcsched.graphform.GraphForm` with the simulator's storage model, for simulating
+    many orders fast.
 
-    Nodes are numbered by their position in the input order. Public arrays
-    (index = node number): ``names``, ``kind`` (module constants ``COMPUTE``,
-    ``ALLGATHER``, ...), ``duration`` (ms; 0 for nodes that take no time),
-    ``size`` (bytes), ``alloc`` (bytes the node allocates when it runs),
-    ``preds`` (input node numbers, reading order), ``succs``, ``root`` (the
-    node owning the storage a node's output lives in), ``reads`` (distinct
-    storage roots a node reads), ``gates`` (communication nodes whose end a
-    node must wait for), ``ds_id``, ``n_users``, ``owned`` (bytes freed with a
-    storage root: ``size`` except for a multi-output op, which keeps what its
-    getitems do not own), ``part_of`` (for a getitem owning one output of a
-    multi-output op, that op's number; else -1). ``index`` maps names to numbers.
+    Nodes are numbered by their position in the input order. Beside the
+    form's lists (``names``, ``kind``, ``preds``, ``succs``, ``size``, ...),
+    indexed by node number: ``duration`` (ms; 0 for nodes that take no time),
+    ``alloc`` (bytes the node allocates when it runs), ``root`` (the node
+    owning the storage a node's output lives in), ``reads`` (distinct storage
+    roots a node reads), ``gates`` (communication nodes whose end a node must
+    wait for), ``owned`` (bytes freed with a storage root: ``size`` except for
+    a multi-output op, which keeps what its getitems do not own), ``part_of``
+    (for a getitem owning one output of a multi-output op, that op's number;
+    else -1).
+
+    ``graph`` is a networkx view, an FX graph or a form (whose lists are
+    shared). Raises :class:`GraphError` (naming the nodes) for a cycle,
+    negative, NaN or non-numeric figures, and (unless ``assume_zero``) missing
+    ``device_time`` or ``tensor_size`` (placeholders, constants and the
+    output need none).
     """
 
-    def __init__(self, view: nx.DiGraph, *, assume_zero: bool = False, name: str | None = None):
+    def __init__(self, graph: nx.DiGraph | torch.fx.Graph | GraphForm, *, assume_zero: bool = False,
+                 name: str | None = None):
         label = f"graph '{name}'" if name else "graph"
+        super().__init__(graph, label=label)
         self.name = name
-        # networkx's own dicts (attribute dicts, adjacency in insertion = reading order): the public
-        # views wrap every lookup, which triples the cost of compiling a 100,000-node graph.
-        attrs = getattr(view, "_node", None) or {v: view.nodes[v] for v in view.nodes}
-        pred = getattr(view, "_pred", None) or {v: dict(view.pred[v]) for v in view.nodes}
-        succ = getattr(view, "_succ", None) or {v: dict(view.succ[v]) for v in view.nodes}
-        names = list(attrs)
-        if all("position" in data for data in attrs.values()):
-            names.sort(key=lambda v: attrs[v]["position"])
-        self.names: list[str] = names
-        self.index: dict[str, int] = {v: i for i, v in enumerate(names)}
-        n = len(names)
-        index = self.index
-        self.preds: list[tuple[int, ...]] = [tuple([index[p] for p in pred[v]]) for v in names]
-        self.succs: list[tuple[int, ...]] = [tuple([index[s] for s in succ[v]]) for v in names]
-        self.topo: list[int] = self._topological(view, label)
+        self.missing = self._check_figures(label, assume_zero)
+        kind, time = self.kind, self.time
+        self.duration = [float(time[i]) if kind[i] in (COMPUTE, ALLGATHER, REDUCE) else 0.0 for i in range(len(kind))]
+        self.owned, self.part_of = self._split_multi_output()
+        self._place_storage()
+        self.compute_ms = sum(d for k, d in zip(kind, self.duration) if k == COMPUTE)
+        self.comm_ms = sum(d for k, d in zip(kind, self.duration) if k in COMM_KINDS)
+        self.num_allgathers = sum(1 for k in kind if k == ALLGATHER)
+        self.num_reduces = sum(1 for k in kind if k == REDUCE)
+        self._bounds: Bounds | None = None
 
-        kind = [0] * n
-        duration = [0.0] * n
-        size = [0] * n
-        ds_id: list[int | None] = [None] * n
-        n_users = [1] * n
-        view_like = [False] * n
+    # -- construction helpers ------------------------------------------------
+    def _check_figures(self, label: str, assume_zero: bool) -> dict[str, list[str]]:
+        """The nodes missing a figure, by figure; raises for bad figures (and missing ones unless assumed 0)."""
         missing: dict[str, list[str]] = {"device_time": [], "tensor_size": []}
-        negative: list[str] = []
-        for i, v in enumerate(names):
-            data = attrs[v]
-            k = _KIND_OF_ROLE.get(data.get("role"), COMPUTE)
-            if k == COMPUTE and data.get("target", None) == "":
-                k = CONSTANT  # a get_attr node: a tensor the graph holds, resident like an input
-            kind[i] = k
-            view_like[i] = bool(data.get("view_like", False))
-            ds_id[i] = data.get("ds_id")
-            if data.get("n_users") is not None:
-                n_users[i] = int(data["n_users"])
-            time, nbytes = data.get("device_time"), data.get("tensor_size")
-            if k not in (PLACEHOLDER, OUTPUT, CONSTANT):
-                if time is None:
-                    missing["device_time"].append(v)
-                if nbytes is None:
-                    missing["tensor_size"].append(v)
+        bad: list[str] = []
+        needs_none = (PLACEHOLDER, OUTPUT, CONSTANT)
+        for i, (k, time, nbytes) in enumerate(zip(self.kind, self.device_time, self.tensor_size)):
             for key, value in (("device_time", time), ("tensor_size", nbytes)):
                 if value is None:
-                    continue
-                if isinstance(value, bool) or not isinstance(value, (int, float)):
-                    negative.append(f"{v} {key}={value!r}")
-                    time, nbytes = (0.0, nbytes) if key == "device_time" else (time, 0)
+                    if k not in needs_none:
+                        missing[key].append(self.names[i])
+                elif isinstance(value, bool) or not isinstance(value, (int, float)):
+                    bad.append(f"{self.names[i]} {key}={value!r}")
                 elif value < 0 or math.isnan(value):
-                    negative.append(f"{v} {key}={value}")
-            duration[i] = float(time or 0.0) if k in (COMPUTE, ALLGATHER, REDUCE) else 0.0
-            size[i] = nbytes or 0
-        if negative:
-            raise GraphError(f"{label}: negative, NaN or non-numeric figures on {_some(negative)}")
-        missing = {key: names_ for key, names_ in missing.items() if names_}
+                    bad.append(f"{self.names[i]} {key}={value}")
+        if bad:
+            raise GraphError(f"{label}: negative, NaN or non-numeric figures on {_some(bad)}")
+        missing = {key: names for key, names in missing.items() if names}
         if missing and not assume_zero:
-            what = "; ".join(f"no {key} on {_some(names_)}" for key, names_ in missing.items())
+            what = "; ".join(f"no {key} on {_some(names)}" for key, names in missing.items())
             raise GraphError(f"{label}: {what} (profile the graph, or pass --assume-zero / assume_zero=True "
                              "to count missing figures as 0)")
-        self.missing = missing
-        self.kind, self.duration, self.size, self.ds_id, self.n_users = kind, duration, size, ds_id, n_users
+        return missing
 
-        # Multi-output ops (native_group_norm, convolution_backward, ...) return fresh tensors
-        # that die separately: each getitem owns its element's bytes, freed after its own
-        # readers (and not before the tuple, which lives until its last getitem). The op keeps
-        # the bytes no getitem takes. Only where every getitem has a figure and they add up
-        # to at most the op's own; otherwise the whole output lives as one storage.
+    def _split_multi_output(self) -> tuple[list[int], list[int]]:
+        """``(owned, part_of)``: the bytes each storage root frees, and each getitem's multi-output op.
+
+        Multi-output ops (native_group_norm, convolution_backward, ...) return fresh tensors
+        that die separately: each getitem owns its element's bytes, freed after its own
+        readers (and not before the tuple, which lives until its last getitem). The op keeps
+        the bytes no getitem takes. Only where every getitem has a figure and they add up
+        to at most the op's own; otherwise the whole output lives as one storage.
+        """
+        kind, size, view_like, getitem, tensor_size = self.kind, self.size, self.view_like, self.getitem, \
+            self.tensor_size
         owned = list(size)
-        part_of: list[int] = [-1] * n
-        for i in range(n):
+        part_of = [-1] * len(kind)
+        for i, users in enumerate(self.succs):
             if kind[i] != COMPUTE or view_like[i]:
                 continue
-            items = [s for s in self.succs[i] if attrs[names[s]].get("target") == _GETITEM]
-            if not items or any(attrs[names[s]].get("tensor_size") is None for s in items):
+            items = [s for s in users if getitem[s]]
+            if not items or any(tensor_size[s] is None for s in items):
                 continue
             taken = sum(size[s] for s in items)
             if taken > size[i]:
@@ -289,19 +268,22 @@ class CompiledGraph:
             owned[i] = size[i] - taken
             for s in items:
                 part_of[s] = i
-        self.owned = owned
-        self.part_of = part_of
+        return owned, part_of
 
+    def _place_storage(self) -> None:
+        """``root``, ``reads``, ``gates``, ``alloc``, what is resident and pinned, and the storage ``owners``."""
+        kind, preds, view_like, part_of, size = self.kind, self.preds, self.view_like, self.part_of, self.size
+        n = len(kind)
         # Storage: a view-like node lives in its first input's storage.
         root = list(range(n))
         for i in self.topo:
-            if view_like[i] and self.preds[i] and kind[i] not in (PLACEHOLDER, OUTPUT) and part_of[i] < 0:
-                root[i] = root[self.preds[i][0]]
+            if view_like[i] and preds[i] and kind[i] not in (PLACEHOLDER, OUTPUT) and part_of[i] < 0:
+                root[i] = root[preds[i][0]]
         self.root = root
         reads = []
         gates = []
         no_gates = ()
-        for i, ps in enumerate(self.preds):
+        for i, ps in enumerate(preds):
             if len(ps) == 1:
                 r = (root[ps[0]],)
             else:
@@ -312,39 +294,21 @@ class CompiledGraph:
             else:
                 gates.append(tuple([x for x in r if kind[x] in COMM_KINDS]) or no_gates)
         # An order-only edge (random ops kept in stream order, dcsched.nxview) reads no value.
-        for source, reader in view.graph.get("order_only_edges", ()):
-            s, i = index[source], index[reader]
+        for s, i in self.order_only:
             reads[i] = tuple(dict.fromkeys([root[p] for p in self.preds[i] if p != s]))
         self.reads: list[tuple[int, ...]] = reads
         self.gates: list[tuple[int, ...]] = gates
         self.alloc = [size[i] if kind[i] in (COMPUTE, ALLGATHER, REDUCE) and not view_like[i] else 0
                       for i in range(n)]
         # Inputs resident from the start; parameter shards (what an all-gather reads) never leave.
-        resident = [kind[i] in (PLACEHOLDER, CONSTANT) for i in range(n)]
+        resident = [k in (PLACEHOLDER, CONSTANT) for k in kind]
         self.pinned = [kind[i] == CONSTANT or (kind[i] == PLACEHOLDER
                        and any(kind[s] == ALLGATHER for s in self.succs[i])) for i in range(n)]
         self.resident_bytes = sum(size[i] for i in range(n) if resident[i])
         #: nodes owning storage that may be freed during the step
-        self.owners = [i for i in range(n) if root[i] == i and owned[i] > 0 and not self.pinned[i]
+        self.owners = [i for i in range(n) if root[i] == i and self.owned[i] > 0 and not self.pinned[i]
                        and (self.alloc[i] > 0 or resident[i] or part_of[i] >= 0)]
         self.is_input = resident
-        self.compute_ms = sum(duration[i] for i in range(n) if kind[i] == COMPUTE)
-        self.comm_ms = sum(duration[i] for i in range(n) if kind[i] in COMM_KINDS)
-        self.num_allgathers = sum(1 for k in kind if k == ALLGATHER)
-        self.num_reduces = sum(1 for k in kind if k == REDUCE)
-        self._bounds: Bounds | None = None
-
-    # -- construction helpers ------------------------------------------------
-    def _topological(self, view: nx.DiGraph, label: str) -> list[int]:
-        preds = self.preds
-        if all(p < i for i, ps in enumerate(preds) for p in ps):
-            return list(range(len(preds)))
-        try:
-            return [self.index[v] for v in nx.topological_sort(view)]
-        except nx.NetworkXUnfeasible:
-            cycle = nx.find_cycle(view)
-            path = " -> ".join([edge[0] for edge in cycle] + [cycle[0][0]])
-            raise GraphError(f"{label} has a cycle: {path}") from None
 
     def __len__(self) -> int:
         return len(self.names)
@@ -587,8 +551,6 @@ def compile_view(view: nx.DiGraph | torch.fx.Graph, *, assume_zero: bool = False
     figures, and — unless ``assume_zero`` — missing ``device_time`` or
     ``tensor_size`` (placeholders, get_attr constants and the output need none).
     """
-    if isinstance(view, torch.fx.Graph):
-        view = to_networkx(view)
     return CompiledGraph(view, assume_zero=assume_zero, name=name)
 
 

@@ -32,7 +32,7 @@ import torch.fx
 from .bundle import Bundle
 from .errors import DcschedError
 from .nxview import to_networkx
-from .schedulers._indexed import paused_gc
+from .graphform import paused_gc
 from .schedulers.overlap import UNLIMITED, Overlap, check_scope, parse_budget
 
 #: Share of the device's memory the default budget leaves free: the CUDA context, the caching

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ..simulate import ALLGATHER, COMPUTE, RELEASE, REDUCE, WAIT, CompiledGraph
+from ..graphform import ALLGATHER, COMPUTE, RELEASE, REDUCE, WAIT
+from ..simulate import CompiledGraph
 
 
 def sink_readers(compiled: CompiledGraph, order: list[int]) -> list[int]:

@@ -54,7 +54,7 @@ from typing import Callable, Sequence
 import networkx as nx
 
 from ..simulate import ALLGATHER, PLACEHOLDER, CompiledGraph, compile_view
-from ._indexed import index_view, paused_gc
+from ..graphform import GraphForm, paused_gc
 from .fast_free import fast_free_indices
 from .overlap import UNLIMITED, parse_budget
 from .registry import register
@@ -237,7 +237,7 @@ class DeepCompile:
 
     def __init__(self, view: nx.DiGraph, *, name: str | None = None):
         with paused_gc():
-            self.fast_free = fast_free_indices(index_view(view))
+            self.fast_free = fast_free_indices(GraphForm(view))
             self.compiled = compile_view(view, assume_zero=True, name=name)
             self.inputs = profiled_inputs(self.compiled, self.fast_free)
 

@@ -47,7 +47,7 @@ import math
 import networkx as nx
 
 from ..lastuse import last_use_indices
-from ._indexed import PLACEHOLDER, REDUCE, IndexedGraph, schedule_indexed
+from ..graphform import PLACEHOLDER, REDUCE, GraphForm, schedule_indexed
 from .registry import register
 
 
@@ -71,15 +71,15 @@ class _Task:
         self.valid = True
 
 
-def fast_free_indices(g: IndexedGraph) -> list[int]:
+def fast_free_indices(g: GraphForm) -> list[int]:
     """The fast-free order as input positions (see the module docstring)."""
     n = len(g)
-    preds, role, size, time, names = g.preds, g.role, g.size, g.time, g.names
+    preds, kind, size, time, names = g.preds, g.kind, g.size, g.time, g.names
     is_ag = g.is_allgather()
     scheduled = bytearray(n)
     order: list[int] = []
     for i in range(n):
-        if role[i] == PLACEHOLDER:
+        if kind[i] == PLACEHOLDER:
             scheduled[i] = 1
             order.append(i)
     ags = [i for i in range(n) if is_ag[i] and not scheduled[i]]
@@ -98,10 +98,10 @@ def fast_free_indices(g: IndexedGraph) -> list[int]:
     bit_of = {ag: b for b, ag in enumerate(by_last)}
     ag_of_bit = by_last
 
-    reduces = [i for i in range(n) if role[i] == REDUCE]
+    reduces = [i for i in range(n) if kind[i] == REDUCE]
     outputs = []
     if g.output is not None:
-        outputs = [p for p in preds[g.output] if role[p] != REDUCE]
+        outputs = [p for p in preds[g.output] if kind[p] != REDUCE]
     release_list = [r for rels in releases.values() for r in rels]
     targets = set(last.values()) | set(reduces) | set(outputs) | set(ags) | set(release_list)
     targets.update(p for ag in ags for p in preds[last[ag]])
@@ -365,7 +365,7 @@ def fast_free_indices(g: IndexedGraph) -> list[int]:
     return order
 
 
-def _equal_free_costs(tied, g: IndexedGraph, last, scheduled, anc, bit_of) -> bool:
+def _equal_free_costs(tied, g: GraphForm, last, scheduled, anc, bit_of) -> bool:
     """Whether the tied candidates' device-time sums are provably equal, without their paths.
 
     True when they share their last use L, each is a gather whose inputs are all
@@ -409,7 +409,7 @@ def _bytes(mask: int, size_of_bit: list) -> int:
     return total
 
 
-def _allgather_ancestors(g: IndexedGraph, bit_of: dict[int, int], targets: set[int]) -> dict[int, int]:
+def _allgather_ancestors(g: GraphForm, bit_of: dict[int, int], targets: set[int]) -> dict[int, int]:
     """For each target node, the bitset of all-gathers among it and its ancestors."""
     n = len(g)
     preds, succs = g.preds, g.succs
@@ -437,7 +437,7 @@ def _allgather_ancestors(g: IndexedGraph, bit_of: dict[int, int], targets: set[i
     return found
 
 
-def _late_topological_rank(g: IndexedGraph) -> list[int]:
+def _late_topological_rank(g: GraphForm) -> list[int]:
     """Rank of each node in a depth-first post-order from the sinks (inputs in reading order).
 
     A topological order in which a node comes right before the first reader

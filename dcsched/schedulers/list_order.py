@@ -33,7 +33,7 @@ import heapq
 import networkx as nx
 
 from ..errors import GraphError
-from ._indexed import ALLGATHER, RELEASE, IndexedGraph, schedule_indexed
+from ..graphform import ALLGATHER, RELEASE, GraphForm, schedule_indexed
 from .registry import register
 
 
@@ -43,11 +43,10 @@ def list_order(view: nx.DiGraph) -> list[str]:
     return schedule_indexed(view, list_indices)
 
 
-def list_indices(g: IndexedGraph) -> list[int]:
+def list_indices(g: GraphForm) -> list[int]:
     """The ``list`` order as input positions (see the module docstring)."""
     n = len(g)
-    preds, succs, role, size, ds_id = g.preds, g.succs, g.role, g.size, g.ds_id
-    n_users = [1 if u is None else u for u in g.n_users]
+    preds, succs, kind, size, ds_id, n_users = g.preds, g.succs, g.kind, g.size, g.ds_id, g.n_users
     missing = [len(p) for p in preds]
     gathered: dict = {}       # ds_id -> bytes of its live gathered buffer
     released: dict = {}       # ds_id -> releases since it was gathered
@@ -56,7 +55,7 @@ def list_indices(g: IndexedGraph) -> list[int]:
     heap: list[tuple[int, int, int]] = []
 
     def delta(v: int) -> int:
-        r = role[v]
+        r = kind[v]
         if r == ALLGATHER:
             return size[v]
         if r == RELEASE:
@@ -76,7 +75,7 @@ def list_indices(g: IndexedGraph) -> list[int]:
 
     for v in range(n):
         if not missing[v]:
-            if role[v] == RELEASE:
+            if kind[v] == RELEASE:
                 runnable_releases.setdefault(ds_id[v], set()).add(v)
             push(v)
     order: list[int] = []
@@ -86,7 +85,7 @@ def list_indices(g: IndexedGraph) -> list[int]:
             continue
         version[v] += 1
         order.append(v)
-        r = role[v]
+        r = kind[v]
         if r == ALLGATHER:
             d = ds_id[v]
             gathered[d] = size[v]
@@ -104,7 +103,7 @@ def list_indices(g: IndexedGraph) -> list[int]:
         for u in succs[v]:
             missing[u] -= 1
             if not missing[u]:
-                if role[u] == RELEASE:
+                if kind[u] == RELEASE:
                     runnable_releases.setdefault(ds_id[u], set()).add(u)
                 push(u)
     if len(order) != n:

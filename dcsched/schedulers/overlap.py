@@ -59,9 +59,9 @@ import math
 import networkx as nx
 
 from ..errors import DcschedError
-from ..simulate import ALLGATHER, COMM_KINDS, RELEASE, REDUCE, WAIT, CompiledGraph, SimResult, compile_view
+from ..graphform import ALLGATHER, COMM_KINDS, RELEASE, REDUCE, WAIT, GraphForm, paused_gc
+from ..simulate import CompiledGraph, SimResult, compile_view
 from ..units import format_bytes, parse_size
-from ._indexed import index_view, paused_gc
 from ._maxtree import MaxTree as _MaxTree
 from ._sink import sink_readers
 from .fast_free import fast_free_indices
@@ -127,15 +127,18 @@ class OverlapPlanner:
     order).
     """
 
-    def __init__(self, view: nx.DiGraph, *, base: str = "fast-free", name: str | None = None,
+    def __init__(self, view: nx.DiGraph | GraphForm, *, base: str = "fast-free", name: str | None = None,
                  compiled: CompiledGraph | None = None, fast_free: list[int] | None = None):
-        if isinstance(view, CompiledGraph):
-            raise TypeError("OverlapPlanner takes the networkx view (dcsched.nxview.to_networkx)")
         if base not in BASES:
             raise ValueError(f"unknown base order {base!r} (choose from {', '.join(BASES)})")
         self.base_name = base
-        self.compiled = compiled if compiled is not None else compile_view(view, assume_zero=True, name=name)
-        ff = fast_free if fast_free is not None else fast_free_indices(index_view(view))
+        if compiled is None:
+            compiled = view if isinstance(view, CompiledGraph) else compile_view(view, assume_zero=True, name=name)
+        self.compiled = compiled
+        if fast_free is None:
+            self.compiled.check_input_order()
+            fast_free = fast_free_indices(self.compiled)
+        ff = fast_free
         self.fast_free_order = ff
         self.fast_free: SimResult = self.compiled.simulate(ff, detail=False, check=False)
         if base == "fast-free":
@@ -544,7 +547,7 @@ class Overlap:
     simulated step wins (ties: fast-free's, which keeps activations shortest).
     """
 
-    def __init__(self, view: nx.DiGraph, *, name: str | None = None):
+    def __init__(self, view: nx.DiGraph | GraphForm, *, name: str | None = None):
         first = OverlapPlanner(view, name=name)
         second = OverlapPlanner(view, base="input", compiled=first.compiled, fast_free=first.fast_free_order)
         third = OverlapPlanner(view, base="sunk", compiled=first.compiled, fast_free=first.fast_free_order)

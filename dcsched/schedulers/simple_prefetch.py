@@ -31,7 +31,7 @@ import heapq
 import networkx as nx
 
 from ..errors import GraphError
-from ._indexed import IndexedGraph, schedule_indexed
+from ..graphform import GraphForm, schedule_indexed
 from .registry import register
 
 
@@ -41,7 +41,7 @@ def simple_prefetch(view: nx.DiGraph) -> list[str]:
     return schedule_indexed(view, simple_prefetch_indices)
 
 
-def simple_prefetch_indices(g: IndexedGraph) -> list[int]:
+def simple_prefetch_indices(g: GraphForm) -> list[int]:
     """The simple-prefetch order as input positions (see the module docstring)."""
     n = len(g)
     preds, succs, time = g.preds, g.succs, g.time
