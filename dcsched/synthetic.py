@@ -9,6 +9,8 @@ Two builders, both deterministic for a given seed (they use only
   request dependencies passed only through kwargs.
 - :func:`layered_stack`: a transformer-like stack of any depth (forward and
   backward graphs), for benchmarks.
+- :func:`moe_graph`: a random Mixtral-like stack (router, many parallel
+  same-size experts per layer), forward or backward.
 
 Every graph follows DeepCompile's insertion rules (see
 ``../shared/reference/README.md``): all placeholders first, then for each
@@ -448,6 +450,114 @@ def layered_stack(n_layers: int, *, seed: int = 0, namespace: str = "dcsched", t
         reduce(head, wte_part)
     backward = bw.finish([grads[p] for p in param_names] + [None])
     return GraphPair(forward, backward)
+
+
+# ---------------------------------------------------------------------------
+# Mixture-of-experts stacks
+# ---------------------------------------------------------------------------
+
+
+def moe_graph(seed: int, *, kind: str = "forward", n_layers: int | None = None, n_experts: int | None = None,
+              namespace: str = "dcsched", tie_prone: bool = True) -> torch.fx.Graph:
+    """A random Mixtral-like stack: per layer attention, a router and ``n_experts`` parallel experts.
+
+    Each expert is a SwiGLU MLP (three weights), all experts of a layer the
+    same size: many same-size all-gathers that the experts can use in any
+    order, beside a small router weight and norm weights. Sizes and costs are
+    drawn from ``seed`` (``tie_prone`` as in :func:`random_graph`).
+
+    >>> g = moe_graph(0, n_layers=2, n_experts=4)
+    >>> sum(1 for n in g.nodes if n.name.startswith("allgather_ds_param"))
+    38
+    """
+    if kind not in ("forward", "backward"):
+        raise ValueError("kind must be 'forward' or 'backward'")
+    rng = random.Random(seed)
+    n_layers = n_layers if n_layers is not None else rng.randint(1, 3)
+    n_experts = n_experts if n_experts is not None else rng.randint(2, 8)
+    per_layer = ["attn_norm", "q", "k", "v", "o", "ffn_norm", "router"] + \
+        [f"e{e}_{w}" for e in range(n_experts) for w in ("w1", "w3", "w2")]
+    params = [f"l{i}_{p}" for i in range(n_layers) for p in per_layer]
+    size = {}
+    for i in range(n_layers):
+        attn, expert = rng.choice((4096, 16384)), rng.choice((4096, 16384, 65536))
+        for p in per_layer:
+            size[f"l{i}_{p}"] = 1024 if "norm" in p or p == "router" else expert if p.startswith("e") else attn
+    b = _Builder(rng, namespace, graph_id=0 if kind == "forward" else 1, tie_prone=tie_prone)
+    ph = {p: f"primals_{k + 1}" for k, p in enumerate(params)}
+    for k, p in enumerate(params):
+        b.param(ph[p], k)
+    acts = [b.placeholder(f"{'saved' if kind == 'backward' else 'input'}_{k}") for k in range(3)]
+    for p in params:
+        b.gather(ph[p], size[p])
+    w = {p: b.waits[ph[p]] for p in params}
+
+    def use(target, args, p):
+        return b.use(target, args, [ph[p]])
+
+    def reduce(p, grad):
+        return b.grad_reduce(grad, ph[p], p)
+
+    mm, mul, add = aten.mm.default, aten.mul.Tensor, aten.add.Tensor
+    if kind == "forward":
+        x, saved = acts[0], []
+        for i in range(n_layers):
+            h = use(mul, (x, w[f"l{i}_attn_norm"]), f"l{i}_attn_norm")
+            q, k, v = (use(mm, (h, w[f"l{i}_{n}"]), f"l{i}_{n}") for n in "qkv")
+            ctx = b.op(mm, (b.op(aten._softmax.default, (b.op(mm, (q, k)), -1, False)), v))
+            x = b.op(add, (x, use(mm, (ctx, w[f"l{i}_o"]), f"l{i}_o")))
+            h2 = use(mul, (x, w[f"l{i}_ffn_norm"]), f"l{i}_ffn_norm")
+            probs = b.op(aten._softmax.default, (use(mm, (h2, w[f"l{i}_router"]), f"l{i}_router"), -1, False))
+            top = b.op(aten.topk.default, (probs, 2))
+            gates, idx = b.op(operator.getitem, (top, 0), time=0.0), b.op(operator.getitem, (top, 1), time=0.0)
+            out = None
+            for e in range(n_experts):
+                xe = b.op(aten.index_select.default, (h2, 0, idx))
+                gate = b.op(aten.silu.default, (use(mm, (xe, w[f"l{i}_e{e}_w1"]), f"l{i}_e{e}_w1"),))
+                y = use(mm, (b.op(mul, (gate, use(mm, (xe, w[f"l{i}_e{e}_w3"]), f"l{i}_e{e}_w3"))),
+                             w[f"l{i}_e{e}_w2"]), f"l{i}_e{e}_w2")
+                y = b.op(mul, (y, gates))
+                out = y if out is None else b.op(add, (out, y))
+                saved.append(xe)
+            x = b.op(add, (x, out))
+            saved.extend((h, h2, probs))
+        return b.finish([b.op(aten.sum.default, (x,))] + saved)
+
+    g, grads = acts[0], []
+
+    def act():
+        return acts[rng.randrange(len(acts))]
+
+    for i in reversed(range(n_layers)):
+        gh2 = None
+        for e in range(n_experts):
+            gy = b.op(mul, (g, act()))
+            gm = use(mm, (gy, w[f"l{i}_e{e}_w2"]), f"l{i}_e{e}_w2")
+            grads.append(reduce(f"l{i}_e{e}_w2", b.op(mm, (act(), gy))))
+            parts = []
+            for n in ("w1", "w3"):
+                ga = b.op(mul, (gm, act()))
+                parts.append(use(mm, (ga, w[f"l{i}_e{e}_{n}"]), f"l{i}_e{e}_{n}"))
+                grads.append(reduce(f"l{i}_e{e}_{n}", b.op(mm, (act(), ga))))
+            ge = b.op(aten.index_add.default, (act(), 0, act(), b.op(add, tuple(parts))))
+            gh2 = ge if gh2 is None else b.op(add, (gh2, ge))
+        glog = b.op(mm, (g, act()))
+        gh2 = b.op(add, (gh2, use(mm, (glog, w[f"l{i}_router"]), f"l{i}_router")))
+        grads.append(reduce(f"l{i}_router", b.op(mm, (act(), glog))))
+        for norm, inner in (("ffn_norm", None), ("attn_norm", "attn")):
+            if inner:  # attention: o, then q, k and v, from the gradient after the MLP
+                ga = use(mm, (g, w[f"l{i}_o"]), f"l{i}_o")
+                grads.append(reduce(f"l{i}_o", b.op(mm, (act(), g))))
+                gh2 = None
+                for n in "qkv":
+                    gn = b.op(mul, (ga, act()))
+                    part = use(mm, (gn, w[f"l{i}_{n}"]), f"l{i}_{n}")
+                    grads.append(reduce(f"l{i}_{n}", b.op(mm, (act(), gn))))
+                    gh2 = part if gh2 is None else b.op(add, (gh2, part))
+            gx = use(mul, (gh2, w[f"l{i}_{norm}"]), f"l{i}_{norm}")
+            grads.append(reduce(f"l{i}_{norm}", b.op(aten.sum.dim_IntList, (b.op(mul, (gh2, act())), [0]))))
+            g = b.op(add, (g, gx))
+    return b.finish(grads + [None])
 
 
 def graph_digest(graph: torch.fx.Graph) -> str:

@@ -11,6 +11,7 @@ import torch.fx
 from hypothesis import strategies as st
 
 from dcsched import ops
+from dcsched.synthetic import moe_graph, random_graph
 
 aten = torch.ops.aten
 
@@ -18,6 +19,18 @@ aten = torch.ops.aten
 #: Random ops for ``arbitrary_dags(random_ops=True)``: (target, extra args, returns a tuple).
 RANDOM_OPS = ((aten.native_dropout.default, (0.5, True), True), (aten.rand_like.default, (), False),
               (aten.bernoulli.p, (0.5,), False))
+
+
+#: DeepCompile-style graphs: random ZeRO-3-like DAGs and Mixtral-like stacks (a router and many
+#: parallel same-size experts per layer), forward and backward.
+zero3_graphs = st.one_of(
+    st.builds(lambda seed, kind, n_params, kwargs_deps: random_graph(seed, kind=kind, n_params=n_params,
+                                                                     kwargs_deps=kwargs_deps),
+              st.integers(0, 10**6), st.sampled_from(["forward", "backward"]), st.integers(1, 10), st.booleans()),
+    st.builds(lambda seed, kind, n_layers, n_experts, tie_prone: moe_graph(
+        seed, kind=kind, n_layers=n_layers, n_experts=n_experts, tie_prone=tie_prone),
+        st.integers(0, 10**6), st.sampled_from(["forward", "backward"]), st.integers(1, 2), st.integers(2, 8),
+        st.booleans()))
 
 
 @st.composite

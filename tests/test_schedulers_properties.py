@@ -19,7 +19,7 @@ from dcsched.nxview import check_order, input_nodes, to_fx, to_networkx
 from dcsched.roles import is_random
 from dcsched.schedulers import available, get, oracle
 from dcsched.schedulers.overlap import Overlap
-from dcsched.synthetic import random_graph
+from dcsched.synthetic import moe_graph, random_graph
 
 from strategies import arbitrary_dags
 
@@ -43,6 +43,13 @@ def _check_all(graph: torch.fx.Graph) -> None:
         assert [n.name for n in rebuilt.nodes] == order
         assert _edges(rebuilt) == _edges(graph)
         assert order == literal(view), f"{algo} differs from its oracle"
+    # deepcompile: fast-free's order with all-gathers moved ahead, at any budget a valid order.
+    for budget in (None, 0):
+        order = get("deepcompile")(view, memory_budget=budget)
+        check_order(view, order)
+        assert order == get("deepcompile")(view, memory_budget=budget)
+        assert [v for v in order if view.nodes[v]["role"] != "allgather"] == \
+            [v for v in get("fast-free")(view) if view.nodes[v]["role"] != "allgather"]
 
 
 @settings(max_examples=60, deadline=None)
@@ -50,6 +57,13 @@ def _check_all(graph: torch.fx.Graph) -> None:
        n_params=st.integers(1, 8), kwargs_deps=st.booleans(), tie_prone=st.booleans())
 def test_deepcompile_style_graphs(seed, kind, n_params, kwargs_deps, tie_prone):
     _check_all(random_graph(seed, kind=kind, n_params=n_params, kwargs_deps=kwargs_deps, tie_prone=tie_prone))
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10**6), kind=st.sampled_from(["forward", "backward"]), n_layers=st.integers(1, 2),
+       n_experts=st.integers(2, 8), tie_prone=st.booleans())
+def test_moe_graphs(seed, kind, n_layers, n_experts, tie_prone):
+    _check_all(moe_graph(seed, kind=kind, n_layers=n_layers, n_experts=n_experts, tie_prone=tie_prone))
 
 
 @settings(max_examples=80, deadline=None)
