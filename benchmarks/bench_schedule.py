@@ -50,10 +50,9 @@ def deepspeed_available() -> bool:
 
 
 def _run_reference(graph, algo, conn) -> None:
-    sys.path.insert(0, str(ROOT / "tools"))
-    from record_golden import _prepare_deepspeed, to_deepspeed_graph
+    from dcsched.deepspeed import reference_list_schedule, to_deepspeed_graph
 
-    list_schedule, _ = _prepare_deepspeed()
+    list_schedule, _ = reference_list_schedule()
     ds_graph = to_deepspeed_graph(graph)
     start = time.perf_counter()
     getattr(list_schedule, DS_FUNCS[algo])(ds_graph, 0, 0, False)

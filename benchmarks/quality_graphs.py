@@ -64,7 +64,7 @@ def captured(arch: str, n_layers: int, *, build_missing: bool = True) -> dcsched
     if not build_missing:
         return None
     from dcsched.capture import capture
-    from examples.models import build
+    from dcsched.examples import build
 
     CACHE.mkdir(parents=True, exist_ok=True)
     ignore = CACHE / ".gitignore"

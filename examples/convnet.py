@@ -3,7 +3,7 @@
     python examples/convnet.py --steps 20
     dcsched profile examples/convnet.py -o graph.pt -- --layers 3 --width 64
 
-Pure PyTorch, random initialisation, no downloads. Model sizes: see models.py.
+Pure PyTorch, random initialisation, no downloads. Model sizes: see dcsched/examples.py.
 """
 
 import argparse
@@ -11,7 +11,7 @@ import contextlib
 
 import torch
 
-from models import build
+from dcsched.examples import build
 
 
 def main() -> None:

@@ -3,7 +3,7 @@
     python examples/gpt.py --steps 20
     dcsched profile examples/gpt.py -o graph.pt -- --layers 4 --d-model 256
 
-Pure PyTorch, random initialisation, no downloads. Model sizes: see models.py.
+Pure PyTorch, random initialisation, no downloads. Model sizes: see dcsched/examples.py.
 """
 
 import argparse
@@ -11,7 +11,7 @@ import contextlib
 
 import torch
 
-from models import build
+from dcsched.examples import build
 
 
 def main() -> None:

@@ -3,7 +3,7 @@
     python examples/t5.py --steps 20
     dcsched profile examples/t5.py -o t5.pt -- --layers 2 --d-model 256
 
-Pure PyTorch, random initialisation, no downloads. Model sizes: see models.py. Its encoder's and
+Pure PyTorch, random initialisation, no downloads. Model sizes: see dcsched/examples.py. Its encoder's and
 decoder's dropouts are independent, so a scheduler that moved random ops would change what it computes
 (dcsched's keep them in order: docs/schedulers.md).
 """
@@ -12,7 +12,7 @@ import argparse
 
 import torch
 
-from models import build
+from dcsched.examples import build
 
 
 def main() -> None:

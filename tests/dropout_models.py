@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import functools
 import math
-import sys
-from pathlib import Path
 
 import dcsched
+from dcsched.examples import build
 from dcsched.schedulers import available
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 TINY = dict(n_layers=1, d_model=16, n_heads=2, vocab=32, seq=8, batch=2)
 #: model name -> options beyond TINY (T5's dropout is on by default, 0.1)
 DROPOUT_MODELS = {"t5": {}, "gpt": {"dropout": 0.1}}
@@ -22,11 +20,6 @@ DROPOUT_MODELS = {"t5": {}, "gpt": {"dropout": 0.1}}
 @functools.lru_cache(maxsize=None)
 def captured(name: str) -> dcsched.Bundle:
     """The tiny ``name`` model with dropout on, captured in training mode."""
-    sys.path.insert(0, str(EXAMPLES))
-    try:
-        from models import build
-    finally:
-        sys.path.remove(str(EXAMPLES))
     model, inputs, loss_fn = build(name, **TINY, **DROPOUT_MODELS[name])
     return dcsched.capture(model.train(), inputs, loss_fn=loss_fn)
 

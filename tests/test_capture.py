@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import operator
 import re
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -17,11 +16,10 @@ from dcsched import bundle as bundle_io
 from dcsched import ops
 from dcsched.capture import CaptureError, capture_script_step, capture_step
 from dcsched.cli import run
+from dcsched.examples import build
 from dcsched.roles import Role, is_aliasing, role_of
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples"))
-from models import build  # noqa: E402
 
 TINY = {
     "gpt": dict(n_layers=2, d_model=32, n_heads=4, vocab=64, seq=8, batch=2),

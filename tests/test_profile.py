@@ -16,13 +16,12 @@ from dcsched.costmodels import formulas
 from dcsched.capture import capture_step
 from dcsched.errors import DcschedError
 from dcsched import ops
+from dcsched.examples import build
 from dcsched.profile import ProfileOptions, profile_bundle
 from dcsched.step import build_step, installed, make_state, run_step
 from dcsched.roles import Role, role_of
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples"))
-from models import build  # noqa: E402
 
 
 @pytest.fixture(scope="module")

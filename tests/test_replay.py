@@ -403,11 +403,7 @@ def test_captured_tiny_models_replay_bit_identical_in_any_order(name):
 
 
 def _tiny_model(name):
-    sys.path.insert(0, str(ROOT / "examples"))
-    try:
-        models = pytest.importorskip("models")
-    finally:
-        sys.path.remove(str(ROOT / "examples"))
+    from dcsched import examples as models
     tiny = {"gpt": dict(n_layers=1, d_model=16, vocab=32, seq=8, batch=2),
             "llama": dict(n_layers=1, d_model=16, vocab=32, seq=8, batch=2),
             "convnet": dict(n_layers=1, width=8, batch=2)}[name]

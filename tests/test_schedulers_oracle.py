@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 
 from dcsched.nxview import to_networkx
-from dcsched.schedulers import get, oracle
+from dcsched.schedulers import get
 from dcsched.synthetic import layered_stack, random_graph
+
+import oracle  # tests/oracle.py: the literal, slow statements of the rules
 
 ORACLES = {"fast-free": oracle.fast_free_oracle, "simple-prefetch": oracle.simple_prefetch_oracle,
            "list": oracle.list_oracle}

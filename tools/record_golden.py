@@ -3,7 +3,7 @@
 Two steps, two interpreters:
 
 1. ``.venv/bin/python tools/record_golden.py bundles`` captures small models of
-   several architectures (examples/models.py), profiles them with the analytic
+   several architectures (dcsched/examples.py), profiles them with the analytic
    cost model and saves them as bundles under ``tests/golden/bundles/``, with
    copies of the repository's ``sample_graphs/*.pt`` (so the tests never
    re-capture and the golden inputs cannot drift).
@@ -100,11 +100,10 @@ def entry_id(entry: dict) -> str:
 
 
 def make_bundles() -> None:
-    sys.path.insert(0, str(ROOT / "examples"))
     import dcsched
     from dcsched.capture import capture
     from dcsched.profile import ProfileOptions, profile_bundle
-    from models import build as build_model
+    from dcsched.examples import build as build_model
 
     BUNDLES.mkdir(parents=True, exist_ok=True)
     for stem, name, config in CAPTURED:
@@ -125,62 +124,17 @@ def make_bundles() -> None:
 # Running DeepSpeed 0.19.8
 # ---------------------------------------------------------------------------
 
-def _prepare_deepspeed():
-    import torch
-
-    from dcsched import ops
-
-    ops.ensure_deepspeed_ops()  # stand-in torch.ops.dc.* with DeepSpeed's schemas
-    import deepspeed
-    import deepspeed.compile.util as ds_util
-    from deepspeed.compile import list_schedule
-
-    if deepspeed.__version__ != "0.19.8":
-        raise SystemExit(f"need deepspeed 0.19.8, found {deepspeed.__version__}")
-    ds_util.dc_handle = object()  # DeepSpeed must not build its extension
-    # DeepSpeed's aliasing table lists the aten ops accessed so far (torch.ops.aten
-    # iterates those); touch them all so it sees every view, as a long-lived process would.
-    for qualified in torch._C._dispatch_get_all_op_names():
-        namespace, _, name = qualified.partition("::")
-        if namespace == "aten":
-            try:
-                getattr(torch.ops.aten, name.split(".")[0])
-            except (AttributeError, RuntimeError):
-                pass
-    ds_util.get_no_copy_ops.cache_clear()
-    sys.setrecursionlimit(1_000_000)
-    return list_schedule, ds_util
-
-
-def _or_zero(value):
-    return 0 if value is None else value
-
-
-def to_deepspeed_graph(graph):
-    """A copy of ``graph`` with torch.ops.dc.* comm ops and every cost present (missing -> 0)."""
-    import torch
-    import torch.fx
-
-    from dcsched.roles import COMM_ROLES, role_of
-
-    new = torch.fx.Graph()
-    env = {}
-    for node in graph.nodes:
-        copy = new.node_copy(node, lambda n: env[n.name])
-        if role_of(node) in COMM_ROLES:
-            copy.target = getattr(torch.ops.dc, node.target._opname).default
-        copy.meta["device_time"] = _or_zero(node.meta.get("device_time"))
-        copy.meta["tensor_size"] = _or_zero(node.meta.get("tensor_size"))
-        env[node.name] = copy
-    return new
-
-
 def record() -> None:
     from dcsched.nxview import check_order, to_networkx
     from dcsched.errors import GraphError
     from dcsched.synthetic import graph_digest
 
-    list_schedule, ds_util = _prepare_deepspeed()
+    from dcsched.deepspeed import reference_list_schedule, to_deepspeed_graph
+
+    try:
+        list_schedule, ds_util = reference_list_schedule()
+    except RuntimeError as exc:
+        raise SystemExit(str(exc)) from None
     import deepspeed
 
     results = []

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import networkx as nx
 
-from ..lastuse import last_uses
+from dcsched.lastuse import last_uses
 
 
 def _input_order(view: nx.DiGraph) -> list[str]:
