@@ -228,15 +228,22 @@ def _read_view(view: nx.DiGraph) -> tuple:
 
 def _read_fx(graph: torch.fx.Graph) -> tuple:
     """Names, attributes (those of the view) and input names of the nodes, in input order."""
-    names, attrs, inputs = [], [], []
+    names, attrs, inputs, order_only = [], [], [], []
     output = None
+    last_random = None
     for node, data in fx_node_records(graph):
         if data["role"] == Role.OUTPUT.value:
             output = node.name
         names.append(node.name)
         attrs.append(data)
-        inputs.append([n.name for n in node.all_input_nodes])
-    return names, attrs, inputs, output
+        ins = [n.name for n in node.all_input_nodes]
+        if data["random"]:  # chained to the previous random op after its data inputs, as the view does
+            if last_random is not None and last_random not in ins:
+                ins.append(last_random)
+                order_only.append((last_random, node.name))
+            last_random = node.name
+        inputs.append(ins)
+    return names, attrs, inputs, output, order_only
 
 
 def graph_form(graph: nx.DiGraph | torch.fx.Graph | GraphForm) -> GraphForm:

@@ -21,7 +21,7 @@ def _fields(form: GraphForm) -> dict:
 
 
 @settings(max_examples=40, deadline=None)
-@given(arbitrary_dags())
+@given(arbitrary_dags(random_ops=True))
 def test_the_form_of_an_fx_graph_is_the_form_of_its_view(graph):
     assert _fields(GraphForm(graph)) == _fields(GraphForm(to_networkx(graph)))
 
@@ -85,3 +85,19 @@ def test_check_order_refuses_what_nxview_check_order_refuses():
         form.check_order(good[:-1])
     with pytest.raises(GraphError, match="not a permutation"):
         form.check_order(good[:-1] + ["nope"])
+
+
+def test_random_ops_are_chained_in_the_form_of_an_fx_graph_as_in_its_view():
+    import torch
+    import torch.fx
+
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    a = g.create_node("call_function", torch.ops.aten.rand_like.default, (x,), name="rand0")
+    b = g.create_node("call_function", torch.ops.aten.relu.default, (x,), name="relu")
+    c = g.create_node("call_function", torch.ops.aten.rand_like.default, (b,), name="rand1")
+    d = g.create_node("call_function", torch.ops.aten.add.Tensor, (a, c), name="add")
+    g.output((d,))
+    form = GraphForm(g)
+    assert _fields(form) == _fields(GraphForm(to_networkx(g)))
+    assert form.order_only == [(1, 3)] and form.preds[3] == (2, 1)
