@@ -73,74 +73,206 @@ class _Task:
 
 def fast_free_indices(g: GraphForm) -> list[int]:
     """The fast-free order as input positions (see the module docstring)."""
-    n = len(g)
-    preds, kind, size, time, names = g.preds, g.kind, g.size, g.time, g.names
-    is_ag = g.is_allgather()
-    scheduled = bytearray(n)
-    order: list[int] = []
-    for i in range(n):
-        if kind[i] == PLACEHOLDER:
-            scheduled[i] = 1
-            order.append(i)
-    ags = [i for i in range(n) if is_ag[i] and not scheduled[i]]
-    if not ags:
-        order.extend(i for i in range(n) if not scheduled[i])
-        return order
+    return FastFreeRun(g).run()
 
-    last_use, _ = last_use_indices(preds, g.aliasing)
-    # An all-gather nobody reads is its own last use (DeepSpeed fails on it).
-    last = {ag: (last_use[ag] if last_use[ag] is not None else ag) for ag in ags}
-    releases = g.releases_by_ds_id()
 
-    # Bit b stands for an all-gather; bits go by the position of its last use, so a
-    # set's highest pending bit is usually the all-gather of it that runs last.
-    by_last = sorted(ags, key=lambda ag: (last[ag], ag))
-    bit_of = {ag: b for b, ag in enumerate(by_last)}
-    ag_of_bit = by_last
+class FastFreeRun:
+    """One run of fast-free over a graph form: the incremental state of the module docstring.
 
-    reduces = [i for i in range(n) if kind[i] == REDUCE]
-    outputs = []
-    if g.output is not None:
-        outputs = [p for p in preds[g.output] if kind[p] != REDUCE]
-    release_list = [r for rels in releases.values() for r in rels]
-    targets = set(last.values()) | set(reduces) | set(outputs) | set(ags) | set(release_list)
-    targets.update(p for ag in ags for p in preds[last[ag]])
-    anc = _allgather_ancestors(g, bit_of, targets)
-    # All-gathers among the ancestors of a parameter's releases (static).
-    release_mask: dict = {}
-    for d, rels in releases.items():
-        mask = 0
-        for r in rels:
-            mask |= anc[r]
-        release_mask[d] = mask
-    size_of_bit = [size[ag] for ag in ag_of_bit]
-    own_bit = {ag: 1 << b for ag, b in bit_of.items()}
+    ``run()`` returns the order; the other methods are its steps (a round's
+    tier, choice and commit; the candidates' paths and their device-time
+    comparison).
+    """
 
-    pending = (1 << len(ags)) - 1
-    n_scheduled_ags = 0
-    heap = [((anc[last[ag]]).bit_count(), ag) for ag in ags]
-    heapq.heapify(heap)
+    def __init__(self, g: GraphForm):
+        n = len(g)
+        self.g = g
+        self.is_ag = is_ag = g.is_allgather()
+        self.scheduled = bytearray(n)
+        self.order: list[int] = []
+        for i in range(n):
+            if g.kind[i] == PLACEHOLDER:
+                self.scheduled[i] = 1
+                self.order.append(i)
+        self.ags = [i for i in range(n) if is_ag[i] and not self.scheduled[i]]
+        self.n_scheduled_ags = 0
+        # Per-candidate paths (valid until one of their nodes runs) and the DFS stamp.
+        self.tasks: dict[int, _Task] = {}
+        self.watchers: dict[int, list[_Task]] = {}
+        self.mark = [0] * n
+        self.stamp = 0
+        # The backward search's rank, computed on the first comparison (see _exclusive_times).
+        self.rank: list[int] = []
+        # A float sum of n terms in any order lies within sum_error of the exact sum
+        # (recursive summation: gamma_{n-1} times the sum of magnitudes), so exact
+        # sums further apart than twice that order the floats the same way.
+        total_magnitude = math.fsum(abs(t) for t in g.time)
+        unit = 2.0 ** -53
+        self.sum_error = n * unit / (1 - n * unit) * total_magnitude if math.isfinite(total_magnitude) else math.inf
+        if self.ags:
+            self._index_allgathers()
 
-    # Reduces and outputs wait on one pending all-gather of their set at a time.
-    waiting: dict[int, list[int]] = {}
-    ready_now: list[int] = []
-    for t in reduces + outputs:
-        mask = anc[t]
-        if mask:
-            waiting.setdefault(mask.bit_length() - 1, []).append(t)
-        else:
-            ready_now.append(t)
-    reduce_rank = {r: k for k, r in enumerate(reduces)}
-    output_rank = {o: k for k, o in enumerate(outputs)}
+    def _index_allgathers(self) -> None:
+        """Last uses, the all-gather bitsets, the tier heap and the reduces and outputs waiting on gathers."""
+        g, ags = self.g, self.ags
+        preds, kind = g.preds, g.kind
+        last_use, _ = last_use_indices(preds, g.aliasing)
+        # An all-gather nobody reads is its own last use (DeepSpeed fails on it).
+        self.last = last = {ag: (last_use[ag] if last_use[ag] is not None else ag) for ag in ags}
+        self.releases = releases = g.releases_by_ds_id()
+        # Bit b stands for an all-gather; bits go by the position of its last use, so a
+        # set's highest pending bit is usually the all-gather of it that runs last.
+        by_last = sorted(ags, key=lambda ag: (last[ag], ag))
+        self.bit_of = bit_of = {ag: b for b, ag in enumerate(by_last)}
+        reduces = [i for i in range(len(g)) if kind[i] == REDUCE]
+        outputs = [p for p in preds[g.output] if kind[p] != REDUCE] if g.output is not None else []
+        targets = set(last.values()) | set(reduces) | set(outputs) | set(ags)
+        targets.update(r for rels in releases.values() for r in rels)
+        targets.update(p for ag in ags for p in preds[last[ag]])
+        self.anc = anc = _allgather_ancestors(g, bit_of, targets)
+        # All-gathers among the ancestors of a parameter's releases (static).
+        self.release_mask = {d: _union(anc[r] for r in rels) for d, rels in releases.items()}
+        self.size_of_bit = [g.size[ag] for ag in by_last]
+        self.own_bit = {ag: 1 << b for ag, b in bit_of.items()}
+        self.pending = (1 << len(ags)) - 1
+        self.heap = [((anc[last[ag]]).bit_count(), ag) for ag in ags]
+        heapq.heapify(self.heap)
+        # Reduces and outputs wait on one pending all-gather of their set at a time.
+        self.waiting: dict[int, list[int]] = {}
+        self.ready_now: list[int] = []
+        for t in reduces + outputs:
+            mask = anc[t]
+            if mask:
+                self.waiting.setdefault(mask.bit_length() - 1, []).append(t)
+            else:
+                self.ready_now.append(t)
+        self.reduce_rank = {r: k for k, r in enumerate(reduces)}
+        self.output_rank = {o: k for k, o in enumerate(outputs)}
 
-    tasks: dict[int, _Task] = {}
-    watchers: dict[int, list[_Task]] = {}
-    mark = [0] * n
-    stamp = 0
+    def run(self) -> list[int]:
+        """The order: rounds until every all-gather ran, then the rest in input order."""
+        while self.n_scheduled_ags < len(self.ags):
+            chosen_ag, freeing = self._choose(self._tier())
+            if freeing:
+                task = self.tasks.get(chosen_ag)
+                if task is None or not task.valid:
+                    task = self._make_task(chosen_ag)
+                nodes = task.path
+            else:
+                nodes = self._requirements_of(chosen_ag)
+            self.tasks.pop(chosen_ag, None)
+            self._commit(nodes)
+            self._run_ready()
+        scheduled = self.scheduled
+        self.order.extend(i for i in range(len(self.g)) if not scheduled[i])
+        return self.order
 
-    def requirements(root: int, out: list[int]) -> None:
-        # Iterative post-order DFS over unscheduled ancestors, inputs in reading order;
-        # nodes already marked with the current stamp count as scheduled.
+    # -- one round ---------------------------------------------------------------
+    def _tier(self) -> list[int]:
+        """The pending all-gathers of the smallest count (all-gathers their last use waits for).
+
+        A heap entry's key minus the all-gathers scheduled so far is a lower
+        bound on its current count.
+        """
+        heap, scheduled, anc, last, pending = self.heap, self.scheduled, self.anc, self.last, self.pending
+        done = self.n_scheduled_ags
+        best = None
+        tier: list[int] = []
+        evaluated = []
+        while heap and (best is None or heap[0][0] - done <= best):
+            _, ag = heapq.heappop(heap)
+            if scheduled[ag]:  # no longer pending
+                continue
+            count = (anc[last[ag]] & pending).bit_count()
+            evaluated.append((count + done, ag))
+            if best is None or count < best:
+                best, tier = count, [ag]
+            elif count == best:
+                tier.append(ag)
+        for entry in evaluated:
+            heapq.heappush(heap, entry)
+        return tier
+
+    def _choose(self, tier: list[int]) -> tuple[int, bool]:
+        """The tier's best candidate, and whether it frees (needs no other all-gather before its last use).
+
+        Integer parts of the scores from the bitsets; the device-time sum
+        (which needs the path) only when they tie.
+        """
+        g, anc, last, pending, own_bit, size = self.g, self.anc, self.last, self.pending, self.own_bit, self.g.size
+        scored = []
+        for ag in tier:
+            at_last = anc[last[ag]] & pending  # holds the all-gather's own bit
+            if anc[ag] == own_bit[ag]:  # the usual case: no all-gather before this one
+                before = at_last ^ own_bit[ag]
+                ag_acc = size[ag]
+            else:
+                own = anc[ag] & pending
+                before = at_last & ~own
+                ag_acc = _bytes(own, self.size_of_bit)
+            free_acc = _bytes(before, self.size_of_bit) if before else 0
+            n_ags = ((at_last | self.release_mask.get(g.ds_id[ag], 0)) & pending).bit_count()
+            scored.append((free_acc, n_ags, ag_acc, ag))
+        freeing = any(t[0] == 0 for t in scored)
+        if freeing:
+            scored = [(n_ags, ag_acc, ag) for free_acc, n_ags, ag_acc, ag in scored if free_acc == 0]
+        best_int = min(t[:-1] for t in scored)
+        tied = [t[-1] for t in scored if t[:-1] == best_int]
+        if len(tied) == 1:
+            return tied[0], freeing
+        names = g.names
+        if _equal_free_costs(tied, g, last, self.scheduled, anc, self.bit_of):
+            return min(tied, key=names.__getitem__), freeing
+        chosen_ag = tied[0]
+        for ag in tied[1:]:
+            sign = self._compare_free_costs(ag, chosen_ag)
+            if sign < 0 or (sign == 0 and names[ag] < names[chosen_ag]):
+                chosen_ag = ag
+        return chosen_ag, freeing
+
+    def _commit(self, nodes) -> None:
+        """Run ``nodes``: mark them, drop the paths they invalidate, wake what waited on their all-gathers."""
+        scheduled, order, watchers, is_ag = self.scheduled, self.order, self.watchers, self.is_ag
+        for v in nodes:
+            scheduled[v] = 1
+            order.append(v)
+            stale = watchers.pop(v, None)
+            if stale:
+                for task in stale:
+                    task.valid = False
+            if is_ag[v]:
+                b = self.bit_of[v]
+                self.pending &= ~(1 << b)
+                self.n_scheduled_ags += 1
+                for t in self.waiting.pop(b, ()):
+                    mask = self.anc[t] & self.pending
+                    if mask:
+                        self.waiting.setdefault(mask.bit_length() - 1, []).append(t)
+                    else:
+                        self.ready_now.append(t)
+
+    def _run_ready(self) -> None:
+        """Every reduce, then every output, whose all-gathers have all run, with its unscheduled ancestors."""
+        ready = self.ready_now[:]
+        self.ready_now.clear()
+        for rank in (self.reduce_rank, self.output_rank):
+            for t in sorted((t for t in ready if t in rank), key=rank.__getitem__):
+                self._commit(self._requirements_of(t))
+
+    # -- paths -------------------------------------------------------------------
+    def _requirements_of(self, root: int) -> list[int]:
+        """The unscheduled ancestors of ``root`` and ``root``, in post-order (a fresh stamp)."""
+        self.stamp += 1
+        path: list[int] = []
+        self._requirements(root, path)
+        return path
+
+    def _requirements(self, root: int, out: list[int]) -> None:
+        """Append to ``out`` the unscheduled ancestors of ``root`` not yet marked with the current stamp.
+
+        Iterative post-order DFS, inputs in reading order.
+        """
+        scheduled, mark, stamp, preds = self.scheduled, self.mark, self.stamp, self.g.preds
         if scheduled[root] or mark[root] == stamp:
             return
         mark[root] = stamp
@@ -166,25 +298,26 @@ def fast_free_indices(g: GraphForm) -> list[int]:
                 cursor.pop()
                 out.append(v)
 
-    def make_task(ag: int) -> _Task:
-        nonlocal stamp
-        stamp += 1
-        path: list[int] = []
-        requirements(ag, path)
+    def _make_task(self, ag: int) -> _Task:
+        """``ag``'s path (its ancestors, its last use's, its releases') and DeepSpeed's score of it."""
+        g, is_ag = self.g, self.is_ag
+        time, size = g.time, g.size
+        path = self._requirements_of(ag)
         until_ag = len(path)
-        requirements(last[ag], path)
+        self._requirements(self.last[ag], path)
         until_last = len(path)
-        for r in releases.get(g.ds_id[ag], ()):
-            requirements(r, path)
+        for r in self.releases.get(g.ds_id[ag], ()):
+            self._requirements(r, path)
         free_cost = sum([time[v] for v in path[until_ag:until_last]])
         ag_acc = sum([size[v] for v in path[:until_ag] if is_ag[v]])
         free_acc = sum([size[v] for v in path[until_ag:until_last] if is_ag[v]])
         n_ags = sum(1 for v in path if is_ag[v])
         if free_acc == 0:
-            key = (n_ags, ag_acc, free_cost, names[ag])
+            key = (n_ags, ag_acc, free_cost, g.names[ag])
         else:
-            key = (free_acc, n_ags, ag_acc, free_cost, names[ag])
+            key = (free_acc, n_ags, ag_acc, free_cost, g.names[ag])
         task = _Task(ag, path, until_ag, free_acc, key)
+        watchers = self.watchers
         for v in path:
             w = watchers.get(v)
             if w is None:
@@ -193,20 +326,13 @@ def fast_free_indices(g: GraphForm) -> list[int]:
                 w.append(task)
         return task
 
-    # A float sum of n terms in any order lies within sum_error of the exact sum
-    # (recursive summation: gamma_{n-1} times the sum of magnitudes), so exact
-    # sums further apart than twice that order the floats the same way.
-    total_magnitude = math.fsum(abs(t) for t in time)
-    unit = 2.0 ** -53
-    sum_error = n * unit / (1 - n * unit) * total_magnitude if math.isfinite(total_magnitude) else math.inf
+    def _task_of(self, ag: int) -> _Task:
+        task = self.tasks.get(ag)
+        if task is None or not task.valid:
+            task = self.tasks[ag] = self._make_task(ag)
+        return task
 
-    # The backward search pops nodes in reverse of a topological order that puts
-    # each node as late as it can go (depth-first post-order from the sinks), so
-    # a gather and its wait sit beside their reader rather than at the head of
-    # the graph, and two searches meet soon after their paths merge.
-    rank: list[int] = []  # computed on the first comparison
-
-    def compare_free_costs(a: int, b: int, task_of) -> int:
+    def _compare_free_costs(self, a: int, b: int) -> int:
         """Sign of free_cost(a) - free_cost(b), as DeepSpeed's float sums compare.
 
         Decided from the exact difference of the two free paths, found by a
@@ -214,29 +340,33 @@ def fast_free_indices(g: GraphForm) -> list[int]:
         merge; only when that difference is within rounding error are the two
         paths built and summed in DeepSpeed's order.
         """
-        nonlocal stamp
-        if sum_error != math.inf:
-            terms = _exclusive_times(a, b)
+        if self.sum_error != math.inf:
+            time = self.g.time
+            terms = self._exclusive_times(a, b)
             for ag, sign in ((a, -1), (b, 1)):
-                stamp += 1
-                until: list[int] = []
-                requirements(ag, until)
-                terms.extend(sign * time[v] for v in until)
+                terms.extend(sign * time[v] for v in self._requirements_of(ag))
             diff = math.fsum(terms)
-            if abs(diff) > 2.5 * sum_error:
+            if abs(diff) > 2.5 * self.sum_error:
                 return -1 if diff < 0 else 1
-        fa, fb = task_of(a).key[-2], task_of(b).key[-2]
+        fa, fb = self._task_of(a).key[-2], self._task_of(b).key[-2]
         return -1 if fa < fb else (1 if fa > fb else 0)
 
-    def _exclusive_times(a: int, b: int) -> list:
+    def _exclusive_times(self, a: int, b: int) -> list:
         """Device times of the unscheduled ancestors of a's last use that are not
-        ancestors of b's (positive), and the other way round (negative)."""
-        la, lb = last[a], last[b]
+        ancestors of b's (positive), and the other way round (negative).
+
+        The search pops nodes in reverse of a topological order that puts each
+        node as late as it can go (depth-first post-order from the sinks), so a
+        gather and its wait sit beside their reader rather than at the head of
+        the graph, and two searches meet soon after their paths merge.
+        """
+        la, lb = self.last[a], self.last[b]
         terms: list = []
         if la == lb:
             return terms
+        rank, time, preds, scheduled = self.rank, self.g.time, self.g.preds, self.scheduled
         if not rank:
-            rank.extend(_late_topological_rank(g))
+            rank.extend(_late_topological_rank(self.g))
         label = {la: 1, lb: 2}
         heap = sorted([(-rank[la], la), (-rank[lb], lb)])
         open_count = 2  # entries in the heap reached from one side only
@@ -260,109 +390,12 @@ def fast_free_indices(g: GraphForm) -> list[int]:
                     open_count -= 1
         return terms
 
-    def commit(nodes) -> None:
-        nonlocal pending, n_scheduled_ags
-        for v in nodes:
-            scheduled[v] = 1
-            order.append(v)
-            stale = watchers.pop(v, None)
-            if stale:
-                for task in stale:
-                    task.valid = False
-            if is_ag[v]:
-                b = bit_of[v]
-                pending &= ~(1 << b)
-                n_scheduled_ags += 1
-                for t in waiting.pop(b, ()):
-                    mask = anc[t] & pending
-                    if mask:
-                        waiting.setdefault(mask.bit_length() - 1, []).append(t)
-                    else:
-                        ready_now.append(t)
 
-    def run_ready() -> None:
-        nonlocal stamp
-        ready = ready_now[:]
-        ready_now.clear()
-        for group, rank in ((reduce_rank, reduce_rank), (output_rank, output_rank)):
-            for t in sorted((t for t in ready if t in group), key=rank.__getitem__):
-                stamp += 1
-                path: list[int] = []
-                requirements(t, path)
-                commit(path)
-
-    while n_scheduled_ags < len(ags):
-        # The tier: pending all-gathers of the smallest count. A heap entry's key minus the
-        # all-gathers scheduled so far is a lower bound on its current count.
-        best = None
-        tier: list[int] = []
-        evaluated = []
-        while heap and (best is None or heap[0][0] - n_scheduled_ags <= best):
-            _, ag = heapq.heappop(heap)
-            if scheduled[ag]:  # no longer pending
-                continue
-            count = (anc[last[ag]] & pending).bit_count()
-            evaluated.append((count + n_scheduled_ags, ag))
-            if best is None or count < best:
-                best, tier = count, [ag]
-            elif count == best:
-                tier.append(ag)
-        for entry in evaluated:
-            heapq.heappush(heap, entry)
-
-        # Integer parts of the scores from the bitsets; the device-time sum (which
-        # needs the path) only when they tie.
-        scored = []
-        for ag in tier:
-            at_last = anc[last[ag]] & pending  # holds the all-gather's own bit
-            if anc[ag] == own_bit[ag]:  # the usual case: no all-gather before this one
-                before = at_last ^ own_bit[ag]
-                ag_acc = size[ag]
-            else:
-                own = anc[ag] & pending
-                before = at_last & ~own
-                ag_acc = _bytes(own, size_of_bit)
-            free_acc = _bytes(before, size_of_bit) if before else 0
-            n_ags = ((at_last | release_mask.get(g.ds_id[ag], 0)) & pending).bit_count()
-            scored.append((free_acc, n_ags, ag_acc, ag))
-        if any(t[0] == 0 for t in scored):
-            scored = [(n_ags, ag_acc, ag) for free_acc, n_ags, ag_acc, ag in scored if free_acc == 0]
-            freeing = True
-        else:
-            freeing = False
-        best_int = min(t[:-1] for t in scored)
-        tied = [t[-1] for t in scored if t[:-1] == best_int]
-        if len(tied) == 1:
-            chosen_ag = tied[0]
-        else:
-            def task_of(ag):
-                task = tasks.get(ag)
-                if task is None or not task.valid:
-                    task = tasks[ag] = make_task(ag)
-                return task
-            if _equal_free_costs(tied, g, last, scheduled, anc, bit_of):
-                chosen_ag = min(tied, key=names.__getitem__)
-            else:
-                chosen_ag = tied[0]
-                for ag in tied[1:]:
-                    sign = compare_free_costs(ag, chosen_ag, task_of)
-                    if sign < 0 or (sign == 0 and names[ag] < names[chosen_ag]):
-                        chosen_ag = ag
-        if freeing:
-            task = tasks.get(chosen_ag)
-            if task is None or not task.valid:
-                task = make_task(chosen_ag)
-            nodes = task.path
-        else:
-            stamp += 1
-            nodes = []
-            requirements(chosen_ag, nodes)
-        tasks.pop(chosen_ag, None)
-        commit(nodes)
-        run_ready()
-
-    order.extend(i for i in range(n) if not scheduled[i])
-    return order
+def _union(masks) -> int:
+    total = 0
+    for mask in masks:
+        total |= mask
+    return total
 
 
 def _equal_free_costs(tied, g: GraphForm, last, scheduled, anc, bit_of) -> bool:
