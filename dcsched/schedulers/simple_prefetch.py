@@ -43,21 +43,100 @@ def simple_prefetch(view: nx.DiGraph) -> list[str]:
 
 def simple_prefetch_indices(g: GraphForm) -> list[int]:
     """The simple-prefetch order as input positions (see the module docstring)."""
-    n = len(g)
-    preds, succs, time = g.preds, g.succs, g.time
-    is_ag = g.is_allgather()
-    missing = [len(p) for p in preds]  # inputs not yet decided
-    decided = bytearray(n)
-    order: list[int] = []
+    return SimplePrefetchRun(g).run()
 
-    def decide(v: int, found_ags: list[int]) -> None:
-        decided[v] = 1
-        for u in succs[v]:
+
+class SimplePrefetchRun:
+    """One run of simple-prefetch over a graph form: the decided set, the trials and their watch lists."""
+
+    def __init__(self, g: GraphForm):
+        n = len(g)
+        self.preds, self.succs, self.time = g.preds, g.succs, g.time
+        self.is_ag = g.is_allgather()
+        self.missing = [len(p) for p in g.preds]  # inputs not yet decided
+        self.decided = bytearray(n)
+        self.order: list[int] = []
+        # watch[u]: {inputs a trial supplies to u: [(all-gather, trial version)]} for a reader u it found blocked
+        self.watch: list[dict | None] = [None] * n
+        self.versions = [0] * n
+        self.dirty: list[int] = []  # all-gathers whose trial is stale
+        self.new_ags: list[int] = []  # all-gathers that just became runnable
+        self.heap: list[tuple] = []  # (-unblocked time, all-gather, version, what it unblocks)
+
+    def run(self) -> list[int]:
+        held = self._start()
+        order, decided, heap, versions = self.order, self.decided, self.heap, self.versions
+        remaining = len(decided) - len(order) - len(held)
+        while remaining:
+            for ag in self.dirty:
+                if not decided[ag]:
+                    self._trial(ag)
+            self.dirty.clear()
+            while heap:
+                _, ag, version, found = heap[0]
+                if decided[ag] or versions[ag] != version:
+                    heapq.heappop(heap)
+                    continue
+                break
+            else:
+                raise GraphError("simple-prefetch found no runnable all-gather (the graph has a cycle)")
+            heapq.heappop(heap)
+            versions[ag] += 1
+            self._place(ag, held)
+            self._decide(ag)
+            for v in found:
+                self._decide(v)
+            held = found
+            remaining -= 1 + len(found)
+            self._try_new()
+        order.extend(held)
+        return order
+
+    def _start(self) -> list[int]:
+        """Place the nodes without inputs; return the first sweep (everything runnable without an all-gather)."""
+        preds, succs, is_ag, missing, decided = self.preds, self.succs, self.is_ag, self.missing, self.decided
+        n = len(preds)
+        start = [i for i in range(n) if not preds[i]]
+        self.order.extend(start)
+        for v in start:
+            self._decide(v)
+        stack = [i for i in range(n) if not decided[i] and not is_ag[i] and missing[i] == 0]
+        held: list[int] = []
+        while stack:
+            v = stack.pop()
+            for u in succs[v]:
+                if missing[u] == 1 and not is_ag[u]:
+                    stack.append(u)
+            self._decide(v)
+            held.append(v)
+        self._try_new()
+        return held
+
+    def _place(self, ag: int, held: list[int]) -> None:
+        """Append the held work and the winning all-gather, the all-gather first.
+
+        DeepSpeed places the all-gather before the held work; when the
+        all-gather reads some of that work (never in DeepCompile graphs) that
+        order would be invalid, so it goes right after the last held node it
+        reads instead.
+        """
+        held_at = {v: k for k, v in enumerate(held)}
+        after = max((held_at[p] for p in self.preds[ag] if p in held_at), default=-1)
+        order = self.order
+        order.extend(held[:after + 1])
+        order.append(ag)
+        order.extend(held[after + 1:])
+
+    def _decide(self, v: int) -> None:
+        """Mark ``v`` decided: note the all-gathers it makes runnable, and the trials it makes stale."""
+        missing, is_ag, watch, versions = self.missing, self.is_ag, self.watch, self.versions
+        self.decided[v] = 1
+        for u in self.succs[v]:
             m = missing[u] - 1
             missing[u] = m
             if is_ag[u]:
                 if not m:
-                    found_ags.append(u)
+                    self.new_ags.append(u)
                 continue
             bucket = watch[u]
             if bucket is not None:
@@ -66,36 +145,18 @@ def simple_prefetch_indices(g: GraphForm) -> list[int]:
                     for ag, version in stale:
                         if versions[ag] == version:
                             versions[ag] += 1
-                            dirty.append(ag)
+                            self.dirty.append(ag)
                 if not bucket:
                     watch[u] = None
 
-    watch: list[dict | None] = [None] * n
-    versions = [0] * n
-    dirty: list[int] = []
-    new_ags: list[int] = []
+    def _try_new(self) -> None:
+        for ag in self.new_ags:
+            self._trial(ag)
+        self.new_ags.clear()
 
-    start = [i for i in range(n) if not preds[i]]
-    for v in start:
-        order.append(v)
-    for v in start:
-        decide(v, new_ags)
-
-    # The first sweep: everything runnable without an all-gather.
-    stack = [i for i in range(n) if not decided[i] and not is_ag[i] and missing[i] == 0]
-    held: list[int] = []
-    while stack:
-        v = stack.pop()
-        for u in succs[v]:
-            if missing[u] == 1 and not is_ag[u]:
-                stack.append(u)
-        decide(v, new_ags)
-        held.append(v)
-
-    heap: list[tuple] = []
-
-    def trial(ag: int) -> None:
-        # What running `ag` now would unblock, as DeepSpeed's sweep finds it.
+    def _trial(self, ag: int) -> None:
+        """What running ``ag`` now would unblock, as DeepSpeed's sweep finds it; pushed on the heap."""
+        succs, is_ag, missing, watch = self.succs, self.is_ag, self.missing, self.watch
         local: dict[int, int] = {}
         found: list[int] = []
         stack = [ag]
@@ -110,7 +171,7 @@ def simple_prefetch_indices(g: GraphForm) -> list[int]:
                     stack.append(u)
             if v != ag:
                 found.append(v)
-        version = versions[ag]
+        version = self.versions[ag]
         for u, m in local.items():
             if m:
                 supplied = missing[u] - m
@@ -118,44 +179,6 @@ def simple_prefetch_indices(g: GraphForm) -> list[int]:
                 if bucket is None:
                     bucket = watch[u] = {}
                 bucket.setdefault(supplied, []).append((ag, version))
+        time = self.time
         unblocked = sum([time[v] for v in found])
-        heapq.heappush(heap, (-unblocked, ag, version, found))
-
-    for ag in new_ags:
-        trial(ag)
-    new_ags.clear()
-
-    remaining = n - len(order) - len(held)
-    while remaining:
-        for ag in dirty:
-            if not decided[ag]:
-                trial(ag)
-        dirty.clear()
-        while heap:
-            _, ag, version, found = heap[0]
-            if decided[ag] or versions[ag] != version:
-                heapq.heappop(heap)
-                continue
-            break
-        else:
-            raise GraphError("simple-prefetch found no runnable all-gather (the graph has a cycle)")
-        heapq.heappop(heap)
-        versions[ag] += 1
-        # DeepSpeed places the all-gather before the held work; when the all-gather
-        # reads some of that work (never in DeepCompile graphs) that order would be
-        # invalid, so it goes right after the last held node it reads instead.
-        held_at = {v: k for k, v in enumerate(held)}
-        after = max((held_at[p] for p in preds[ag] if p in held_at), default=-1)
-        order.extend(held[:after + 1])
-        order.append(ag)
-        order.extend(held[after + 1:])
-        decide(ag, new_ags)
-        for v in found:
-            decide(v, new_ags)
-        held = found
-        remaining -= 1 + len(found)
-        for new in new_ags:
-            trial(new)
-        new_ags.clear()
-    order.extend(held)
-    return order
+        heapq.heappush(self.heap, (-unblocked, ag, version, found))
