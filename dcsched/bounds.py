@@ -37,7 +37,7 @@ True
 
 from __future__ import annotations
 
-from .graphform import ALLGATHER, COMM_KINDS, COMPUTE, RELEASE
+from .graphform import ALLGATHER, COMM_KINDS, COMPUTE
 from .simulate import CompiledGraph
 
 
@@ -158,42 +158,80 @@ def budget_bound(compiled: CompiledGraph, budget: float, window: int = 8) -> flo
     >>> budget_bound(c, float("inf")) >= c.compute_ms
     True
     """
-    kind, dur, alloc, topo, preds, succs = (compiled.kind, compiled.duration, compiled.alloc, compiled.topo,
-                                            compiled.preds, compiled.succs)
-    n = len(kind)
-    if n == 0:
-        return 0.0
-    gathers_read = [tuple(g for g in compiled.gates[i] if kind[g] == ALLGATHER) if kind[i] == COMPUTE else ()
-                    for i in range(n)]
-    readers_of: dict[int, list[int]] = {}
-    for i in range(n):
-        for r in compiled.reads[i]:
-            if kind[r] == ALLGATHER:
-                readers_of.setdefault(r, []).append(i)
-    releases_of: dict = {}
-    for i in range(n):
-        if kind[i] == RELEASE:
-            releases_of.setdefault(compiled.ds_id[i], []).append(i)
-    # ancestors-or-self / descendants-or-self of every node, as bitsets over node numbers.
-    anc = [0] * n
-    for i in topo:
-        b = 1 << i
-        for p in preds[i]:
-            b |= anc[p]
-        anc[i] = b
-    desc = [0] * n
-    for i in reversed(topo):
-        b = 1 << i
-        for s in succs[i]:
-            b |= desc[s]
-        desc[i] = b
-    compute_mask = 0
-    for i in range(n):
-        if kind[i] == COMPUTE and dur[i] > 0:
-            compute_mask |= 1 << i
+    return _BudgetBound(compiled, budget).value(window)
 
-    def weight(mask: int, limit: float) -> float:
+
+class _BudgetBound:
+    """The bitsets and tables :func:`budget_bound` works from, and its steps as methods."""
+
+    def __init__(self, compiled: CompiledGraph, budget: float):
+        self.c = compiled
+        self.budget = budget
+        kind, dur, topo, preds, succs = compiled.kind, compiled.duration, compiled.topo, compiled.preds, compiled.succs
+        n = len(kind)
+        self.gathers_read = [tuple(g for g in compiled.gates[i] if kind[g] == ALLGATHER) if kind[i] == COMPUTE
+                             else () for i in range(n)]
+        self.readers_of: dict[int, list[int]] = {}
+        for i in range(n):
+            for r in compiled.reads[i]:
+                if kind[r] == ALLGATHER:
+                    self.readers_of.setdefault(r, []).append(i)
+        self.releases_of = compiled.releases_by_ds_id()
+        # ancestors-or-self / descendants-or-self of every node, as bitsets over node numbers.
+        self.anc = anc = [0] * n
+        for i in topo:
+            b = 1 << i
+            for p in preds[i]:
+                b |= anc[p]
+            anc[i] = b
+        self.desc = desc = [0] * n
+        for i in reversed(topo):
+            b = 1 << i
+            for s in succs[i]:
+                b |= desc[s]
+            desc[i] = b
+        compute_mask = 0
+        for i in range(n):
+            if kind[i] == COMPUTE and dur[i] > 0:
+                compute_mask |= 1 << i
+        self.compute_mask = compute_mask
+        self.readers = [i for i in topo if self.gathers_read[i]]
+        self.dependents: dict[int, int] = {}
+
+    def value(self, window: int) -> float:
+        """Total compute plus the best chain of forced idle intervals (dynamic programming over the readers)."""
+        c, readers, anc, desc, gathers_read = self.c, self.readers, self.anc, self.desc, self.gathers_read
+        dur = c.duration
+        if len(c) == 0:
+            return 0.0
+        if self.budget == float("inf") or not readers:
+            return c.compute_ms
+        # reach[i]: the best chain ending at i or at one of its ancestors (where a next pair may start).
+        reach = [0.0] * len(c)
+        position = {v: k for k, v in enumerate(readers)}
+        for i in c.topo:
+            inherited = max((reach[p] for p in c.preds[i]), default=0.0)
+            k = position.get(i)
+            if k is not None:
+                value = 0.0
+                if k < HEAD_READERS:
+                    needed = dict.fromkeys(g for x in readers[:k + 1] if (anc[i] >> x) & 1 for g in gathers_read[x])
+                    head = sum(dur[g] for g in needed)
+                    value = head - self.weight(self.compute_mask & ~desc[i], head)
+                for at_u in range(max(0, k - window), k):
+                    u = readers[at_u]
+                    if not (desc[u] >> i) & 1:
+                        continue
+                    idle = self.pair_idle(at_u, k)
+                    if idle > 0:
+                        value = max(value, reach[u] + idle)
+                inherited = max(inherited, value)
+            reach[i] = inherited
+        return c.compute_ms + max(reach)
+
+    def weight(self, mask: int, limit: float) -> float:
         """Total compute duration of the nodes in ``mask`` (stops counting past ``limit``)."""
+        dur = self.c.duration
         total = 0.0
         for x in _bits(mask):
             if total >= limit:
@@ -201,69 +239,69 @@ def budget_bound(compiled: CompiledGraph, budget: float, window: int = 8) -> flo
             total += dur[x]
         return total
 
-    def released_within(g: int, mask: int) -> bool:
+    def released_within(self, g: int, mask: int) -> bool:
         """Whether every release of ``g``'s parameter is in ``mask``."""
-        return all((mask >> r) & 1 for r in releases_of.get(compiled.ds_id[g], ()))
+        return all((mask >> r) & 1 for r in self.releases_of.get(self.c.ds_id[g], ()))
 
-    def held_through(g: int, u: int) -> bool:
-        # Issued before u, g is still live at u: no release of its parameter can come before u, and
-        # something at or after u reads it (a buffer no release frees lives until its last reader).
-        if not released_within(g, desc[u] & ~(1 << u)):
+    def held_through(self, g: int, u: int) -> bool:
+        """Whether ``g``, issued before ``u``, is still live at ``u``.
+
+        No release of its parameter can come before u, and something at or
+        after u reads it (a buffer no release frees lives until its last reader).
+        """
+        desc = self.desc
+        if not self.released_within(g, desc[u] & ~(1 << u)):
             return False
-        return any((desc[u] >> r) & 1 for r in readers_of.get(g, ()))
+        return any((desc[u] >> r) & 1 for r in self.readers_of.get(g, ()))
 
-    readers = [i for i in topo if gathers_read[i]]
-    if budget == float("inf") or not readers:
-        return compiled.compute_ms
-
-    dependents: dict[int, int] = {}
-
-    def depends_on(g: int) -> int:
+    def depends_on(self, g: int) -> int:
         """Bitset of the nodes that cannot start before all-gather ``g`` has finished."""
-        if g not in dependents:
+        if g not in self.dependents:
             mask = 0
-            for r in readers_of.get(g, ()):
-                mask |= desc[r]
-            dependents[g] = mask
-        return dependents[g]
+            for r in self.readers_of.get(g, ()):
+                mask |= self.desc[r]
+            self.dependents[g] = mask
+        return self.dependents[g]
 
-    def pair_idle(at_u: int, at_v: int) -> float:
+    def pair_idle(self, at_u: int, at_v: int) -> float:
         """The compute stream's forced idle time between readers[at_u] ending and readers[at_v] starting."""
+        readers, gathers_read, alloc, dur = self.readers, self.gathers_read, self.c.alloc, self.c.duration
         u, v = readers[at_u], readers[at_v]
-        own = [g for g in gathers_read[u] if held_through(g, u)]
+        own = [g for g in gathers_read[u] if self.held_through(g, u)]
         live = sum(alloc[g] for g in own)
-        between = desc[u] & anc[v]
+        between = self.desc[u] & self.anc[v]
         nearby = dict.fromkeys(g for x in readers[at_u + 1:at_v + 1] if (between >> x) & 1
                                for g in gathers_read[x] if g not in own)
-        nearby = [g for g in nearby if held_through(g, u)]
-        fill = compute_mask & ~anc[u] & ~desc[v]  # compute that could run between them
+        nearby = [g for g in nearby if self.held_through(g, u)]
+        fill = self.compute_mask & ~self.anc[u] & ~self.desc[v]  # compute that could run between them
         best = 0.0
         for w in gathers_read[v]:
-            if w in own or not held_through(w, u):
+            if w in own or not self.held_through(w, u):
                 continue
-            room = budget - live - alloc[w]
+            room = self.budget - live - alloc[w]
             late = [t for t in nearby if t != w and alloc[t] > room]
             if not late:
                 continue
             # Case W issued after u: idle >= duration(W) - compute not waiting for W.
-            issued_after = dur[w] - weight(fill & ~depends_on(w), dur[w])
+            issued_after = dur[w] - self.weight(fill & ~self.depends_on(w), dur[w])
             # Case W issued before u: every t in ``late`` is issued after u; idle >= their total
             # duration - compute that can run before the last of them ends.
             exposed = sum(dur[t] for t in late)
             waits_for_all = -1
             for t in late:
-                waits_for_all &= depends_on(t)
-            issued_before = exposed - fill_beside(u, fill & ~waits_for_all, exposed, own, w, late, room)
+                waits_for_all &= self.depends_on(t)
+            issued_before = exposed - self.fill_beside(u, fill & ~waits_for_all, exposed, own, w, late, room)
             best = max(best, min(issued_after, issued_before))
         return best
 
-    def fill_beside(u: int, mask: int, limit: float, own, w, late, room) -> float:
+    def fill_beside(self, u: int, mask: int, limit: float, own, w, late, room) -> float:
         """Compute in ``mask`` that can run while the ``late`` all-gathers run (case "W before u").
 
         A node that also needs another all-gather too large to be live beside u's parameters and W
         (so issued after u as well, on the same stream) fills at most what that all-gather adds to
         the wait: its group counts max(0, compute - that all-gather's duration).
         """
+        desc, gathers_read, alloc, dur = self.desc, self.gathers_read, self.c.alloc, self.c.duration
         plain = 0.0
         groups: dict[int, float] = {}
         skip = set(own) | set(late) | {w}
@@ -272,35 +310,12 @@ def budget_bound(compiled: CompiledGraph, budget: float, window: int = 8) -> flo
                 break
             # Run after u, x keeps g live at u's position if issued before it: so g is issued after u.
             later = (desc[u] | desc[x]) & ~(1 << u) & ~(1 << x)
-            extra = [g for g in gathers_read[x] if g not in skip and alloc[g] > room and released_within(g, later)]
+            extra = [g for g in gathers_read[x] if g not in skip and alloc[g] > room and self.released_within(g, later)]
             if len(extra) == 1:
                 groups[extra[0]] = groups.get(extra[0], 0.0) + dur[x]
             else:
                 plain += dur[x]
         return plain + sum(max(0.0, total - dur[g]) for g, total in groups.items())
-
-    # reach[i]: the best chain ending at i or at one of its ancestors (where a next pair may start).
-    reach = [0.0] * n
-    position = {v: k for k, v in enumerate(readers)}
-    for i in topo:
-        inherited = max((reach[p] for p in preds[i]), default=0.0)
-        k = position.get(i)
-        if k is not None:
-            value = 0.0
-            if k < HEAD_READERS:
-                needed = dict.fromkeys(g for x in readers[:k + 1] if (anc[i] >> x) & 1 for g in gathers_read[x])
-                head = sum(dur[g] for g in needed)
-                value = head - weight(compute_mask & ~desc[i], head)
-            for at_u in range(max(0, k - window), k):
-                u = readers[at_u]
-                if not (desc[u] >> i) & 1:
-                    continue
-                idle = pair_idle(at_u, k)
-                if idle > 0:
-                    value = max(value, reach[u] + idle)
-            inherited = max(inherited, value)
-        reach[i] = inherited
-    return compiled.compute_ms + max(reach)
 
 
 #: budget_bound tries a head interval before each of the first this many readers of gathered parameters.
