@@ -43,15 +43,14 @@ value, so the simulator does not keep the earlier op's output alive for it.
 
 from __future__ import annotations
 
-import copy
 from typing import Iterable, Iterator, Sequence
 
 import networkx as nx
 import torch.fx
 
 from .errors import GraphError
-from .roles import (Role, ds_id_of, graph_id_of, is_aliasing, is_random, is_view_like, n_users_of, qualified_name,
-                    role_of)
+from .roles import (COMM_ROLES, Role, ds_id_of, graph_id_of, is_aliasing, is_random, is_view_like, n_users_of,
+                    qualified_name, role_of)
 
 
 def input_nodes(node: torch.fx.Node) -> list[torch.fx.Node]:
@@ -89,11 +88,12 @@ def fx_node_records(graph: torch.fx.Graph) -> Iterator[tuple[torch.fx.Node, dict
                 per_target[key] = (role, target, aliasing, view_like, seeded)
             except TypeError:  # an unhashable target
                 pass
+        comm = role in COMM_ROLES  # only comm nodes carry ids (asked per node, it costs a third of the view)
         yield node, {
             "role": role.value,
-            "ds_id": ds_id_of(node),
-            "graph_id": graph_id_of(node),
-            "n_users": n_users_of(node),
+            "ds_id": ds_id_of(node) if comm else None,
+            "graph_id": graph_id_of(node) if comm else None,
+            "n_users": n_users_of(node) if role is Role.RELEASE else None,
             "device_time": node.meta.get("device_time"),
             "tensor_size": node.meta.get("tensor_size"),
             "position": position,
@@ -213,7 +213,7 @@ def to_fx(graph: torch.fx.Graph, order: Iterable[str]) -> torch.fx.Graph:
             new_node.args = map_arg(old.args, lookup)
         if old.kwargs:
             new_node.kwargs = map_arg(old.kwargs, lookup)
-        new_node.meta = copy.copy(old.meta)
+        new_node.meta.update(old.meta)  # a shallow copy; assigning would re-index the node in the graph
         env[name] = new_node
     return new_graph
 

@@ -25,7 +25,7 @@ DEFAULT_K = 2
 
 
 @register("prefetch-ahead", description="naive baseline: fast-free's compute order, each all-gather issued "
-                                        "k all-gathers ahead of its need (default k=2), memory ignored")
+                                        "k all-gathers ahead of its need (default k=2), memory ignored", takes_form=True)
 def prefetch_ahead(view: nx.DiGraph, *, k: int = DEFAULT_K) -> list[str]:
     if isinstance(k, bool) or not isinstance(k, int):
         raise DcschedError(f"prefetch-ahead: k must be a whole number of all-gathers, not {k!r}")

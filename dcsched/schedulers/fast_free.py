@@ -52,7 +52,7 @@ from .registry import register
 
 
 @register("fast-free", description="DeepCompile's fast_free_schedule (DeepSpeed 0.19.8 order, no budget): "
-                                   "gather the parameter that frees soonest, run it to its last use")
+                                   "gather the parameter that frees soonest, run it to its last use", takes_form=True)
 def fast_free(view: nx.DiGraph) -> list[str]:
     return schedule_indexed(view, fast_free_indices)
 

@@ -38,7 +38,7 @@ from .registry import register
 
 
 @register("list", description="greedy: run the runnable node with the smallest memory delta "
-                              "(+gather, -final release), ties by input order")
+                              "(+gather, -final release), ties by input order", takes_form=True)
 def list_order(view: nx.DiGraph) -> list[str]:
     return schedule_indexed(view, list_indices)
 

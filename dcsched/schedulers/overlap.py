@@ -75,7 +75,7 @@ BASES = ("fast-free", "input", "sunk")
 
 
 @register("overlap", description="dcsched's memory-budgeted overlap: fast-free's compute order, each all-gather "
-                                 "issued as early as memory_budget (bytes) allows and no earlier than it hides")
+                                 "issued as early as memory_budget (bytes) allows and no earlier than it hides", takes_form=True)
 def overlap(view: nx.DiGraph, *, memory_budget=None, budget_scope: str = "gathered") -> list[str]:
     """The overlap order of ``view`` under ``memory_budget`` bytes (``math.inf``: unlimited).
 

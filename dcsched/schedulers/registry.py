@@ -2,7 +2,10 @@
 
 A scheduler takes the networkx view of a graph (:mod:`dcsched.nxview`) and
 keyword options, and returns the vertices (node names) in the order to run
-them: a topological order holding every vertex exactly once.
+them: a topological order holding every vertex exactly once. One registered
+with ``takes_form=True`` also takes the graph's
+:class:`~dcsched.graphform.GraphForm` instead of the view, so
+:func:`dcsched.schedule` can skip building the view.
 
 >>> import networkx as nx
 >>> @register("reverse-demo", description="demo only")
@@ -33,6 +36,8 @@ class SchedulerInfo:
     description: str
     #: keyword options the function accepts (besides the view)
     options: tuple[str, ...]
+    #: whether the function also takes a :class:`~dcsched.graphform.GraphForm` for the view
+    takes_form: bool = False
 
     def __call__(self, view: nx.DiGraph, **options) -> list:
         unknown = sorted(set(options) - set(self.options))
@@ -45,7 +50,7 @@ class SchedulerInfo:
 _REGISTRY: dict[str, SchedulerInfo] = {}
 
 
-def register(name: str, *, description: str) -> Callable[[Scheduler], Scheduler]:
+def register(name: str, *, description: str, takes_form: bool = False) -> Callable[[Scheduler], Scheduler]:
     """Decorator: make ``func(view, **options) -> order`` available as ``name``."""
 
     def decorate(func: Scheduler) -> Scheduler:
@@ -53,7 +58,7 @@ def register(name: str, *, description: str) -> Callable[[Scheduler], Scheduler]
             raise ValueError(f"scheduler {name!r} is registered twice")
         params = list(inspect.signature(func).parameters.values())[1:]
         options = tuple(p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
-        _REGISTRY[name] = SchedulerInfo(name, func, description, options)
+        _REGISTRY[name] = SchedulerInfo(name, func, description, options, takes_form)
         return func
 
     return decorate

@@ -36,7 +36,7 @@ from .registry import register
 
 
 @register("simple-prefetch", description="DeepCompile's simple_prefetch (DeepSpeed 0.19.8 order): "
-                                         "issue each all-gather one step before the work it unblocks")
+                                         "issue each all-gather one step before the work it unblocks", takes_form=True)
 def simple_prefetch(view: nx.DiGraph) -> list[str]:
     return schedule_indexed(view, simple_prefetch_indices)
 
