@@ -111,6 +111,19 @@ def check_scope(scope: str) -> str:
     return scope
 
 
+class _NoLimit:
+    """The segment tree of an unlimited budget: nothing is ever over it."""
+
+    def add(self, lo: int, hi: int, value: float) -> None:
+        pass
+
+    def last_above(self, lo: int, hi: int, threshold: float) -> int:
+        return -1
+
+
+_NO_LIMIT = _NoLimit()
+
+
 class OverlapPlanner:
     """Everything about one graph that does not depend on the budget, computed once.
 
@@ -435,8 +448,9 @@ class OverlapPlanner:
         FIFO sequence.
         """
         self.check_budget(budget, scope)
-        cap = self.capacity(budget, scope)
-        tree = _MaxTree([-c for c in cap])
+        check_scope(scope)
+        # Unlimited, every slot fits every buffer: no tree to keep (the placement rules are unchanged).
+        tree = _MaxTree([-c for c in self.capacity(budget, scope)]) if budget != UNLIMITED else _NO_LIMIT
         size, lo_of, need, free = self.compiled.size, self.lo, self.need, self.free
         slots = [0] * len(self.gathers)
         order = list(sequence if sequence is not None else range(len(self.gathers)))
