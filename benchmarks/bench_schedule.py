@@ -13,8 +13,10 @@ in Llama; ``tied``: the GPT-2 style head that shares the embedding weight),
 up to 1,100 layers (about 100,000 forward and 114,000 backward nodes) in both
 series. (Graphs built from captured transformer stacks are not here yet.)
 Per algorithm, one row per graph: nodes, all-gathers, dcsched seconds for the
-order alone and for the whole ``dcsched.schedule`` call (networkx view, order,
-rebuilt FX graph), DeepSpeed's seconds (run in a child process and stopped at
+order alone (given the networkx view) and for the whole ``dcsched.schedule``
+call (graph form or view, order, rebuilt FX graph), the peak memory the whole
+call adds (``rss MiB``: peak RSS of a forked child running it once, less its
+RSS before; Linux), DeepSpeed's seconds (run in a child process and stopped at
 ``--timeout``; graphs at least as large as one it timed out on are skipped;
 'n/a' without DeepSpeed), their ratio, and per series the growth exponent k of t ~ N^k
 fitted over the graphs of at least 1,000 nodes.
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import math
 import multiprocessing
+import resource
 import sys
 import time
 from pathlib import Path
@@ -39,6 +42,32 @@ from dcsched.synthetic import layered_stack  # noqa: E402
 
 LAYERS = (1, 3, 10, 30, 110, 330, 1100)
 DS_FUNCS = {"fast-free": "fast_free_schedule", "simple-prefetch": "simple_prefetch"}
+#: Options per algorithm (overlap needs a budget: unlimited here).
+OPTIONS = {"overlap": {"memory_budget": math.inf}}
+
+
+def _current_rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def _run_whole_call(graph, algo, conn) -> None:
+    before = _current_rss_bytes()
+    dcsched.schedule(graph, algo, **OPTIONS.get(algo, {}))
+    conn.send(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before)
+
+
+def whole_call_rss_mib(graph, algo: str) -> float | None:
+    """MiB the whole ``dcsched.schedule`` call adds to the peak RSS, measured in a forked child; None off Linux."""
+    if not Path("/proc/self/statm").exists():
+        return None
+    ctx = multiprocessing.get_context("fork")
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_run_whole_call, args=(graph, algo, child))
+    proc.start()
+    grown = parent.recv() if parent.poll(600) else None
+    proc.join()
+    return None if grown is None else max(0, grown) / 2 ** 20
 
 
 def deepspeed_available() -> bool:
@@ -84,6 +113,7 @@ def fit_exponent(points: list[tuple[int, float]]) -> float | None:
 
 
 def timed(func, *args, repeat: int = 1):
+    """Least wall time of ``repeat`` calls, and the last result."""
     best = math.inf
     result = None
     for _ in range(repeat):
@@ -98,7 +128,7 @@ def main() -> None:
     parser.add_argument("--max-nodes", type=int, default=120_000, help="largest graph (nodes)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds allowed to DeepSpeed per run")
     parser.add_argument("--series", default="untied,tied", help="comma-separated: untied, tied")
-    parser.add_argument("--algos", default="fast-free,simple-prefetch,list")
+    parser.add_argument("--algos", default="fast-free,simple-prefetch,list,overlap")
     parser.add_argument("--tied-max-nodes", type=int, default=None,
                         help="largest tied-head graph (default: --max-nodes)")
     args = parser.parse_args()
@@ -130,14 +160,16 @@ def main() -> None:
                     # Best of a few runs: the machine may be shared, and the least time is the
                     # least disturbed one.
                     repeat = 3 if n < 20_000 else 2
-                    order_s, _ = timed(scheduler, view, repeat=repeat)
-                    whole_s, _ = timed(dcsched.schedule, graph, algo, repeat=2)
+                    options = OPTIONS.get(algo, {})
+                    order_s, _ = timed(lambda: scheduler(view, **options), repeat=repeat)
+                    whole_s, _ = timed(lambda: dcsched.schedule(graph, algo, **options), repeat=2)
+                    rss = whole_call_rss_mib(graph, algo)
                     ref = None
                     if with_reference and algo in DS_FUNCS and n < reference_gave_up_at[algo]:
                         ref = reference_seconds(graph, algo, args.timeout)
                         if ref is None:
                             reference_gave_up_at[algo] = n
-                    rows[algo].append((series, f"{series} {kind} x{n_layers}", n, n_ags, order_s, whole_s, ref))
+                    rows[algo].append((series, f"{series} {kind} x{n_layers}", n, n_ags, order_s, whole_s, rss, ref))
                     print(f"  ... {algo:15s} {series} {kind:8s} {n:7d} nodes: {order_s:.3f} s"
                           + (f", DeepSpeed {ref:.2f} s" if ref else ""), flush=True)
 
@@ -145,21 +177,22 @@ def main() -> None:
         print()
         print(f"{algo}")
         header = f"{'graph':24s} {'N':>8s} {'all-gathers':>11s} {'order s':>9s} {'whole s':>9s} " \
-                 f"{'reference s':>12s} {'ratio':>9s}"
+                 f"{'rss MiB':>8s} {'reference s':>12s} {'ratio':>9s}"
         print(header)
         print("-" * len(header))
-        for series, name, n, n_ags, order_s, whole_s, ref in rows[algo]:
-            if algo not in DS_FUNCS:
-                ref_text, ratio = "n/a (broken)", ""
+        for series, name, n, n_ags, order_s, whole_s, rss, ref in rows[algo]:
+            if algo not in DS_FUNCS:  # DeepSpeed's list_schedule fails on every graph; overlap is dcsched's own
+                ref_text, ratio = "n/a (broken)" if algo == "list" else "n/a", ""
             elif ref is None:
                 ref_text, ratio = ("n/a" if not with_reference else f">{args.timeout:.0f}"), ""
             else:
                 ref_text, ratio = f"{ref:.3f}", f"{ref / order_s:.0f}x"
-            print(f"{name:24s} {n:8d} {n_ags:11d} {order_s:9.3f} {whole_s:9.3f} {ref_text:>12s} {ratio:>9s}")
+            rss_text = "n/a" if rss is None else f"{rss:.0f}"
+            print(f"{name:24s} {n:8d} {n_ags:11d} {order_s:9.3f} {whole_s:9.3f} {rss_text:>8s} {ref_text:>12s} {ratio:>9s}")
         for series in args.series.split(","):
             for kind in ("forward", "backward"):
-                pts = [(n, o) for s, name, n, _, o, _, _ in rows[algo] if s == series and kind in name]
-                ref_pts = [(n, r) for s, name, n, _, _, _, r in rows[algo] if s == series and kind in name and r]
+                pts = [(n, o) for s, name, n, _, o, _, _, _ in rows[algo] if s == series and kind in name]
+                ref_pts = [(n, r) for s, name, n, _, _, _, _, r in rows[algo] if s == series and kind in name and r]
                 k, kr = fit_exponent(pts), fit_exponent(ref_pts)
                 if k is not None:
                     print(f"growth exponent ({series} {kind}): dcsched N^{k:.2f}"
