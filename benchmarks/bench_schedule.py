@@ -11,7 +11,10 @@ Graphs: :func:`dcsched.synthetic.layered_stack` forward and backward graphs
 (transformer-like layers of 16 parameters; ``untied``: a separate LM head as
 in Llama; ``tied``: the GPT-2 style head that shares the embedding weight),
 up to 1,100 layers (about 100,000 forward and 114,000 backward nodes) in both
-series. (Graphs built from captured transformer stacks are not here yet.)
+series; ``captured``: chained copies of the captured sample Llama
+(``sample_graphs/llama.pt``, real ops, sizes and profiled times; see
+:mod:`dcsched.stacking`), up to 110 copies (about 53,000 forward and 100,000
+backward nodes).
 Per algorithm, one row per graph: nodes, all-gathers, dcsched seconds for the
 order alone (given the networkx view) and for the whole ``dcsched.schedule``
 call (graph form or view, order, rebuilt FX graph), the peak memory the whole
@@ -38,9 +41,13 @@ sys.path.insert(0, str(ROOT))
 import dcsched  # noqa: E402
 from dcsched.nxview import to_networkx  # noqa: E402
 from dcsched.schedulers import get  # noqa: E402
-from dcsched.synthetic import layered_stack  # noqa: E402
+from dcsched.stacking import stack_copies  # noqa: E402
+from dcsched.synthetic import GraphPair, layered_stack  # noqa: E402
 
 LAYERS = (1, 3, 10, 30, 110, 330, 1100)
+#: Copies of the captured sample Llama (forward 480, backward 908 nodes) in the ``captured`` series.
+CAPTURED_COPIES = (1, 3, 11, 33, 110)
+CAPTURED = ROOT / "sample_graphs" / "llama.pt"
 DS_FUNCS = {"fast-free": "fast_free_schedule", "simple-prefetch": "simple_prefetch"}
 #: Options per algorithm (overlap needs a budget: unlimited here).
 OPTIONS = {"overlap": {"memory_budget": math.inf}}
@@ -68,6 +75,12 @@ def whole_call_rss_mib(graph, algo: str) -> float | None:
     grown = parent.recv() if parent.poll(600) else None
     proc.join()
     return None if grown is None else max(0, grown) / 2 ** 20
+
+
+def captured_stack(copies: int) -> GraphPair:
+    """The sample Llama bundle's graphs, each as ``copies`` chained copies (:func:`dcsched.stacking.stack_copies`)."""
+    bundle = dcsched.load(CAPTURED)
+    return GraphPair(stack_copies(bundle.forward, copies), stack_copies(bundle.backward, copies))
 
 
 def deepspeed_available() -> bool:
@@ -127,7 +140,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--max-nodes", type=int, default=120_000, help="largest graph (nodes)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds allowed to DeepSpeed per run")
-    parser.add_argument("--series", default="untied,tied", help="comma-separated: untied, tied")
+    parser.add_argument("--series", default="untied,tied,captured", help="comma-separated: untied, tied, captured")
     parser.add_argument("--algos", default="fast-free,simple-prefetch,list,overlap")
     parser.add_argument("--tied-max-nodes", type=int, default=None,
                         help="largest tied-head graph (default: --max-nodes)")
@@ -144,9 +157,9 @@ def main() -> None:
     for series in args.series.split(","):
         limit = args.max_nodes if series == "untied" or args.tied_max_nodes is None \
             else min(args.max_nodes, args.tied_max_nodes)
-        for n_layers in LAYERS:
-            pair = layered_stack(n_layers, tied=series == "tied")
-            if len(pair.forward.nodes) > limit:
+        for n_layers in (CAPTURED_COPIES if series == "captured" else LAYERS):
+            pair = captured_stack(n_layers) if series == "captured" else layered_stack(n_layers, tied=series == "tied")
+            if min(len(pair.forward.nodes), len(pair.backward.nodes)) > limit:
                 break
             for kind in ("forward", "backward"):
                 graph = getattr(pair, kind)
