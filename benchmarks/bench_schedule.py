@@ -18,8 +18,8 @@ backward nodes).
 Per algorithm, one row per graph: nodes, all-gathers, dcsched seconds for the
 order alone (given the networkx view) and for the whole ``dcsched.schedule``
 call (graph form or view, order, rebuilt FX graph), the peak memory the whole
-call adds (``rss MiB``: peak RSS of a forked child running it once, less its
-RSS before; Linux), DeepSpeed's seconds (run in a child process and stopped at
+call allocates (``peak MiB``: tracemalloc's peak in a forked child running
+it once), DeepSpeed's seconds (run in a child process and stopped at
 ``--timeout``; graphs at least as large as one it timed out on are skipped;
 'n/a' without DeepSpeed), their ratio, and per series the growth exponent k of t ~ N^k
 fitted over the graphs of at least 1,000 nodes.
@@ -30,9 +30,9 @@ from __future__ import annotations
 import argparse
 import math
 import multiprocessing
-import resource
 import sys
 import time
+import tracemalloc
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,28 +53,22 @@ DS_FUNCS = {"fast-free": "fast_free_schedule", "simple-prefetch": "simple_prefet
 OPTIONS = {"overlap": {"memory_budget": math.inf}}
 
 
-def _current_rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize()
-
-
 def _run_whole_call(graph, algo, conn) -> None:
-    before = _current_rss_bytes()
+    tracemalloc.start()
     dcsched.schedule(graph, algo, **OPTIONS.get(algo, {}))
-    conn.send(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before)
+    conn.send(tracemalloc.get_traced_memory()[1])
 
 
-def whole_call_rss_mib(graph, algo: str) -> float | None:
-    """MiB the whole ``dcsched.schedule`` call adds to the peak RSS, measured in a forked child; None off Linux."""
-    if not Path("/proc/self/statm").exists():
-        return None
+def whole_call_peak_mib(graph, algo: str) -> float | None:
+    """Peak MiB the whole ``dcsched.schedule`` call allocates (tracemalloc, in a forked child: the traced
+    run is slower and is not timed)."""
     ctx = multiprocessing.get_context("fork")
     parent, child = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_run_whole_call, args=(graph, algo, child))
     proc.start()
-    grown = parent.recv() if parent.poll(600) else None
+    peak = parent.recv() if parent.poll(600) else None
     proc.join()
-    return None if grown is None else max(0, grown) / 2 ** 20
+    return None if peak is None else peak / 2 ** 20
 
 
 def captured_stack(copies: int) -> GraphPair:
@@ -176,7 +170,7 @@ def main() -> None:
                     options = OPTIONS.get(algo, {})
                     order_s, _ = timed(lambda: scheduler(view, **options), repeat=repeat)
                     whole_s, _ = timed(lambda: dcsched.schedule(graph, algo, **options), repeat=2)
-                    rss = whole_call_rss_mib(graph, algo)
+                    rss = whole_call_peak_mib(graph, algo)
                     ref = None
                     if with_reference and algo in DS_FUNCS and n < reference_gave_up_at[algo]:
                         ref = reference_seconds(graph, algo, args.timeout)
@@ -190,7 +184,7 @@ def main() -> None:
         print()
         print(f"{algo}")
         header = f"{'graph':24s} {'N':>8s} {'all-gathers':>11s} {'order s':>9s} {'whole s':>9s} " \
-                 f"{'rss MiB':>8s} {'reference s':>12s} {'ratio':>9s}"
+                 f"{'peak MiB':>8s} {'reference s':>12s} {'ratio':>9s}"
         print(header)
         print("-" * len(header))
         for series, name, n, n_ags, order_s, whole_s, rss, ref in rows[algo]:
