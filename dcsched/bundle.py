@@ -18,6 +18,7 @@ Python API: :func:`load` and :func:`save` (atomic).
 from __future__ import annotations
 
 import dataclasses
+import math
 import operator
 import os
 import pickle
@@ -46,6 +47,10 @@ ALLOWED_OPERATORS = frozenset({
 ALLOWED_OP_NAMESPACES = ("aten", "prims", "dcsched", "dc")
 
 _NODE_OPS = ("placeholder", "call_function", "get_attr", "output")
+#: Largest figures a bundle may hold: beyond them a number is a corruption or a typo, not a measurement
+#: (1 PiB in one tensor or parameter; a day of device time for one node).
+MAX_BYTES = 2**50
+MAX_NODE_MS = 24 * 3600 * 1000.0
 #: Node meta kept in a bundle; everything else (FakeTensors, stack traces) is dropped.
 KEPT_META = ("device_time", "tensor_size", "out", "ds_id", "time_source")
 
@@ -275,6 +280,8 @@ def decode_graph(nodes: list[dict], graph_name: str) -> torch.fx.Graph:
     if len(set(names)) != len(names):
         raise ValueError(f"graph '{graph_name}' holds two nodes of one name")
     _check_references(nodes, set(names), graph_name)
+    for entry in nodes:
+        check_figures(entry.get("meta") or {}, f"graph '{graph_name}': node {entry['name']}")
 
     graph = torch.fx.Graph()
     env: dict[str, torch.fx.Node] = {}
@@ -301,6 +308,61 @@ def decode_graph(nodes: list[dict], graph_name: str) -> torch.fx.Graph:
         env[name] = node
     graph.lint()
     return graph
+
+
+def _check_number(value: Any, limit: float, what: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{what} is {value!r}, not a number")
+    if not math.isfinite(value):
+        raise ValueError(f"{what} is {value}, not a finite number")
+    if value < 0:
+        raise ValueError(f"{what} is negative ({value})")
+    if value > limit:
+        raise ValueError(f"{what} is {value:.6g}, over the largest believable ({limit:.6g})")
+
+
+def check_figures(meta: dict, where: str) -> None:
+    """Refuse a node's ``device_time`` (ms) / ``tensor_size`` (bytes) that is not a finite, believable figure.
+
+    ``where`` names the node in the message. A missing figure (None) passes:
+    the scheduler and simulator say what to do about those.
+
+    >>> check_figures({"device_time": 0.5, "tensor_size": 64}, "node mm")
+    >>> check_figures({"device_time": float("inf")}, "node mm")
+    Traceback (most recent call last):
+    ...
+    ValueError: node mm: device_time is inf, not a finite number
+    """
+    for key, limit in (("device_time", MAX_NODE_MS), ("tensor_size", MAX_BYTES)):
+        if meta.get(key) is not None:
+            _check_number(meta[key], limit, f"{where}: {key}")
+
+
+def _shape(entry: dict, dtype: torch.dtype, what: str) -> tuple[int, ...]:
+    """A parameter's or input's shape, refusing negative, non-integer or unbelievably large ones."""
+    shape = entry["shape"]
+    if not isinstance(shape, (list, tuple)) or not all(isinstance(s, int) and not isinstance(s, bool) for s in shape):
+        raise ValueError(f"{what}: shape {shape!r} is not a list of integers")
+    nbytes = dtype.itemsize
+    for s in shape:
+        if s < 0:
+            raise ValueError(f"{what}: shape {list(shape)} has a negative dimension")
+        nbytes *= s
+    if nbytes > MAX_BYTES:
+        raise ValueError(f"{what}: shape {list(shape)} holds {nbytes:.6g} bytes, over the largest believable "
+                         f"({MAX_BYTES:.6g})")
+    return tuple(shape)
+
+
+def _param(p: dict) -> ParamInfo:
+    dtype = dtype_from_name(p["dtype"])
+    return ParamInfo(p["name"], _shape(p, dtype, f"parameter {p['name']!r}"), dtype, int(p["ds_id"]))
+
+
+def _input(i: dict) -> InputInfo:
+    dtype = dtype_from_name(i["dtype"])
+    return InputInfo(i["name"], _shape(i, dtype, f"input {i['name']!r}"), dtype, i.get("value"), i.get("low"),
+                     i.get("high"))
 
 
 def _references(value: Any, out: list[str]) -> None:
@@ -380,10 +442,8 @@ def from_data(data: Any, path=None) -> Bundle:
         graphs = {name: decode_graph(entry["nodes"], name) for name, entry in data["graphs"].items()}
         if "forward" not in graphs:
             raise ValueError("bundle has no forward graph")
-        params = [ParamInfo(p["name"], tuple(int(s) for s in p["shape"]), dtype_from_name(p["dtype"]),
-                            int(p["ds_id"])) for p in data["params"]]
-        inputs = [InputInfo(i["name"], tuple(int(s) for s in i["shape"]), dtype_from_name(i["dtype"]),
-                            i.get("value"), i.get("low"), i.get("high")) for i in data.get("inputs", [])]
+        params = [_param(p) for p in data["params"]]
+        inputs = [_input(i) for i in data.get("inputs", [])]
         return Bundle(
             forward=graphs["forward"],
             backward=graphs.get("backward"),

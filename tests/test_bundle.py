@@ -134,11 +134,46 @@ def _bad_files(tmp_path):
     files["cycle"] = (edited("cycle", cycle), "cycle")
     files["unknown op"] = (edited("unknown", unknown), "unknown op 'aten.definitely_not_an_op.default'")
     files["disallowed target"] = (edited("forbidden", forbidden), "not an allowed op")
+
+    def figure(key, value):
+        def edit(nodes):
+            next(n for n in nodes if n["name"] == "mm_0")["meta"][key] = value
+        return edit
+
+    for name, key, value, words in FIGURES:
+        files[name] = (edited(name.replace(" ", "_"), figure(key, value)), f"node mm_0: {key} {words}")
+
+    for name, shape, words in SHAPES:
+        data = bundle_io.to_data(linear_bundle())
+        data["params"][0]["shape"] = shape
+        path = tmp_path / f"{name.replace(' ', '_')}.pt"
+        torch.save(data, path)
+        files[name] = (path, f"parameter 'layers.0.weight': shape {words}")
     return files, marker
 
 
+#: Figures no measurement gives: (case, meta key, value, words in the message).
+FIGURES = [
+    ("infinite device_time", "device_time", float("inf"), "is inf, not a finite number"),
+    ("nan device_time", "device_time", float("nan"), "is nan, not a finite number"),
+    ("negative device_time", "device_time", -1.0, "is negative"),
+    ("year-long device_time", "device_time", 3.2e10, "is 3.2e+10, over the largest believable"),
+    ("huge tensor_size", "tensor_size", 1e30, "is 1e+30, over the largest believable"),
+    ("infinite tensor_size", "tensor_size", float("inf"), "is inf, not a finite number"),
+    ("text tensor_size", "tensor_size", "64", "is '64', not a number"),
+]
+#: Parameter shapes no model has: (case, shape, words in the message).
+SHAPES = [
+    ("huge shape", [10**12, 10**12], "[1000000000000, 1000000000000] holds 4e+24 bytes"),
+    ("negative shape", [4, -4], "[4, -4] has a negative dimension"),
+    ("float shape", [1e12, 1e12], "[1000000000000.0, 1000000000000.0] is not a list of integers"),
+]
+
+
 BAD = ["code payload", "raw pickle payload", "truncated", "text file", "other torch file", "newer version",
-       "dangling reference", "cycle", "unknown op", "disallowed target"]
+       "dangling reference", "cycle", "unknown op", "disallowed target",
+       *(case[0] for case in FIGURES), *(case[0] for case in SHAPES)]
+NUMBERS = [*(case[0] for case in FIGURES), *(case[0] for case in SHAPES)]
 
 
 @pytest.mark.parametrize("kind", BAD)
@@ -164,6 +199,19 @@ def test_bad_bundle_cli_one_line_exit_2(tmp_path, kind, capsys):
     assert "Traceback" not in err and words in " ".join(err.split())
     assert sorted(os.listdir(tmp_path)) == before
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("kind", NUMBERS)
+@pytest.mark.parametrize("command", [["show"], ["schedule", "--algo", "none"], ["replay"]])
+def test_absurd_figures_refused_by_every_command(tmp_path, kind, command, capsys):
+    files, _ = _bad_files(tmp_path)
+    path, words = files[kind]
+    before = sorted(os.listdir(tmp_path))
+    assert run([command[0], str(path), *command[1:]]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert words in " ".join(err.split()), err
+    assert sorted(os.listdir(tmp_path)) == before
 
 
 def test_missing_file(tmp_path, capsys):

@@ -391,3 +391,38 @@ def test_subprocess_json_stdout_is_pure(bundle_path):
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["graphs"]["backward"]["after"]["none"]["step_ms"] > 0
+
+
+@pytest.mark.parametrize("budget,words", [
+    ("1e400GB", "not a size: '1e400GB'"), ("nan", "not a size: 'nan'"), ("-1GB", "not a size: '-1GB'"),
+    ("-inf", "not a size"), ("6 parsecs", "not a size"),
+])
+def test_bad_memory_budget_one_line(tmp_path, capsys, budget, words):
+    path = dcsched.save(mlp_bundle(), tmp_path / "in.pt")
+    before = files(tmp_path)
+    assert run(["schedule", str(path), "--algo", "overlap", "--memory-budget", budget]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err and "memory budget" in err, err
+    assert words in err, err
+    assert files(tmp_path) == before
+
+
+@pytest.mark.parametrize("word", ["unlimited", "inf", "infinite", "INF", "none"])
+def test_unlimited_budget_words_same_for_cli_and_python(tmp_path, capsys, word):
+    path = dcsched.save(mlp_bundle(), tmp_path / "in.pt")
+    assert run(["schedule", str(path), "--algo", "overlap", "--memory-budget", word, "-o",
+                str(tmp_path / "out.pt")]) == 0
+    cli_order = [n.name for n in dcsched.load(tmp_path / "out.pt").forward.nodes]
+    python_order = [n.name for n in dcsched.schedule(mlp_bundle().forward, "overlap", memory_budget=word).nodes]
+    assert cli_order == python_order
+    assert python_order == [n.name for n in dcsched.schedule(mlp_bundle().forward, "overlap",
+                                                             memory_budget=float("inf")).nodes]
+
+
+@pytest.mark.parametrize("budget", ["0", "6GiB", "unlimited"])
+def test_sweep_with_a_budget_is_refused_not_ignored(bundle_path, tmp_path, capsys, budget):
+    before = files(tmp_path)
+    assert run(["schedule", str(bundle_path), "--algo", "overlap", "--sweep", "--memory-budget", budget]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "drop --memory-budget" in err, err
+    assert files(tmp_path) == before

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
@@ -10,7 +11,8 @@ import pytest
 
 import dcsched
 from dcsched.cli import run
-from dcsched.units import format_bytes, format_ms, parse_size
+from dcsched.errors import DcschedError
+from dcsched.units import format_bytes, format_ms, parse_budget, parse_size
 
 from bundles import linear_bundle
 
@@ -68,3 +70,24 @@ def test_python_dash_m_matches_script(tmp_path):
 def test_help_lists_commands(capsys):
     assert run(["--help"]) == 0
     assert "show" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("value,expected", [
+    ("unlimited", math.inf), ("Infinite", math.inf), (" inf ", math.inf), ("none", math.inf), (math.inf, math.inf),
+    ("800MB", 800_000_000), (2**30, 2**30), (1.5e9, 1_500_000_000), ("0", 0), (1e30, int(1e30)), ("2e6TiB", 2 * 10**6 * 2**40),
+])
+def test_parse_budget(value, expected):
+    assert parse_budget(value) == expected
+
+
+@pytest.mark.parametrize("value", ["1e400GB", "nan", math.nan, -1, "-1GB", True, [1], -math.inf])
+def test_parse_budget_rejects_with_one_error(value):
+    with pytest.raises(DcschedError, match="memory budget"):
+        parse_budget(value)
+
+
+@pytest.mark.parametrize("text,words", [("1e400GB", "not a size"), ("nan", "not a size"), ("inf", "not a size"),
+                                        ("2e6TiB", "a typo?")])
+def test_parse_size_rejects_non_finite_and_absurd(text, words):
+    with pytest.raises(ValueError, match=words):
+        parse_size(text)

@@ -22,7 +22,7 @@ from ..nxview import to_fx
 from ..outputs import check_outputs
 from ..report import Comparison, GraphComparison, compare_bundle
 from ..simulate import SimResult
-from ..units import format_bytes, format_ms, parse_size
+from ..units import format_bytes, format_ms, parse_budget
 from .app import app, console, err_console, fail
 
 SPARK_BLOCKS = " ▁▂▃▄▅▆▇█"
@@ -43,16 +43,6 @@ def resolve_algorithms(algo: str) -> list[str]:
     for name in names:
         schedulers.get(name)
     return list(dict.fromkeys(names))
-
-
-def parse_budget(text: str) -> float:
-    """Bytes from a size (``6GiB``, ``1.5GB``, ``800000000``), or ``math.inf`` for ``unlimited``."""
-    if text.strip().lower() in ("unlimited", "inf", "infinite", "none"):
-        return math.inf
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        raise DcschedError(f"--memory-budget: {exc}") from None
 
 
 def _option_value(text: str):

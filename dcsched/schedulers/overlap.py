@@ -61,7 +61,8 @@ import networkx as nx
 from ..errors import DcschedError
 from ..graphform import ALLGATHER, COMM_KINDS, RELEASE, REDUCE, WAIT, GraphForm, paused_gc
 from ..simulate import CompiledGraph, SimResult, compile_view
-from ..units import format_bytes, parse_size
+from .. import units
+from ..units import format_bytes
 from ._maxtree import MaxTree as _MaxTree
 from ._sink import sink_readers
 from .fast_free import fast_free_indices
@@ -91,18 +92,7 @@ def parse_budget(memory_budget) -> float:
     if memory_budget is None:
         raise DcschedError("the overlap scheduler needs a memory budget: pass --memory-budget SIZE "
                            "(Python: memory_budget=bytes; math.inf for unlimited)")
-    if isinstance(memory_budget, str):
-        if memory_budget.strip().lower() in ("unlimited", "inf", "none"):
-            return UNLIMITED
-        try:
-            memory_budget = parse_size(memory_budget)
-        except ValueError as exc:
-            raise DcschedError(f"memory budget: {exc}") from None
-    if isinstance(memory_budget, bool) or not isinstance(memory_budget, (int, float)) or memory_budget != memory_budget:
-        raise DcschedError(f"memory budget must be a number of bytes, not {memory_budget!r}")
-    if memory_budget < 0:
-        raise DcschedError(f"memory budget must not be negative ({memory_budget} bytes)")
-    return memory_budget if memory_budget == UNLIMITED else int(memory_budget)
+    return units.parse_budget(memory_budget)
 
 
 def check_scope(scope: str) -> str:
