@@ -445,3 +445,19 @@ def test_sample_bundle_scheduled_fast_free_then_replayed(sample, tmp_path, capsy
     assert code == 0 and data["results"]["exact"]
     for order in data["orders"]:
         assert order["measured"]["peak_bytes"] > 0 and order["simulated"]["peak_bytes"] > 0
+
+
+def test_caveat_on_cpu_measured_costs_only(mlp, tmp_path, capsys):
+    from dcsched.profile import ProfileOptions, profile_bundle
+    measured = profile_bundle(mlp, ProfileOptions(iters=1, warmup=0, device="cpu", progress=False))
+    analytic = profile_bundle(mlp, ProfileOptions(cost_model="analytic", gpu="h100", progress=False))
+    assert rp.timing_caveat(measured.provenance) == rp.simulated.CPU_TIMING_CAVEAT
+    assert rp.timing_caveat(analytic.provenance) is None and rp.timing_caveat(mlp.provenance) is None
+    for bundle, expected in ((measured, True), (analytic, False)):
+        dcsched.save(bundle, tmp_path / "graph.pt")
+        assert cli(["replay", str(tmp_path / "graph.pt"), "--device", "cpu", "--iters", "1", "--warmup", "0"]) == 0
+        out = " ".join(capsys.readouterr().out.split())
+        assert ("caveat: costs measured on the CPU" in out) is expected, out
+        assert cli(["replay", str(tmp_path / "graph.pt"), "--device", "cpu", "--iters", "1", "--json"]) == 0
+        data = json.loads(capsys.readouterr().out)
+        assert (data["orders"][0]["caveat"] is not None) is expected

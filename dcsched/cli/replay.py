@@ -65,6 +65,8 @@ def render(report: ReplayReport) -> None:
                   "the step", highlight=False)
     for note in dict.fromkeys(order.simulator_note for order in report.orders):
         console.print(f"simulated: {note}", highlight=False)
+    for caveat in dict.fromkeys(order.caveat for order in report.orders if order.caveat):
+        console.print(f"[yellow]caveat[/]: {caveat}", highlight=False)
 
 
 @app.command()

@@ -47,7 +47,7 @@ from .measure import Measurement, measure_memory, time_step, measure
 from ..step import installed
 from .run import deterministic, ReplayRun, prepare, replay
 from .compare import TOLERANCES, ResultComparison, compare
-from .simulated import simulated_figures, percent_error
+from .simulated import simulated_figures, percent_error, timing_caveat
 from .orders import OrderReport, ReplayReport, placeholder_names, check_same_step, replay_orders
 from .transforms import latest_first
 from .example import example_bundle
@@ -79,6 +79,7 @@ __all__ = [
     "compare",
     "simulated_figures",
     "percent_error",
+    "timing_caveat",
     "OrderReport",
     "ReplayReport",
     "placeholder_names",

@@ -15,7 +15,7 @@ from .compare import ResultComparison, compare
 from .device import check_fits, resolve_device
 from .measure import Measurement, clock_for, synchronize, time_step
 from .run import ReplayRun, deterministic, prepare, replay
-from .simulated import percent_error, simulated_figures
+from .simulated import percent_error, simulated_figures, timing_caveat
 from ..step import DEFAULT_SEED, graph_placeholder_names, installed, run_step
 
 
@@ -28,6 +28,7 @@ class OrderReport:
     measured: Measurement
     simulated: dict | None
     simulator_note: str
+    caveat: str | None = None  # why the simulated step time may be far off (CPU-measured costs), if it may
 
     def errors(self) -> dict[str, float | None]:
         sim = self.simulated or {}
@@ -37,6 +38,7 @@ class OrderReport:
     def to_dict(self) -> dict:
         return {"label": self.label, "path": self.path, "measured": self.measured.to_dict(),
                 "simulated": self.simulated, "simulator": self.simulator_note,
+                "caveat": self.caveat,
                 "simulator_error_percent": self.errors()}
 
 
@@ -186,6 +188,7 @@ def replay_orders(candidate: Bundle, baseline: Bundle | None = None, *, device: 
     orders = []
     for label, path, bundle, run in runs:
         simulated, note = simulated_figures(bundle, run.world_size)
-        orders.append(OrderReport(label, path, _slowest_rank(run.measurement), simulated, note))
+        orders.append(OrderReport(label, path, _slowest_rank(run.measurement), simulated, note,
+                                  timing_caveat(bundle.provenance)))
     world_size = runs[-1][3].world_size
     return ReplayReport(str(device), world_size, seed, orders, comparison)

@@ -68,6 +68,29 @@ def simulated_figures(bundle: Bundle, world_size: int | None = None) -> tuple[di
     return figures, note
 
 
+#: Printed under a replay of a bundle whose compute times were measured on the CPU (errors seen: docs/simulator.md).
+CPU_TIMING_CAVEAT = ("costs measured on the CPU: the simulated step time is a rough guide only (errors from -67% "
+                     "to +85x seen; see docs/simulator.md, 'Step time on CPU-profiled bundles')")
+
+
+def timing_caveat(provenance: dict) -> str | None:
+    """The caveat on simulated step times for a bundle whose compute times were measured on the CPU, else None.
+
+    The bundle's provenance says how its times were obtained: ``cost_model``
+    (``measured``, ``analytic``, ``calibrated``) and ``device`` (what they were
+    measured on, ``cpu (...)`` or ``cuda:N (...)``). Analytic and calibrated
+    times are estimates for a GPU, not CPU measurements, so they carry none.
+
+    >>> timing_caveat({"cost_model": "measured", "device": "cpu (x86_64, 2 threads)"}) is not None
+    True
+    >>> timing_caveat({"cost_model": "analytic", "device": "h100 (analytic, not run)"}) is None
+    True
+    """
+    measured = provenance.get("cost_model") == "measured"
+    on_cpu = str(provenance.get("device", "")).startswith("cpu")
+    return CPU_TIMING_CAVEAT if measured and on_cpu else None
+
+
 def percent_error(simulated: float | None, measured: float | None) -> float | None:
     """(simulated - measured) / measured in percent; None where either is missing or measured is 0.
 
