@@ -8,7 +8,8 @@ plain data. One vertex per FX node, keyed by the node's name, with attributes:
 ``graph_id``     the graph id argument of a comm node, else None
 ``n_users``      for a release: how many releases free the buffer
 ``device_time``  milliseconds (None when the graph was never profiled)
-``tensor_size``  bytes of the node's outputs (None when unknown)
+``tensor_size``  bytes of the node's outputs (None when unknown); an input's derived from its shape when 0
+                 or missing (:func:`dcsched.specs.input_size`)
 ``position``     index in the input order
 ``target``       qualified op name ('aten.mm.default'), '' for placeholder/output
 ``aliasing``     output aliases an input, as DeepSpeed's last-use analysis sees it
@@ -49,6 +50,7 @@ import networkx as nx
 import torch.fx
 
 from .errors import GraphError
+from .specs import input_size
 from .roles import (COMM_ROLES, Role, ds_id_of, graph_id_of, is_aliasing, is_random, is_view_like, n_users_of,
                     qualified_name, role_of)
 
@@ -67,6 +69,10 @@ def _kwarg_only_inputs(node: torch.fx.Node) -> set[torch.fx.Node]:
     in_kwargs: set[torch.fx.Node] = set()
     torch.fx.node.map_arg(node.kwargs, in_kwargs.add)
     return in_kwargs - in_args
+
+
+#: FX ops of graph inputs, whose size may have to be derived from the value's shape (DeepSpeed records 0).
+_INPUT_OPS = ("placeholder", "get_attr")
 
 
 def fx_node_records(graph: torch.fx.Graph) -> Iterator[tuple[torch.fx.Node, dict]]:
@@ -95,7 +101,7 @@ def fx_node_records(graph: torch.fx.Graph) -> Iterator[tuple[torch.fx.Node, dict
             "graph_id": graph_id_of(node) if comm else None,
             "n_users": n_users_of(node) if role is Role.RELEASE else None,
             "device_time": node.meta.get("device_time"),
-            "tensor_size": node.meta.get("tensor_size"),
+            "tensor_size": input_size(node) if node.op in _INPUT_OPS else node.meta.get("tensor_size"),
             "position": position,
             "target": target,
             "aliasing": aliasing,

@@ -69,6 +69,7 @@ class GraphComparison:
             "lower_bound_ms": bounds.simple,
             "tight_lower_bound_ms": bounds.tight,
             "assumed_zero": {key: len(names) for key, names in self.compiled.missing.items()},
+            "unsized_inputs": len(self.compiled.unsized_inputs),
             "before": _figures(self.before, None),
             "after": {algo: _figures(result, self.scheduler_s[algo]) for algo, result in self.after.items()},
         }

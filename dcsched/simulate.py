@@ -209,6 +209,9 @@ class CompiledGraph(GraphForm):
         super().__init__(graph, label=label)
         self.name = name
         self.missing = self._check_figures(label, assume_zero)
+        #: Inputs (placeholders, constants) with no size at all, counted as 0 bytes.
+        self.unsized_inputs = [self.names[i] for i, (k, nbytes) in enumerate(zip(self.kind, self.tensor_size))
+                               if nbytes is None and k in (PLACEHOLDER, CONSTANT)]
         kind, time = self.kind, self.time
         self.duration = [float(time[i]) if kind[i] in (COMPUTE, ALLGATHER, REDUCE) else 0.0 for i in range(len(kind))]
         self.owned, self.part_of = self._split_multi_output()

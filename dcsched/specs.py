@@ -20,6 +20,7 @@ import torch
 import torch.fx
 
 from .bundle import dtype_from_name
+from .roles import Role, role_of
 
 Spec = tuple[tuple[int, ...], torch.dtype]
 
@@ -47,6 +48,49 @@ def node_specs(node: torch.fx.Node) -> list[Spec]:
     if "val" in node.meta and node.meta["val"] is not None:
         return _specs(node.meta["val"])
     return _specs(node.meta.get("out"))
+
+
+def _tensor_meta_specs(meta) -> list[Spec]:
+    """(shape, dtype) of every ``TensorMetadata`` in ``meta['tensor_meta']`` (FX shape propagation's record)."""
+    if hasattr(meta, "shape") and hasattr(meta, "dtype"):
+        return [(tuple(int(s) for s in meta.shape), meta.dtype)]
+    if isinstance(meta, (list, tuple)):
+        return [spec for item in meta for spec in _tensor_meta_specs(item)]
+    return []
+
+
+def input_size(node: torch.fx.Node) -> int | None:
+    """Bytes of a graph input: its ``tensor_size`` if positive, else shape x itemsize of what it holds.
+
+    DeepSpeed 0.19.8 records ``tensor_size = 0`` on every placeholder, so a 0
+    or missing figure is derived from ``meta['val']`` (a fake or meta tensor),
+    ``meta['tensor_meta']`` or ``meta['out']``. None when none of these says
+    anything (the input has no size at all); a non-tensor value (a SymInt) is 0.
+    A parameter shard (an input an all-gather reads) is never derived: its
+    value's shape is the whole parameter's, the shard 1/W of it, and W is not
+    in the graph; without a positive ``tensor_size`` it has no size.
+
+    >>> import torch, torch.fx
+    >>> x = torch.fx.Graph().placeholder("x")
+    >>> x.meta.update(tensor_size=0, val=torch.empty(4, 8, device="meta"))
+    >>> input_size(x)
+    128
+    >>> del x.meta["val"]; input_size(x) is None
+    True
+    """
+    recorded = node.meta.get("tensor_size")
+    if recorded:
+        return recorded
+    if any(role_of(user) is Role.ALLGATHER for user in node.users):
+        return None
+    try:
+        if node.meta.get("val") is not None or node.meta.get("out") is not None:
+            return node_bytes(node)
+        if node.meta.get("tensor_meta") is not None:
+            return sum(nbytes(shape, dtype) for shape, dtype in _tensor_meta_specs(node.meta["tensor_meta"]))
+    except (TypeError, ValueError, RuntimeError):  # a symbolic dimension without a value
+        return None
+    return None
 
 
 def nbytes(shape, dtype: torch.dtype) -> int:

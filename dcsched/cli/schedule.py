@@ -364,6 +364,9 @@ def schedule(
         if cmp.compiled.missing:
             counts = ", ".join(f"{len(v)} without {k}" for k, v in cmp.compiled.missing.items())
             err_console.print(f"[yellow]{name}: {counts}, counted as 0 (--assume-zero)[/]", highlight=False)
+        if cmp.compiled.unsized_inputs:
+            err_console.print(f"[yellow]{name}: {len(cmp.compiled.unsized_inputs)} inputs with no size "
+                              "(no tensor_size, no shape), counted as 0 bytes[/]", highlight=False)
 
     for algo_name, out in outputs.items():
         bundle_io.save(scheduled_bundle(bundle, comparison, algo_name, path), out)
