@@ -33,7 +33,7 @@ from .bundle import Bundle
 from .errors import DcschedError
 from .nxview import to_networkx
 from .graphform import paused_gc
-from .schedulers.overlap import UNLIMITED, Overlap, check_scope, parse_budget
+from .schedulers.overlap import DEFAULT_SCOPE, UNLIMITED, Overlap, check_scope, parse_budget
 
 #: Share of the device's memory the default budget leaves free: the CUDA context, the caching
 #: allocator's fragmentation and kernel workspaces, which the simulator does not model.
@@ -93,7 +93,7 @@ def default_budgets(scheduler: Overlap, scope: str = "gathered", points: int = 8
     return sorted(budgets) + [UNLIMITED]
 
 
-def sweep(graph: torch.fx.Graph | nx.DiGraph, budgets: Iterable | None = None, *, scope: str = "gathered",
+def sweep(graph: torch.fx.Graph | nx.DiGraph, budgets: Iterable | None = None, *, scope: str = DEFAULT_SCOPE,
           points: int = 8, name: str | None = None) -> list[SweepRow]:
     """Schedule ``graph`` with ``overlap`` at each budget (bytes; None: :func:`default_budgets`) and simulate.
 

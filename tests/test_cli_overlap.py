@@ -41,9 +41,14 @@ def test_no_recorded_device_needs_an_explicit_budget(tmp_path, capsys):
 def test_budget_below_the_smallest_names_the_smallest(tmp_path, capsys):
     path = _bundle(tmp_path)
     # Each weight is 64 bytes: no order runs a matmul without its weight gathered.
-    assert run(["schedule", str(path), "--algo", "overlap", "--memory-budget", "10"]) == 2
+    assert run(["schedule", str(path), "--algo", "overlap", "--memory-budget", "10", "--budget-scope",
+                "gathered"]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "64" in err and "budget" in err
+    # The default scope counts all tensors: inputs, activations and the gathered weights.
+    assert run(["schedule", str(path), "--algo", "overlap", "--memory-budget", "10"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "of all tensors (--budget-scope all)" in err
     assert not os.path.exists(tmp_path / "g.overlap.pt")
 
 

@@ -161,7 +161,7 @@ def test_same_order_whatever_the_view_insertion_order():
     for name in view.nodes:  # edges in reading order, as the view keeps them
         for src in view.pred[name]:
             shuffled.add_edge(src, name, **view.edges[src, name])
-    budget = Overlap(view).min_budget()
+    budget = Overlap(view).min_budget("all")  # the registered scheduler's default scope
     assert get("overlap")(view, memory_budget=budget) == get("overlap")(shuffled, memory_budget=budget)
 
 
@@ -192,7 +192,7 @@ def test_budget_options():
 
 def test_error_names_the_smallest_budget():
     graph = layered_stack(2).backward
-    minimum = Overlap(to_networkx(graph)).min_budget()
+    minimum = Overlap(to_networkx(graph)).min_budget("all")  # the default scope
     with pytest.raises(DcschedError) as info:
         dcsched.schedule(graph, "overlap", memory_budget=minimum // 2)
     message = str(info.value)
@@ -238,7 +238,7 @@ def test_replay_same_results():
 
     bundle = rp.example_bundle()
     reordered = bundle.with_graphs(**{
-        name: dcsched.schedule(graph, "overlap", memory_budget=Overlap(to_networkx(graph)).min_budget())
+        name: dcsched.schedule(graph, "overlap", memory_budget=Overlap(to_networkx(graph)).min_budget("all"))
         for name, graph in bundle.graphs.items()})
     assert [n.name for n in reordered.forward.nodes] != [] and reordered.backward is not None
     baseline = rp.replay(bundle, iters=0).results

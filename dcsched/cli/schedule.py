@@ -21,6 +21,7 @@ from ..errors import DcschedError
 from ..nxview import to_fx
 from ..outputs import check_outputs
 from ..report import Comparison, GraphComparison, compare_bundle
+from ..schedulers.overlap import DEFAULT_SCOPE
 from ..simulate import SimResult
 from ..units import format_bytes, format_ms, parse_budget
 from .app import app, console, err_console, fail
@@ -315,7 +316,8 @@ def schedule(
                                                   "optional SI/IEC suffix (6GiB, 1.5GB) or 'unlimited'."),
     budget_scope: str | None = typer.Option(None, "--budget-scope",
                                             help="What the memory budget caps, for the schedulers that take it: "
-                                                 "'gathered' (gathered parameters) or 'all' (all tensors)."),
+                                                 "'all' (all tensors, the default) or 'gathered' (gathered "
+                                                 "parameters)."),
     option: list[str] = typer.Option([], "--option", "-O",
                                      help="KEY=VALUE passed to the selected schedulers that take KEY "
                                           "(repeatable; e.g. -O k=3)."),
@@ -345,7 +347,7 @@ def schedule(
     if plot is not None:
         check_plot_target(plot)
     if sweep_budgets:
-        run_sweep(path, budget_scope or "gathered", as_json=as_json, plot=plot)
+        run_sweep(path, budget_scope or DEFAULT_SCOPE, as_json=as_json, plot=plot)
         return
     bundle = bundle_io.load(path)
     apply_default_budget(bundle, options, explicit=memory_budget is not None)

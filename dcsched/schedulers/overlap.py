@@ -69,6 +69,9 @@ from .fast_free import fast_free_indices
 from .registry import register
 
 SCOPES = ("gathered", "all")
+#: What a budget caps unless told otherwise: all tensors, the figure that decides an out-of-memory
+#: error and the one a device budget (the CLI's default) and DeepCompile's own pipeline speak of.
+DEFAULT_SCOPE = "all"
 UNLIMITED = math.inf
 #: Compute orders the skeleton can come from: fast-free's, the graph's own (input) order, or
 #: fast-free's with each reader of a gathered parameter sunk to just before its first user.
@@ -77,10 +80,10 @@ BASES = ("fast-free", "input", "sunk")
 
 @register("overlap", description="dcsched's memory-budgeted overlap: fast-free's compute order, each all-gather "
                                  "issued as early as memory_budget (bytes) allows and no earlier than it hides", takes_form=True)
-def overlap(view: nx.DiGraph, *, memory_budget=None, budget_scope: str = "gathered") -> list[str]:
+def overlap(view: nx.DiGraph, *, memory_budget=None, budget_scope: str = DEFAULT_SCOPE) -> list[str]:
     """The overlap order of ``view`` under ``memory_budget`` bytes (``math.inf``: unlimited).
 
-    ``budget_scope``: ``'gathered'`` (gathered parameters) or ``'all'`` (all tensors).
+    ``budget_scope``: ``'all'`` (all tensors, the default) or ``'gathered'`` (gathered parameters).
     """
     budget = parse_budget(memory_budget)
     with paused_gc():
