@@ -45,8 +45,11 @@ Everything is integer-indexed and deterministic (no hash order, no timing).
 >>> from dcsched.simulate import simulate
 >>> view = to_networkx(layered_stack(2).forward)
 >>> scheduler = Overlap(view)
->>> order = overlap(view, memory_budget=scheduler.min_budget())
+>>> order = overlap(view, memory_budget=scheduler.min_budget("all"))  # a budget over all tensors
 >>> check_order(view, order)
+>>> simulate(view, order).peak_bytes <= scheduler.min_budget("all")
+True
+>>> order = overlap(view, memory_budget=scheduler.min_budget(), budget_scope="gathered")
 >>> simulate(view, order).gathered_peak_bytes <= scheduler.min_budget()
 True
 """
