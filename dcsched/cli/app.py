@@ -32,9 +32,24 @@ console = Console()
 err_console = Console(stderr=True)
 
 
+def safe_text(value: object) -> str:
+    r"""``value`` as text fit for the terminal: rich markup escaped, control characters shown as escapes.
+
+    Every string that comes from a bundle or a path goes through this before
+    it is printed, so a name cannot restyle the output or drive the terminal.
+
+    >>> print(safe_text("[red]EVIL[/red]"), safe_text("model\x1b[2J"))
+    \[red]EVIL\[/red] model\x1b[2J
+    """
+    text = str(value)
+    if not text.isprintable():
+        text = "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+    return escape(text)
+
+
 def fail(message: str, code: int = 2) -> None:
     """Print one error line and exit."""
-    err_console.print(f"[bold red]dcsched: error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    err_console.print(f"[bold red]dcsched: error:[/] {safe_text(message)}", highlight=False, soft_wrap=True)
     raise SystemExit(code)
 
 
@@ -45,10 +60,10 @@ def run(argv: list[str] | None = None) -> int:
     try:
         app(args=argv, prog_name="dcsched")
     except ResultMismatch as exc:
-        err_console.print(f"[bold red]dcsched: results differ:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        err_console.print(f"[bold red]dcsched: results differ:[/] {safe_text(exc)}", highlight=False, soft_wrap=True)
         return 1
     except DcschedError as exc:
-        err_console.print(f"[bold red]dcsched: error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        err_console.print(f"[bold red]dcsched: error:[/] {safe_text(exc)}", highlight=False, soft_wrap=True)
         return exc.exit_code
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)

@@ -11,7 +11,7 @@ import typer
 from .. import bundle as bundle_io
 from ..outputs import check_outputs
 from ..units import format_bytes, format_ms
-from .app import app, console, err_console
+from .app import app, console, err_console, safe_text
 
 
 def _init_distributed() -> None:
@@ -83,7 +83,7 @@ def profile(
     from ..distributed import shutdown
     try:
         if progress:
-            err_console.print(f"capturing {script} ...", highlight=False)
+            err_console.print(f"capturing {safe_text(script)} ...", highlight=False)
         captured = capture_script_step(script, list(script_args or []), module)
         bundle = profile_bundle(captured.bundle, options, params=captured.params, inputs=captured.inputs)
     except BaseException:
@@ -99,7 +99,7 @@ def profile(
     fw, bw = bundle.forward, bundle.backward
     total = {name: sum(float(n.meta.get("device_time", 0.0)) for n in g.nodes) for name, g in bundle.graphs.items()}
     param_bytes = sum(p.nbytes for p in bundle.params)
-    console.print(f"wrote {output}: {captured.module_name}, {len(bundle.params)} parameters "
+    console.print(f"wrote {safe_text(output)}: {safe_text(captured.module_name)}, {len(bundle.params)} parameters "
                   f"({format_bytes(param_bytes)}), forward {len(fw.nodes)} nodes ({format_ms(total['forward'])}), "
                   f"backward {len(bw.nodes) if bw is not None else 0} nodes "
                   f"({format_ms(total.get('backward', 0.0))}); {bundle.provenance['device']}, "

@@ -18,7 +18,7 @@ from .. import bundle as bundle_io
 from .. import distributed
 from ..replay import ReplayReport, replay_orders, resolve_device
 from ..units import format_bytes, format_ms
-from .app import app, console
+from .app import app, console, safe_text
 
 
 def _with_error(text: str, error: float | None) -> str:
@@ -29,15 +29,15 @@ def render(report: ReplayReport) -> None:
     """Print the report: one column per order, measured and simulated figures in rows."""
     first = report.orders[0].measured
     processes = "1 process" if report.world_size == 1 else f"{report.world_size} ranks (worst rank shown)"
-    console.print(f"[bold]dcsched replay[/] on {report.device}, {processes}, {first.iters} timed steps after "
+    console.print(f"[bold]dcsched replay[/] on {safe_text(report.device)}, {processes}, {first.iters} timed steps after "
                   f"{first.warmup} warm-up, seed {report.seed}", highlight=False)
     for order in report.orders:
         if order.path:
-            console.print(f"  {order.label}: {order.path}", highlight=False)
+            console.print(f"  {safe_text(order.label)}: {safe_text(order.path)}", highlight=False)
     table = Table(title_justify="left")
     table.add_column("per training step")
     for order in report.orders:
-        table.add_column(order.label, justify="right")
+        table.add_column(safe_text(order.label), justify="right")
     rows: dict[str, list[str]] = {"peak memory, measured": [], "peak memory, simulated (error)": [],
                                   "step time, measured": [], "step time, simulated (error)": [],
                                   "forward / backward, measured": []}
@@ -57,16 +57,16 @@ def render(report: ReplayReport) -> None:
         c = report.comparison
         how = "bit for bit" if c.exact else f"within tolerance ({c.tolerance})"
         console.print(f"[green]results match[/] {how}: {c.outputs} outputs (loss and gradients), "
-                      f"largest difference {c.max_abs_error:.3g} ({c.worst_output})", highlight=False)
+                      f"largest difference {c.max_abs_error:.3g} ({safe_text(c.worst_output)})", highlight=False)
     else:
         console.print("results not compared (no --baseline)")
     console.print(f"measured: time by {first.timer} (median of forward + backward; ± half the range), "
                   f"memory by {first.memory_source}; {format_bytes(first.resident_bytes)} resident before "
                   "the step", highlight=False)
     for note in dict.fromkeys(order.simulator_note for order in report.orders):
-        console.print(f"simulated: {note}", highlight=False)
+        console.print(f"simulated: {safe_text(note)}", highlight=False)
     for caveat in dict.fromkeys(order.caveat for order in report.orders if order.caveat):
-        console.print(f"[yellow]caveat[/]: {caveat}", highlight=False)
+        console.print(f"[yellow]caveat[/]: {safe_text(caveat)}", highlight=False)
 
 
 @app.command()

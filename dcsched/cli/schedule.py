@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
 from .. import bundle as bundle_io
@@ -24,7 +23,7 @@ from ..report import Comparison, GraphComparison, compare_bundle
 from ..schedulers.overlap import DEFAULT_SCOPE
 from ..simulate import SimResult
 from ..units import format_bytes, format_ms, parse_budget
-from .app import app, console, err_console, fail
+from .app import app, console, err_console, fail, safe_text
 
 SPARK_BLOCKS = " ▁▂▃▄▅▆▇█"
 SPARK_WIDTH = 60
@@ -164,7 +163,7 @@ def _pct(value: float) -> str:
 def graph_table(name: str, cmp: GraphComparison) -> Table:
     c = cmp.compiled
     bounds = c.bounds
-    table = Table(title=f"[bold]{name}[/]: {len(c)} nodes, {c.num_allgathers} all-gathers, "
+    table = Table(title=f"[bold]{safe_text(name)}[/]: {len(c)} nodes, {c.num_allgathers} all-gathers, "
                         f"{c.num_reduces} reduce-grads", title_justify="left",
                   caption=f"compute {format_ms(c.compute_ms)}, communication {format_ms(c.comm_ms)}; "
                           f"lower bound max(compute, comm) {format_ms(bounds.simple)}, "
@@ -178,11 +177,12 @@ def graph_table(name: str, cmp: GraphComparison) -> Table:
     rows = [
         ("peak memory", format_bytes(b.peak_bytes),
          [format_bytes(r.peak_bytes) + _change(b.peak_bytes, r.peak_bytes) for r in cmp.after.values()]),
-        ("  at node", b.peak_node or "-", [r.peak_node or "-" for r in cmp.after.values()]),
+        ("  at node", safe_text(b.peak_node or "-"), [safe_text(r.peak_node or "-") for r in cmp.after.values()]),
         ("gathered peak", format_bytes(b.gathered_peak_bytes),
          [format_bytes(r.gathered_peak_bytes) + _change(b.gathered_peak_bytes, r.gathered_peak_bytes)
           for r in cmp.after.values()]),
-        ("  at node", b.gathered_peak_node or "-", [r.gathered_peak_node or "-" for r in cmp.after.values()]),
+        ("  at node", safe_text(b.gathered_peak_node or "-"),
+         [safe_text(r.gathered_peak_node or "-") for r in cmp.after.values()]),
         ("step time", format_ms(b.step_ms),
          [format_ms(r.step_ms) + _change(b.step_ms, r.step_ms) for r in cmp.after.values()]),
         ("exposed comm", format_ms(b.exposed_comm_ms), [format_ms(r.exposed_comm_ms) for r in cmp.after.values()]),
@@ -210,7 +210,7 @@ def render_sparklines(cmp: GraphComparison) -> None:
 def params_table(name: str, cmp: GraphComparison, algo: str, names: dict[int, str]) -> Table:
     result = cmp.after[algo]
     before = {p.gather_node: p for p in cmp.before.params}
-    table = Table(title=f"{name} / {algo}: gathered parameters", title_justify="left")
+    table = Table(title=f"{safe_text(name)} / {algo}: gathered parameters", title_justify="left")
     for column in ("ds_id", "parameter", "size", "gathered at (#position)", "freed at (#position)", "held (nodes)",
                    "held", "before"):
         numeric = column in ("ds_id", "size", "held (nodes)", "held", "before")
@@ -218,9 +218,9 @@ def params_table(name: str, cmp: GraphComparison, algo: str, names: dict[int, st
     for p in result.params:
         old = before.get(p.gather_node)
         table.add_row(
-            str(p.ds_id), names.get(p.ds_id, "?"), format_bytes(p.size_bytes),
-            f"{p.gather_node} (#{p.gather_index})",
-            f"{p.free_node} (#{p.free_index})" if p.free_node else "never",
+            str(p.ds_id), safe_text(names.get(p.ds_id, "?")), format_bytes(p.size_bytes),
+            f"{safe_text(p.gather_node)} (#{p.gather_index})",
+            f"{safe_text(p.free_node)} (#{p.free_index})" if p.free_node else "never",
             str(p.held_nodes), format_ms(p.held_ms), format_ms(old.held_ms) if old else "-")
     return table
 
@@ -246,7 +246,7 @@ def apply_default_budget(bundle: bundle_io.Bundle, options: dict[str, dict], *, 
 
 
 def sweep_table(name: str, rows) -> Table:
-    table = Table(title=f"[bold]{name}[/]: overlap at growing memory budgets ({rows[0].scope} scope)",
+    table = Table(title=f"[bold]{safe_text(name)}[/]: overlap at growing memory budgets ({rows[0].scope} scope)",
                   title_justify="left",
                   caption=f"lower bounds: max(compute, comm) {format_ms(rows[0].lower_bound_ms)}, "
                           f"tighter {format_ms(rows[0].tight_lower_bound_ms)}", caption_justify="left")
@@ -268,12 +268,12 @@ def run_sweep(path: Path, scope: str, *, as_json: bool, plot: Path | None) -> No
     bundle = bundle_io.load(path)
     curves = {}
     for name, graph in bundle.graphs.items():
-        err_console.print(f"[dim]{name}: sweeping memory budgets with overlap[/]", highlight=False)
+        err_console.print(f"[dim]{safe_text(name)}: sweeping memory budgets with overlap[/]", highlight=False)
         curves[name] = sweep(graph, scope=scope, name=name)
     if plot is not None:
         from ..plot import plot_sweep
         plot_sweep(plot, curves, title=path.name)
-        err_console.print(f"[dim]wrote {plot}[/]", highlight=False)
+        err_console.print(f"[dim]wrote {safe_text(plot)}[/]", highlight=False)
     if as_json:
         document = {"input": str(path), "scope": scope,
                     "graphs": {name: [row.to_dict() for row in rows] for name, rows in curves.items()}}
@@ -353,21 +353,21 @@ def schedule(
     apply_default_budget(bundle, options, explicit=memory_budget is not None)
 
     def progress(message: str) -> None:
-        err_console.print(f"[dim]{message}[/]", highlight=False)
+        err_console.print(f"[dim]{safe_text(message)}[/]", highlight=False)
 
     # With 'all', a scheduler that cannot run with the options given (one that needs a memory budget, say)
     # is left out with a note rather than stopping the comparison of the others.
     comparison = compare_bundle(bundle, algorithms, assume_zero=assume_zero, progress=progress, options=options,
                                 skip_failing=algo == "all")
     for algo_name, reason in comparison.skipped.items():
-        err_console.print(f"[yellow]{algo_name}: skipped: {escape(reason)}[/]", highlight=False)
+        err_console.print(f"[yellow]{algo_name}: skipped: {safe_text(reason)}[/]", highlight=False)
     outputs = {a: p for a, p in outputs.items() if a in comparison.algorithms}
     for name, cmp in comparison.graphs.items():
         if cmp.compiled.missing:
             counts = ", ".join(f"{len(v)} without {k}" for k, v in cmp.compiled.missing.items())
-            err_console.print(f"[yellow]{name}: {counts}, counted as 0 (--assume-zero)[/]", highlight=False)
+            err_console.print(f"[yellow]{safe_text(name)}: {counts}, counted as 0 (--assume-zero)[/]", highlight=False)
         if cmp.compiled.unsized_inputs:
-            err_console.print(f"[yellow]{name}: {len(cmp.compiled.unsized_inputs)} inputs with no size "
+            err_console.print(f"[yellow]{safe_text(name)}: {len(cmp.compiled.unsized_inputs)} inputs with no size "
                               "(no tensor_size, no shape), counted as 0 bytes[/]", highlight=False)
 
     for algo_name, out in outputs.items():
@@ -403,4 +403,4 @@ def schedule(
                 console.print(params_table(name, cmp, algo_name, names))
         console.print()
     for algo_name, out in outputs.items():
-        console.print(f"wrote {out} ({algo_name})", highlight=False)
+        console.print(f"wrote {safe_text(out)} ({algo_name})", highlight=False)

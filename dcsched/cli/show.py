@@ -11,7 +11,7 @@ from rich.table import Table
 from .. import bundle as bundle_io
 from ..summary import summarize
 from ..units import format_bytes, format_ms
-from .app import app, console
+from .app import app, console, safe_text
 
 
 @app.command()
@@ -28,13 +28,13 @@ def show(
     if as_json:
         console.print_json(json.dumps(summary))
         return
-    console.print(f"[bold]{path}[/]")
+    console.print(f"[bold]{safe_text(path)}[/]")
     table = Table(title="Graphs", title_justify="left")
     for column in ("graph", "id", "nodes", "compute", "gather/wait/release/reduce", "compute time", "comm time"):
         table.add_column(column, justify="right" if column not in ("graph",) else "left")
     for name, g in summary["graphs"].items():
         r = g["roles"]
-        table.add_row(name, str(g["graph_id"]), str(g["nodes"]), str(r["compute"]),
+        table.add_row(safe_text(name), str(g["graph_id"]), str(g["nodes"]), str(r["compute"]),
                       f"{r['allgather']}/{r['wait']}/{r['release']}/{r['reduce']}",
                       format_ms(g["compute_ms"]), format_ms(g["comm_ms"]))
     console.print(table)
@@ -46,7 +46,8 @@ def show(
         for column in ("ds_id", "name", "shape", "dtype", "size"):
             ptable.add_column(column, justify="right" if column in ("ds_id", "size") else "left")
         for p in summary["params"]:
-            ptable.add_row(str(p["ds_id"]), p["name"], "x".join(map(str, p["shape"])) or "scalar", p["dtype"],
+            ptable.add_row(str(p["ds_id"]), safe_text(p["name"]), "x".join(map(str, p["shape"])) or "scalar",
+                           safe_text(p["dtype"]),
                            format_bytes(p["bytes"]))
         console.print(ptable)
     prov = summary["provenance"]
@@ -55,7 +56,7 @@ def show(
         ptable.add_column("key")
         ptable.add_column("value")
         for key, value in prov.items():
-            ptable.add_row(key, json.dumps(value) if not isinstance(value, str) else value)
+            ptable.add_row(safe_text(key), safe_text(json.dumps(value) if not isinstance(value, str) else value))
         console.print(ptable)
     else:
         console.print("[yellow]no provenance recorded[/]")
