@@ -22,6 +22,7 @@ import math
 import operator
 import os
 import pickle
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -468,8 +469,11 @@ def load(path: str | os.PathLike) -> Bundle:
     path = Path(path)
     if not path.is_file():
         raise BundleError(path, "no such file" if not path.exists() else "not a file")
+    _check_magic(path)
     try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch's note on a foreign pickle's protocol says nothing to a user
+            warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
+            data = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         text = str(exc)
         if "weights only" in text.lower() or "global" in text.lower():
@@ -483,9 +487,26 @@ def load(path: str | os.PathLike) -> Bundle:
         if "zip" in text or "central directory" in text or "failed finding" in text or "eof" in text:
             raise BundleError(path, "file is truncated or corrupt") from None
         raise BundleError(path, f"not a readable torch file ({str(exc).splitlines()[0][:120]})") from None
-    except Exception as exc:  # any other parse failure of foreign bytes; nothing was executed
-        raise BundleError(path, f"not a dcsched bundle (unreadable: {type(exc).__name__})") from None
+    except Exception:  # any other parse failure of foreign bytes; nothing was executed
+        raise BundleError(path, "not a dcsched bundle (not readable as a torch file)") from None
     return from_data(data, path)
+
+
+#: How a file torch.save wrote begins: a zip archive (the format since torch 1.6) or a bare pickle.
+TORCH_FILE_MAGIC = (b"PK\x03\x04", b"\x80")
+
+
+def _check_magic(path: Path) -> None:
+    """Refuse, before unpickling anything, a file that begins like neither a torch file nor a pickle."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(4)
+    except OSError as exc:
+        raise BundleError(path, f"cannot be read ({exc.strerror or type(exc).__name__})") from None
+    if not head:
+        raise BundleError(path, "not a dcsched bundle (the file is empty)")
+    if not head.startswith(TORCH_FILE_MAGIC):
+        raise BundleError(path, "not a dcsched bundle (neither a torch file nor a pickle)")
 
 
 def save(bundle: Bundle, path: str | os.PathLike, *, overwrite: bool = True) -> Path:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import pickle
+import random
+import warnings
 import zipfile
 
 import pytest
@@ -100,6 +102,22 @@ def _bad_files(tmp_path):
     text.write_text("these are not the graphs you are looking for\n")
     files["text file"] = (text, "not a dcsched bundle")
 
+    noise = tmp_path / "noise.pt"
+    noise.write_bytes(bytes(random.Random(0).getrandbits(8) for _ in range(4096)))
+    files["random bytes"] = (noise, "not a dcsched bundle (neither a torch file nor a pickle)")
+
+    shadow = tmp_path / "shadow"
+    shadow.write_text("root:$6$salt$hash:19000:0:99999:7:::\ndaemon:*:19000:0:99999:7:::\n")
+    files["password file"] = (shadow, "not a dcsched bundle (neither a torch file nor a pickle)")
+
+    empty = tmp_path / "empty.pt"
+    empty.write_bytes(b"")
+    files["empty file"] = (empty, "not a dcsched bundle (the file is empty)")
+
+    protocol_4 = tmp_path / "dict.pkl"
+    protocol_4.write_bytes(pickle.dumps({"format": "dcsched-bundle"}, protocol=4))
+    files["protocol-4 pickle"] = (protocol_4, "not a dcsched bundle")
+
     other = tmp_path / "weights.pt"
     torch.save({"weight": torch.zeros(2)}, other)
     files["other torch file"] = (other, "not a dcsched graph bundle")
@@ -170,7 +188,8 @@ SHAPES = [
 ]
 
 
-BAD = ["code payload", "raw pickle payload", "truncated", "text file", "other torch file", "newer version",
+BAD = ["code payload", "raw pickle payload", "truncated", "text file", "random bytes", "password file", "empty file",
+       "protocol-4 pickle", "other torch file", "newer version",
        "dangling reference", "cycle", "unknown op", "disallowed target",
        *(case[0] for case in FIGURES), *(case[0] for case in SHAPES)]
 NUMBERS = [*(case[0] for case in FIGURES), *(case[0] for case in SHAPES)]
@@ -212,6 +231,25 @@ def test_absurd_figures_refused_by_every_command(tmp_path, kind, command, capsys
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert words in " ".join(err.split()), err
     assert sorted(os.listdir(tmp_path)) == before
+
+
+@pytest.mark.parametrize("kind", ["raw pickle payload", "protocol-4 pickle"])
+def test_foreign_pickle_gives_no_warning(tmp_path, kind):
+    files, _ = _bad_files(tmp_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(BundleError, match="not a dcsched bundle"):
+            dcsched.load(files[kind][0])
+    assert [str(w.message) for w in caught] == []
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
+def test_unreadable_file_one_line(tmp_path, capsys):
+    path = dcsched.save(linear_bundle(), tmp_path / "locked.pt")
+    path.chmod(0)
+    assert run(["show", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "cannot be read (Permission denied)" in err, err
 
 
 def test_missing_file(tmp_path, capsys):

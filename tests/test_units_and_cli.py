@@ -91,3 +91,23 @@ def test_parse_budget_rejects_with_one_error(value):
 def test_parse_size_rejects_non_finite_and_absurd(text, words):
     with pytest.raises(ValueError, match=words):
         parse_size(text)
+
+
+@pytest.mark.parametrize("args,words", [
+    (["replay", "x.pt", "--iters", "0"], "Invalid value for '--iters'"),
+    (["schedule", "x.pt", "--bogus"], "No such option: --bogus"),
+    (["show"], "Missing argument"),
+    (["nosuch"], "No such command 'nosuch'"),
+    (["replay", "x.pt", "--warmup", "many"], "Invalid value for '--warmup'"),
+])
+def test_usage_errors_are_one_line_exit_2(capsys, args, words):
+    assert run(args) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("dcsched: error: ") and words in err and "--help" in err, err
+
+
+def test_no_arguments_still_prints_the_help(capsys):
+    assert run([]) == 2
+    out, err = capsys.readouterr()
+    assert "Usage" in out + err and "dcsched: error" not in err

@@ -55,10 +55,12 @@ def fail(message: str, code: int = 2) -> None:
 
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit code (0 ok, 1 result mismatch, 2 bad input)."""
-    # Standalone mode: typer reports usage errors itself (exit code 2) and
-    # exits through SystemExit; dcsched's own errors propagate to here.
+    # Not standalone: typer's usage errors come here as exceptions and are
+    # reported in dcsched's one-line form rather than as typer's boxes.
     try:
-        app(args=argv, prog_name="dcsched")
+        code = app(args=argv, prog_name="dcsched", standalone_mode=False)
+    except typer.TyperException as exc:
+        return usage_error(exc)
     except ResultMismatch as exc:
         err_console.print(f"[bold red]dcsched: results differ:[/] {safe_text(exc)}", highlight=False, soft_wrap=True)
         return 1
@@ -67,10 +69,28 @@ def run(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, typer.Abort):
         err_console.print("interrupted")
         return 130
-    return 0
+    return code if isinstance(code, int) else 0
+
+
+def usage_error(exc: typer.TyperException) -> int:
+    """A command-line usage error (unknown option, value out of range) as one line; exit code 2.
+
+    ``dcsched`` alone still prints the help (typer raises that as a usage error, exit code 2).
+    """
+    message = exc.format_message()
+    if not message.strip():  # the help, already printed by typer
+        return exc.exit_code
+    if message.lstrip().startswith("Usage:"):
+        err_console.print(message, markup=False, highlight=False)
+        return exc.exit_code
+    command = getattr(getattr(exc, "ctx", None), "command_path", "dcsched")
+    line = " ".join(message.split())
+    err_console.print(f"[bold red]dcsched: error:[/] {safe_text(line)} (see {safe_text(command)} --help)",
+                      highlight=False, soft_wrap=True)
+    return exc.exit_code
 
 
 def main() -> None:
