@@ -47,7 +47,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import linecache
 import math
+import re
+import traceback
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
@@ -317,16 +320,46 @@ class _Hooked(torch.fx.Interpreter):
         self.graph_name, self.on_node = graph_name, on_node
 
     def run_node(self, node: torch.fx.Node):
+        self.current = node.name
         if node.op != "call_function":
             return super().run_node(node)
         args, kwargs = self.fetch_args_kwargs_from_env(node)
         return self.on_node(self.graph_name, node, lambda: node.target(*args, **kwargs))
 
 
+#: An assignment in the code torch.fx generates for a graph: the node's name comes first.
+_ASSIGNED = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*=")
+
+
+def failing_node(exc: BaseException) -> str | None:
+    """The node whose line of a GraphModule's generated code raised ``exc`` (None if not found there).
+
+    torch.fx keeps the generated source in :mod:`linecache` under an
+    ``<eval_with_key>`` file name, one ``name = op(...)`` line per node.
+    """
+    found = None
+    for frame, lineno in traceback.walk_tb(exc.__traceback__):
+        if frame.f_code.co_filename.startswith("<eval_with_key>"):
+            match = _ASSIGNED.match(linecache.getline(frame.f_code.co_filename, lineno))
+            found = match.group(1) if match else found
+    return found
+
+
+def _graph_failed(graph_name: str, node: str | None, exc: Exception) -> GraphError:
+    where = f"node {node}" if node else "a node"
+    detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+    return GraphError(f"the {graph_name} graph failed to run at {where}: {type(exc).__name__}: {detail}")
+
+
 def _run(step: Step, graph_name: str, args: list, on_node: NodeHook | None) -> list:
     module = step.forward if graph_name == "forward" else step.backward
     if on_node is None:
-        return _as_list(module(args))
+        try:
+            return _as_list(module(args))
+        except DcschedError:
+            raise
+        except Exception as exc:  # an edited op, out-of-range token ids: say where, not a traceback
+            raise _graph_failed(graph_name, failing_node(exc), exc) from exc
     order = step.orders.get(graph_name)
     if order is not None:  # the interpreter takes the placeholders in graph order
         by_name = dict(zip(order, args))
@@ -334,7 +367,12 @@ def _run(step: Step, graph_name: str, args: list, on_node: NodeHook | None) -> l
     interpreter = _Hooked(module, graph_name, on_node)
     values = tuple(args)
     args.clear()  # as the compiled module does: the caller's list no longer holds the inputs
-    return _as_list(interpreter.run(*values))
+    try:
+        return _as_list(interpreter.run(*values))
+    except DcschedError:
+        raise
+    except Exception as exc:
+        raise _graph_failed(graph_name, getattr(interpreter, "current", None), exc) from exc
 
 
 def run_forward(step: Step, args: Sequence[torch.Tensor], on_node: NodeHook | None = None) -> list:

@@ -461,3 +461,34 @@ def test_caveat_on_cpu_measured_costs_only(mlp, tmp_path, capsys):
         assert cli(["replay", str(tmp_path / "graph.pt"), "--device", "cpu", "--iters", "1", "--json"]) == 0
         data = json.loads(capsys.readouterr().out)
         assert (data["orders"][0]["caveat"] is not None) is expected
+
+
+def _broken_mm(bundle):
+    """mm_1 with its operands swapped: (4x4) @ (2x4) cannot run."""
+    node = next(n for n in bundle.forward.nodes if n.name == "mm_1")
+    node.args = (node.args[1], node.args[0])
+    return bundle
+
+
+def _ids_beyond_vocabulary(bundle):
+    """An embedding lookup of token id 99 in a 4-row table (the first weight)."""
+    g = bundle.forward
+    ids = next(n for n in g.nodes if n.name == "primals_3")
+    wait = next(n for n in g.nodes if n.name == "wait_allgather_ds_param__primals_1_0")
+    mm = next(n for n in g.nodes if n.name == "mm_0")
+    with g.inserting_before(mm):
+        emb = g.create_node("call_function", torch.ops.aten.embedding.default, (wait, ids), {}, name="embedding")
+        emb.meta.update(device_time=0.1, tensor_size=32)
+    mm.args = (emb, mm.args[1])
+    bundle.inputs[0] = dcsched.InputInfo("ids", (2,), torch.int64, torch.tensor([0, 99]))
+    return bundle
+
+
+@pytest.mark.parametrize("edit,node", [(_broken_mm, "mm_1"), (_ids_beyond_vocabulary, "embedding")])
+def test_graph_that_fails_to_run_is_one_line_naming_the_node(tmp_path, capsys, edit, node):
+    from bundles import linear_bundle
+    path = dcsched.save(edit(linear_bundle()), tmp_path / "broken.pt")
+    assert cli(["replay", str(path), "--iters", "1", "--warmup", "0", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert f"forward graph failed to run at node {node}" in err, err
