@@ -23,6 +23,7 @@ from .profile import ProfileOptions, profile_bundle
 from .reorder import schedule
 from .simulate import SimResult, simulate  # noqa: E402  (the function shadows its module on purpose)
 from .replay import replay_orders
+from .train import backend, shard
 
 __all__ = [
     "__version__",
@@ -30,5 +31,5 @@ __all__ = [
     "BundleError", "DcschedError", "GraphError", "ResultMismatch",
     "to_fx", "to_networkx", "Role", "role_of",
     "capture", "capture_script", "ProfileOptions", "profile_bundle",
-    "schedule", "simulate", "SimResult", "replay_orders",
+    "schedule", "simulate", "SimResult", "replay_orders", "backend", "shard",
 ]

@@ -74,6 +74,9 @@ class Capture:
     #: The step's inputs, in ``bundle.inputs`` order.
     inputs: list[torch.Tensor]
     module_name: str
+    #: Forward placeholder positions whose new values are the last user outputs (in that order): the
+    #: caller copies them back into those inputs after each forward (BatchNorm's running statistics).
+    mutated_inputs: list[int] = dataclasses.field(default_factory=list)
 
 
 # ---------------------------------------------------------------------------
@@ -116,6 +119,8 @@ class _Graphs:
     backward: torch.fx.GraphModule | None = None
     tangent_outputs: list[int] | None = None
     num_mutated: int = 0
+    #: Forward input positions whose new values the forward returns (BatchNorm statistics), in output order.
+    mutated_inputs: list[int] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -127,6 +132,11 @@ class _Recorded:
     n_params: int
     step: _Graphs | None = None
     forward_only: bool = False
+    #: The trainable parameters as the graph sees them (default: the module's own).
+    params: list[tuple[str, torch.Tensor]] | None = None
+
+    def trainable(self) -> list[tuple[str, torch.Tensor]]:
+        return self.params if self.params is not None else _trainable(self.module)
 
 
 def _trainable(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
@@ -158,9 +168,11 @@ class _Backend:
     training step, not an evaluation under no_grad) is kept.
     """
 
-    def __init__(self, record: _Recorded, on_backward: Callable[[_Recorded], None]):
+    def __init__(self, record: _Recorded, on_backward: Callable[[_Recorded], None], eager_backward: bool = False):
         self.record = record
         self.on_backward = on_backward
+        #: Compile the backward right away instead of at its first run (capture without running a step).
+        self.eager_backward = eager_backward
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs):
         from functorch.compile import make_boxed_func
@@ -168,8 +180,9 @@ class _Backend:
         from torch._functorch.partitioners import min_cut_rematerialization_partition
 
         record = self.record
-        ds_ids = {id(p): i for i, (_, p) in enumerate(_trainable(record.module))}
-        owned = {id(t): name for name, t in (*record.module.named_buffers(), *record.module.named_parameters())}
+        ds_ids = {id(p): i for i, (_, p) in enumerate(record.trainable())}
+        owned = {id(t): name for name, t in (*record.module.named_buffers(), *record.module.named_parameters(),
+                                             *record.trainable())}
         placeholders = [str(n.target) for n in gm.graph.nodes if n.op == "placeholder"]
         graphs = _Graphs(
             dynamo_inputs=list(example_inputs),
@@ -186,7 +199,8 @@ class _Backend:
 
         def forward_compiler(fw: torch.fx.GraphModule, _inputs):
             graphs.forward = fw
-            graphs.num_mutated, graphs.tangent_outputs = _output_layout()
+            graphs.mutated_inputs, graphs.tangent_outputs = _output_layout()
+            graphs.num_mutated = len(graphs.mutated_inputs)
             return make_boxed_func(fw.forward)
 
         def inference_compiler(fw: torch.fx.GraphModule, _inputs):
@@ -209,13 +223,15 @@ class _Backend:
             run_then_maybe_stop._boxed_call = True
             return run_then_maybe_stop
 
-        return aot_module_simplified(gm, example_inputs, fw_compiler=forward_compiler,
-                                     bw_compiler=backward_compiler, inference_compiler=inference_compiler,
-                                     partition_fn=partition)
+        from torch._functorch import config as functorch_config
+        with functorch_config.patch(force_non_lazy_backward_lowering=self.eager_backward):
+            return aot_module_simplified(gm, example_inputs, fw_compiler=forward_compiler,
+                                         bw_compiler=backward_compiler, inference_compiler=inference_compiler,
+                                         partition_fn=partition)
 
 
-def _output_layout() -> tuple[int, list[int] | None]:
-    """(how many forward outputs are new values of mutated inputs, which user outputs get tangents).
+def _output_layout() -> tuple[list[int], list[int] | None]:
+    """(the inputs whose new values the forward returns, which user outputs get tangents).
 
     AOT autograd's forward returns mutated inputs' new values first, then the
     module's outputs; read from its metadata (absent in some torch versions:
@@ -224,10 +240,10 @@ def _output_layout() -> tuple[int, list[int] | None]:
     try:
         from torch._guards import TracingContext
         meta = TracingContext.get().fw_metadata
-        return (int(meta.num_mutated_inp_runtime_indices),
+        return ([int(i) for i in meta.mutated_inp_runtime_indices],
                 [i for i, info in enumerate(meta.output_info) if info.requires_grad])
     except Exception:
-        return 0, None
+        return [], None
 
 
 def _graph_break_message(exc: BaseException, module_name: str) -> str:
@@ -250,12 +266,12 @@ def _graph_break_message(exc: BaseException, module_name: str) -> str:
 
 def _unwrap_dynamo_error(exc: BaseException) -> BaseException:
     inner = getattr(exc, "inner_exception", None) or exc.__cause__
-    while isinstance(inner, BaseException) and not isinstance(inner, (CaptureError, _StopScript)):
+    while isinstance(inner, BaseException) and not isinstance(inner, (DcschedError, _StopScript)):
         nxt = getattr(inner, "inner_exception", None) or inner.__cause__
         if nxt is None:
             break
         inner = nxt
-    return inner if isinstance(inner, (CaptureError, _StopScript)) else exc
+    return inner if isinstance(inner, (DcschedError, _StopScript)) else exc
 
 
 def _is_graph_break(exc: BaseException) -> bool:
@@ -293,7 +309,7 @@ def _build(record: _Recorded, forward_graph_id: int = 0, backward_graph_id: int 
     forward = copy_graph(fw_gm.graph)
     backward = copy_graph(bw_gm.graph)
 
-    trainable = _trainable(record.module)
+    trainable = record.trainable()
     fw_placeholders = [n for n in forward.nodes if n.op == "placeholder"]
     positions = step.param_positions or {}
     if len(fw_placeholders) != len(step.dynamo_inputs):
@@ -377,7 +393,28 @@ def _build(record: _Recorded, forward_graph_id: int = 0, backward_graph_id: int 
         constants=constants,
         provenance={"module": record.name, "torch": str(torch.__version__), "captured_by": "dcsched.capture"},
     )
-    return Capture(bundle, param_tensors, input_tensors, record.name)
+    return Capture(bundle, param_tensors, input_tensors, record.name, list(step.mutated_inputs))
+
+
+def capture_compiled(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], module: nn.Module,
+                     params: Sequence[tuple[str, torch.Tensor]], name: str | None = None) -> Capture:
+    """Capture a TorchDynamo graph of ``module`` as a ZeRO-3 bundle, from inside a TorchDynamo backend.
+
+    ``params`` are the trainable parameters (name, tensor) as the graph takes
+    them among ``example_inputs``; they get ds_ids in that order. Nothing
+    runs: AOT autograd traces with fake tensors and the backward is compiled
+    at once, so the parameters need no storage (see :mod:`dcsched.train`).
+    """
+    params = list(params)
+    record = _Recorded(name=name or type(module).__name__, module=module,
+                       n_params=sum(p.numel() for _, p in params), params=params)
+    _Backend(record, on_backward=lambda _record: None, eager_backward=True)(gm, list(example_inputs))
+    return _build(record)
+
+
+def unwrap_dynamo_error(exc: BaseException) -> BaseException:
+    """The dcsched error TorchDynamo wrapped ``exc`` around (a backend's errors reach the caller wrapped), else ``exc``."""
+    return _unwrap_dynamo_error(exc)
 
 
 # ---------------------------------------------------------------------------

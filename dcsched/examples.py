@@ -331,12 +331,16 @@ class T5(nn.Module):
 
 
 class ConvBlock(nn.Module):
-    def __init__(self, c_in: int, c_out: int, stride: int, groups: int = 8):
+    def __init__(self, c_in: int, c_out: int, stride: int, groups: int = 8, norm: str = "group"):
         super().__init__()
+
+        def make_norm():
+            return nn.BatchNorm2d(c_out) if norm == "batch" else nn.GroupNorm(min(groups, c_out), c_out)
+
         self.conv1 = nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False)
-        self.norm1 = nn.GroupNorm(min(groups, c_out), c_out)
+        self.norm1 = make_norm()
         self.conv2 = nn.Conv2d(c_out, c_out, 3, padding=1, bias=False)
-        self.norm2 = nn.GroupNorm(min(groups, c_out), c_out)
+        self.norm2 = make_norm()
         self.skip = (nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False)
                      if stride != 1 or c_in != c_out else nn.Identity())
 
@@ -347,10 +351,10 @@ class ConvBlock(nn.Module):
 
 
 class ConvNet(nn.Module):
-    """A small ResNet-style classifier (GroupNorm, so no running statistics are mutated)."""
+    """A small ResNet-style classifier: GroupNorm (no running statistics), or BatchNorm with ``norm='batch'``."""
 
     def __init__(self, n_classes: int = 10, width: int = 32, n_layers: int = 2, image: int = 32, channels: int = 3,
-                 stages: int = 4):
+                 stages: int = 4, norm: str = "group"):
         super().__init__()
         self.stem = nn.Conv2d(channels, width, 3, padding=1, bias=False)
         # ResNet's layout: ``stages`` stages (default 4), each halving the resolution in its first block
@@ -361,7 +365,7 @@ class ConvNet(nn.Module):
         for i in range(n_layers):
             new_stage = i * n_stages // n_layers
             c_out = width * 2 ** min(new_stage, 3)
-            blocks.append(ConvBlock(c, c_out, stride=2 if new_stage != stage else 1))
+            blocks.append(ConvBlock(c, c_out, stride=2 if new_stage != stage else 1, norm=norm))
             c, stage = c_out, new_stage
         self.blocks = nn.Sequential(*blocks)
         self.fc = nn.Linear(c, n_classes)
@@ -388,7 +392,8 @@ DEFAULTS = {
                 "hidden": None, "n_experts": 8, "top_k": 2},
     "t5": {"n_layers": 2, "d_model": 128, "n_heads": 4, "vocab": 512, "seq": 64, "batch": 4, "hidden": None,
            "dropout": 0.1},
-    "convnet": {"n_layers": 2, "width": 32, "n_classes": 10, "image": 32, "channels": 3, "batch": 8, "stages": 4},
+    "convnet": {"n_layers": 2, "width": 32, "n_classes": 10, "image": 32, "channels": 3, "batch": 8, "stages": 4,
+                "norm": "group"},
 }
 
 NAMES = tuple(DEFAULTS)

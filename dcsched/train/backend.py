@@ -1,0 +1,130 @@
+"""``dcsched.backend``: a TorchDynamo backend that trains a sharded module with a dcsched schedule.
+
+>>> import torch, dcsched
+>>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+>>> _ = dcsched.shard(model)                       # before the optimizer steps: it sees the shards
+>>> optimizer = torch.optim.AdamW(model.parameters())
+>>> compiled = torch.compile(model, backend=dcsched.backend(algo="fast-free"))
+>>> loss = compiled(torch.randn(2, 4)).sum()
+>>> loss.backward(); optimizer.step()
+>>> [tuple(p.grad.shape) for p in model.parameters()]
+[(32,), (8,), (8,), (1,)]
+
+On its first call TorchDynamo traces the module (with the full-size
+stand-ins :func:`dcsched.shard` installed) and calls the backend, which:
+
+1. captures the forward and backward aten graphs through AOT autograd
+   (:func:`dcsched.capture.capture_compiled`) and inserts the ZeRO-3 ops;
+2. profiles them (``cost_model``: ``measured`` runs each node once here,
+   ``analytic`` estimates them for ``gpu``) so the schedulers have costs;
+3. reorders both graphs with ``algo`` (``memory_budget`` for the schedulers
+   that take one; by default the target device's memory less 10%, unlimited
+   where none is known);
+4. returns a :class:`~dcsched.train.runtime.ScheduledProgram`, which runs
+   every later step.
+
+The global random state is left as it was, so training draws the same
+random numbers as it would without the compile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from .. import schedulers
+from ..capture import capture_compiled
+from ..errors import DcschedError
+from ..profile import ProfileOptions, profile_bundle
+from ..reorder import schedule
+from .runtime import ScheduledProgram
+from .sharding import ShardingError, sharding_for_inputs
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainOptions:
+    """How :func:`backend` schedules: the algorithm, its memory budget (bytes or '40GiB') and the cost model."""
+
+    algo: str = "none"
+    memory_budget: float | int | str | None = None
+    budget_scope: str | None = None
+    cost_model: str = "measured"
+    gpu: str | None = None
+    iters: int = 1
+    warmup: int = 1
+
+    def check(self) -> None:
+        schedulers.get(self.algo)  # raises for an unknown name
+        self.profile_options(1).check()
+
+    def profile_options(self, world_size: int) -> ProfileOptions:
+        return ProfileOptions(cost_model=self.cost_model, iters=self.iters, warmup=self.warmup,
+                              world_size=world_size, gpu=self.gpu, progress=False)
+
+    def scheduler_options(self, bundle) -> dict:
+        accepted = schedulers.get(self.algo).options
+        options = {}
+        if "memory_budget" in accepted:
+            budget = self.memory_budget
+            if budget is None:
+                from ..sweep import default_budget
+                budget = default_budget(bundle)
+            options["memory_budget"] = math.inf if budget is None else budget
+        elif self.memory_budget is not None:
+            raise DcschedError(f"scheduler '{self.algo}' takes no memory budget")
+        if self.budget_scope is not None and "budget_scope" in accepted:
+            options["budget_scope"] = self.budget_scope
+        return options
+
+
+class Backend:
+    """The TorchDynamo backend :func:`backend` returns; ``programs`` lists what it compiled, in order."""
+
+    def __init__(self, options: TrainOptions) -> None:
+        options.check()
+        self.options = options
+        self.programs: list[ScheduledProgram] = []
+
+    def __repr__(self) -> str:
+        return f"dcsched.backend(algo={self.options.algo!r})"
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs) -> ScheduledProgram:
+        sharding = sharding_for_inputs(example_inputs)
+        if sharding is None:
+            raise ShardingError("the compiled module is not sharded: call dcsched.shard(model) before "
+                                "torch.compile(model, backend=dcsched.backend(...))")
+        if not torch.is_grad_enabled():
+            raise ShardingError(f"{type(sharding.module).__name__} was first called without gradients (no_grad "
+                                "or inference mode); dcsched trains: call it in a training step first")
+        program = compile_program(gm, example_inputs, sharding, self.options)
+        self.programs.append(program)
+        return program
+
+
+def backend(algo: str = "none", memory_budget: float | int | str | None = None, **options) -> Backend:
+    """A TorchDynamo backend training with scheduler ``algo``; ``options``: the rest of :class:`TrainOptions`."""
+    return Backend(TrainOptions(algo=algo, memory_budget=memory_budget, **options))
+
+
+def _rng_devices(sharding) -> list:
+    device = sharding.specs[0].param.device
+    return [device] if device.type == "cuda" else []
+
+
+def compile_program(gm: torch.fx.GraphModule, example_inputs, sharding, options: TrainOptions) -> ScheduledProgram:
+    """Capture, profile and schedule ``gm`` (a TorchDynamo graph of the sharded module) into a program."""
+    from ..replay.simulated import simulated_figures
+
+    with torch.random.fork_rng(devices=_rng_devices(sharding)):
+        captured = capture_compiled(gm, example_inputs, sharding.module,
+                                    [(spec.name, spec.stand_in) for spec in sharding.specs])
+        profiled = profile_bundle(captured.bundle, options.profile_options(sharding.world_size),
+                                  inputs=captured.inputs)
+    scheduler_options = options.scheduler_options(profiled)
+    scheduled = profiled.with_graphs(forward=schedule(profiled.forward, options.algo, **scheduler_options),
+                                     backward=schedule(profiled.backward, options.algo, **scheduler_options))
+    scheduled.provenance["algo"] = options.algo
+    figures, _note = simulated_figures(scheduled)
+    return ScheduledProgram(sharding, scheduled, profiled, captured.mutated_inputs, options.algo, figures)

@@ -1,0 +1,177 @@
+"""``dcsched.shard``: a module's parameters become this rank's 1-D ZeRO-3 shards, in place.
+
+Each trainable parameter (a tied one once, under its first name) keeps its
+``nn.Parameter`` object, so an optimizer built before or after holds the same
+objects; its ``.data`` becomes this rank's slice of the flattened parameter,
+zero-padded to ``ceil(numel / W)`` elements (:func:`dcsched.distributed.shard_of`).
+Buffers (BatchNorm statistics) and frozen parameters stay whole on every rank.
+
+TorchDynamo must still trace the module with full-size parameters. So each
+sharded parameter gets a *stand-in*: a tensor of the full shape whose storage
+holds no bytes, and the module's ``forward`` (an instance attribute set here)
+runs the class's forward through :func:`torch.func.functional_call` with the
+stand-ins in place of the shards. The traced graph takes the stand-ins as
+inputs; :func:`dcsched.backend` recognises them by identity and substitutes
+the shards at run time. Guards see the stand-ins' unchanging full shapes, so
+the module compiles once.
+
+A sharded module runs only compiled with ``backend=dcsched.backend(...)``:
+called eagerly it raises, and another backend would read the stand-ins'
+empty storage.
+
+>>> import torch
+>>> model = torch.nn.Linear(3, 2)
+>>> sharding = shard(model)
+>>> [tuple(p.shape) for p in model.parameters()], [s.shape for s in sharding.specs]
+([(6,), (2,)], [(2, 3), (2,)])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import weakref
+
+import torch
+import torch.nn as nn
+
+from ..distributed import padded_numel, shard_of
+from ..errors import DcschedError
+
+
+class ShardingError(DcschedError):
+    """The module cannot be sharded or compiled as asked; the message says why."""
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ShardSpec:
+    """One sharded parameter: its name, ds_id, full shape and dtype, the shard and the stand-in."""
+
+    name: str
+    ds_id: int
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    #: The module's own parameter object, now holding this rank's 1-D padded shard.
+    param: nn.Parameter
+    #: Full shape, no storage: what the traced graph takes in the parameter's place.
+    stand_in: torch.Tensor
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclasses.dataclass(eq=False)
+class Sharding:
+    """How one module is sharded over ``world_size`` ranks (``group``: the process group, None = default)."""
+
+    module: nn.Module
+    specs: list[ShardSpec]
+    rank: int
+    world_size: int
+    group: object = None
+
+    def spec_of_stand_in(self, tensor) -> ShardSpec | None:
+        return self._by_stand_in.get(id(tensor))
+
+    def __post_init__(self) -> None:
+        self._by_stand_in = {id(spec.stand_in): spec for spec in self.specs}
+
+    def shard_numel(self, spec: ShardSpec) -> int:
+        return padded_numel(spec.numel, self.world_size) // self.world_size
+
+
+#: The module attribute holding its Sharding.
+ATTRIBUTE = "dcsched_sharding"
+# id(stand-in) -> Sharding, to find the module from a traced graph's inputs.
+_BY_STAND_IN: "weakref.WeakValueDictionary[int, Sharding]" = weakref.WeakValueDictionary()
+
+
+def sharding_of(module: nn.Module) -> Sharding | None:
+    """The :class:`Sharding` :func:`shard` gave ``module``, if any."""
+    found = module.__dict__.get(ATTRIBUTE)
+    return found if isinstance(found, Sharding) else None
+
+
+def sharding_for_inputs(inputs) -> Sharding | None:
+    """The sharding whose stand-ins appear among a traced graph's ``inputs``, if any."""
+    for value in inputs:
+        found = _BY_STAND_IN.get(id(value)) if isinstance(value, torch.Tensor) else None
+        if found is not None and found.spec_of_stand_in(value) is not None:
+            return found
+    return None
+
+
+def _process_group(group) -> tuple[int, int]:
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(group), dist.get_world_size(group)
+    return 0, 1
+
+
+def _stand_in(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A full-shape tensor with an empty storage (allocated once, then shrunk to no bytes)."""
+    tensor = torch.empty(shape, dtype=dtype, device=device)
+    tensor.untyped_storage().resize_(0)
+    return tensor.requires_grad_(True)
+
+
+class _ClassForward(nn.Module):
+    """Holds the module and runs its class's forward (not the instance override), so functional_call can."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args, **kwargs):
+        return type(self.inner).forward(self.inner, *args, **kwargs)
+
+
+def _install_forward(module: nn.Module, specs: list[ShardSpec]) -> None:
+    holder = _ClassForward(module)
+    stand_ins = {f"inner.{spec.name}": spec.stand_in for spec in specs}
+
+    def forward(*args, **kwargs):
+        if not torch.compiler.is_compiling():
+            raise ShardingError(f"{type(module).__name__} is sharded by dcsched.shard and runs only compiled: "
+                                "torch.compile(model, backend=dcsched.backend(...))")
+        return torch.func.functional_call(holder, stand_ins, args, kwargs)
+
+    module.forward = forward
+
+
+def shard(module: nn.Module, group=None) -> Sharding:
+    """Shard ``module``'s trainable parameters over ``group`` (default: the default process group) in place.
+
+    Call it before the optimizer takes its first step (the optimizer then sees
+    the shards, whether it was built before or after). Without a process
+    group the world size is 1 and each shard is the whole flattened
+    parameter. Sharding a module twice returns the first sharding.
+    """
+    if not isinstance(module, nn.Module):
+        raise ShardingError(f"dcsched.shard takes an nn.Module, not {type(module).__name__}")
+    existing = sharding_of(module)
+    if existing is not None:
+        return existing
+    if "forward" in module.__dict__:
+        raise ShardingError(f"{type(module).__name__} has an instance-level forward (compiled already?): shard "
+                            "the module itself, before torch.compile")
+    rank, world_size = _process_group(group)
+    specs: list[ShardSpec] = []
+    for name, param in module.named_parameters():  # a tied parameter once, under its first name
+        if not param.requires_grad:
+            continue
+        full = param.detach()
+        shape = tuple(full.shape)
+        stand_in = _stand_in(shape, full.dtype, full.device)
+        with torch.no_grad():
+            param.data = shard_of(full, rank, world_size)
+        specs.append(ShardSpec(name, len(specs), shape, full.dtype, param, stand_in))
+    if not specs:
+        raise ShardingError(f"{type(module).__name__} has no trainable parameters to shard")
+    sharding = Sharding(module, specs, rank, world_size, group)
+    _install_forward(module, specs)
+    module.__dict__[ATTRIBUTE] = sharding
+    for spec in specs:
+        _BY_STAND_IN[id(spec.stand_in)] = sharding
+    return sharding

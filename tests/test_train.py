@@ -1,0 +1,83 @@
+"""dcsched.shard and dcsched.backend in one process (world size 1)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+import dcsched
+from dcsched.capture import unwrap_dynamo_error
+from dcsched.train import ShardingError
+
+
+class Tied(nn.Module):
+    """Tied embeddings, a frozen parameter, a parameter the forward never reads, and a BatchNorm."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(10, 6)
+        self.head = nn.Linear(6, 10, bias=False)
+        self.head.weight = self.embed.weight
+        self.norm = nn.BatchNorm1d(6)
+        self.scale = nn.Parameter(torch.full((6,), 0.5), requires_grad=False)
+        self.unused = nn.Parameter(torch.ones(5))
+
+    def forward(self, idx, targets):
+        x = self.norm(self.embed(idx).mean(1)) * self.scale
+        return nn.functional.cross_entropy(self.head(x), targets)
+
+
+def test_shard_keeps_parameter_objects_and_shards_a_tied_parameter_once():
+    model = Tied()
+    before = list(model.parameters())
+    sharding = dcsched.shard(model)
+    assert list(model.parameters()) == before  # the same objects: an optimizer built earlier sees the shards
+    assert [s.name for s in sharding.specs] == ["unused", "embed.weight", "norm.weight", "norm.bias"]
+    assert [s.shape for s in sharding.specs] == [(5,), (10, 6), (6,), (6,)]
+    assert model.embed.weight.shape == (60,) and model.head.weight is model.embed.weight
+    assert model.scale.shape == (6,) and model.norm.running_mean.shape == (6,)  # frozen and buffers stay whole
+    assert dcsched.shard(model) is sharding
+    with pytest.raises(ShardingError, match="runs only compiled"):
+        model(torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, dtype=torch.long))
+
+
+def test_training_a_sharded_module_equals_eager_training_bit_for_bit():
+    model = Tied()
+    eager = copy.deepcopy(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)  # built before sharding: fine
+    dcsched.shard(model)
+    compiled = torch.compile(model, backend=dcsched.backend(algo="overlap", cost_model="analytic", gpu="h100"))
+    eager_optimizer = torch.optim.AdamW(eager.parameters(), lr=0.1)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(4):
+        idx, targets = torch.randint(0, 10, (4, 3), generator=generator), torch.randint(0, 10, (4,), generator=generator)
+        loss, expected = compiled(idx, targets), eager(idx, targets)
+        assert torch.equal(loss, expected)
+        for opt, value in ((optimizer, loss), (eager_optimizer, expected)):
+            value.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    assert torch.equal(model.embed.weight.view(10, 6), eager.embed.weight)
+    assert torch.equal(model.norm.running_mean, eager.norm.running_mean)  # BatchNorm statistics written back
+    assert int(model.norm.num_batches_tracked) == 4
+    assert torch.equal(model.unused, torch.ones(5))  # never read, never stepped (no gradient)
+
+
+def test_an_unsharded_module_is_refused_with_a_clear_error():
+    model = nn.Linear(3, 1)
+    compiled = torch.compile(model, backend=dcsched.backend())
+    with pytest.raises(Exception) as info:
+        compiled(torch.randn(2, 3))
+    error = unwrap_dynamo_error(info.value)
+    assert isinstance(error, ShardingError) and "dcsched.shard(model)" in str(error)
+
+
+def test_backend_checks_its_options():
+    with pytest.raises(dcsched.DcschedError, match="unknown scheduler"):
+        dcsched.backend(algo="nope")
+    with pytest.raises(dcsched.DcschedError, match="analytic cost model needs"):
+        dcsched.backend(cost_model="analytic")

@@ -1,0 +1,127 @@
+"""Training runs the train tests compare: dcsched (Python API, any world size) and plain eager PyTorch.
+
+Every run draws the same global batches (seeded) and the same initial model
+(``examples/models.py``, seeded); a rank of a W-rank run trains on its
+1/W slice of each global batch and reports the mean of the ranks' losses.
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+from pathlib import Path
+
+import torch
+
+from dcsched.examples import build
+
+#: Tiny configurations: a step takes milliseconds.
+CONFIGS = {
+    "gpt": {"n_layers": 1, "d_model": 32, "n_heads": 2, "vocab": 64, "seq": 8},
+    "llama": {"n_layers": 1, "d_model": 32, "n_heads": 2, "vocab": 64, "seq": 8},
+    "convnet-bn": {"n_layers": 1, "width": 8, "n_classes": 4, "image": 16, "norm": "batch"},
+}
+LR = 1e-2
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def init_gloo(rank: int, world_size: int, port: int, timeout_s: float = 60.0) -> None:
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def model_of(name: str, **overrides):
+    family = name.split("-")[0]
+    config = {**CONFIGS[name], **overrides}
+    model, _, _ = build(family, seed=0, batch=1, **config)
+    return model, config
+
+
+def global_batches(name: str, steps: int, batch: int, **overrides) -> list[tuple[torch.Tensor, ...]]:
+    config = {**CONFIGS[name], **overrides}
+    generator = torch.Generator().manual_seed(1234)
+    out = []
+    for _ in range(steps):
+        if name.startswith("convnet"):
+            images = torch.randn(batch, 3, config["image"], config["image"], generator=generator)
+            out.append((images, torch.randint(0, config["n_classes"], (batch,), generator=generator)))
+        else:
+            tokens = torch.randint(0, config["vocab"], (batch, config["seq"] + 1), generator=generator)
+            out.append((tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()))
+    return out
+
+
+def local_slice(inputs, rank: int, world_size: int):
+    size = inputs[0].shape[0] // world_size
+    return tuple(t[rank * size:(rank + 1) * size].clone() for t in inputs)  # its own storage, as a loader gives
+
+
+def mean_over_ranks(value: torch.Tensor) -> float:
+    import torch.distributed as dist
+    value = value.detach().clone()
+    if dist.is_initialized():
+        dist.all_reduce(value)
+        value /= dist.get_world_size()
+    return float(value)
+
+
+def train_dcsched(name: str, algo: str, steps: int, batch: int, rank: int = 0, world_size: int = 1,
+                  memory_budget=None, budget_scope=None, **overrides) -> dict:
+    """Losses per step and, for the last step, each graph's measured peak bytes beside the simulator's."""
+    import dcsched
+    from dcsched.simulate import simulate
+    torch._dynamo.reset()
+    model, _ = model_of(name, **overrides)
+    dcsched.shard(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    backend = dcsched.backend(algo=algo, memory_budget=memory_budget, budget_scope=budget_scope,
+                              cost_model="analytic", gpu="h100")
+    compiled = torch.compile(model, backend=backend)
+    losses = []
+    for step, inputs in enumerate(global_batches(name, steps, batch, **overrides)):
+        if step == steps - 1 and backend.programs:
+            backend.programs[0].measure = True
+        loss = compiled(*local_slice(inputs, rank, world_size))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(mean_over_ranks(loss))
+    program = backend.programs[0]
+    stats = program.stats[-1]
+    memory = {"forward": (stats.forward.peak_bytes, simulate(program.bundle.forward).peak_bytes),
+              "backward": (stats.backward.peak_bytes, simulate(program.bundle.backward).peak_bytes)}
+    return {"losses": losses, "memory": memory}
+
+
+def train_eager(name: str, steps: int, batch: int, split: int = 1, **overrides) -> list[float]:
+    """Single-process eager training on the global batches; ``split`` > 1 averages the losses of that many slices."""
+    model, _ = model_of(name, **overrides)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    losses = []
+    for inputs in global_batches(name, steps, batch, **overrides):
+        parts = [model(*local_slice(inputs, r, split)) for r in range(split)]
+        loss = torch.stack(parts).mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(float(loss.detach()))
+    return losses
+
+
+def spawned_losses(rank: int, world_size: int, port: int, out_dir: str, runs: list[tuple]) -> None:
+    """mp.spawn target: each (label, name, algo, steps, batch, overrides) run; results saved per rank."""
+    from dcsched.distributed import shutdown
+    init_gloo(rank, world_size, port)
+    try:
+        results = {label: train_dcsched(name, algo, steps, batch, rank, world_size, **overrides)
+                   for label, name, algo, steps, batch, overrides in runs}
+        torch.save(results, Path(out_dir) / f"losses{rank}.pt")
+    finally:
+        shutdown()
