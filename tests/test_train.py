@@ -50,7 +50,8 @@ def test_training_a_sharded_module_equals_eager_training_bit_for_bit():
     eager = copy.deepcopy(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)  # built before sharding: fine
     dcsched.shard(model)
-    compiled = torch.compile(model, backend=dcsched.backend(algo="overlap", cost_model="analytic", gpu="h100"))
+    compiled = torch.compile(model, backend=dcsched.backend(algo="overlap", cost_model="analytic", gpu="h100"),
+                             dynamic=False)
     eager_optimizer = torch.optim.AdamW(eager.parameters(), lr=0.1)
     generator = torch.Generator().manual_seed(0)
     for _ in range(4):

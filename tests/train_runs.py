@@ -83,7 +83,7 @@ def train_dcsched(name: str, algo: str, steps: int, batch: int, rank: int = 0, w
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     backend = dcsched.backend(algo=algo, memory_budget=memory_budget, budget_scope=budget_scope,
                               cost_model="analytic", gpu="h100")
-    compiled = torch.compile(model, backend=backend)
+    compiled = torch.compile(model, backend=backend, dynamic=False)
     losses = []
     for step, inputs in enumerate(global_batches(name, steps, batch, **overrides)):
         if step == steps - 1 and backend.programs:

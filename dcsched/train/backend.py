@@ -4,7 +4,7 @@
 >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
 >>> _ = dcsched.shard(model)                       # before the optimizer steps: it sees the shards
 >>> optimizer = torch.optim.AdamW(model.parameters())
->>> compiled = torch.compile(model, backend=dcsched.backend(algo="fast-free"))
+>>> compiled = torch.compile(model, backend=dcsched.backend(algo="fast-free"), dynamic=False)
 >>> loss = compiled(torch.randn(2, 4)).sum()
 >>> loss.backward(); optimizer.step()
 >>> [tuple(p.grad.shape) for p in model.parameters()]
