@@ -9,21 +9,56 @@ calls and renders. ``dcsched.capture``, ``dcsched.simulate`` and
 
 from __future__ import annotations
 
+import sys
+import types
+
 __version__ = "0.1.0"
 
-from . import ops  # noqa: F401  (registers torch.ops.dcsched.*)
-from .bundle import Bundle, InputInfo, ParamInfo, load, save
-from .errors import BundleError, DcschedError, GraphError, ResultMismatch
-from .nxview import to_fx, to_networkx
-from .roles import Role, role_of
+#: Public name -> the module that defines it. Imported on first use (module ``__getattr__``), so that
+#: ``import dcsched`` and ``dcsched --help`` do not pay for importing torch.
+_LAZY = {
+    "Bundle": "bundle", "InputInfo": "bundle", "ParamInfo": "bundle", "load": "bundle", "save": "bundle",
+    "BundleError": "errors", "DcschedError": "errors", "GraphError": "errors", "ResultMismatch": "errors",
+    "to_fx": "nxview", "to_networkx": "nxview", "Role": "roles", "role_of": "roles",
+    "capture": "capture", "capture_script": "capture", "ProfileOptions": "profile", "profile_bundle": "profile",
+    "schedule": "reorder", "simulate": "simulate", "SimResult": "simulate", "replay_orders": "replay",
+    "backend": "train", "shard": "train",
+}
 
-# profile -> bundle -> schedule -> simulate -> replay
-from .capture import capture, capture_script  # noqa: E402  (the function shadows its module on purpose)
-from .profile import ProfileOptions, profile_bundle
-from .reorder import schedule
-from .simulate import SimResult, simulate  # noqa: E402  (the function shadows its module on purpose)
-from .replay import replay_orders
-from .train import backend, shard
+
+def __getattr__(name: str):
+    """``dcsched.load`` and the other public names, imported when first asked for.
+
+    >>> import dcsched
+    >>> dcsched.load.__module__
+    'dcsched.bundle'
+    """
+    if name not in _LAZY:
+        raise AttributeError(f"module 'dcsched' has no attribute {name!r}")
+    import importlib
+    importlib.import_module(".ops", __name__)  # registers torch.ops.dcsched.* before any graph is built
+    value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    globals()[name] = value  # the function shadows its module (capture, simulate) from here on, as before
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+#: Functions that share their module's name: importing the module must not replace the function.
+_SHADOWING = ("capture", "simulate")
+
+
+class _Package(types.ModuleType):
+    def __setattr__(self, name, value):
+        if name in _SHADOWING and isinstance(value, types.ModuleType):
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+
 
 __all__ = [
     "__version__",

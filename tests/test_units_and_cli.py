@@ -111,3 +111,20 @@ def test_no_arguments_still_prints_the_help(capsys):
     assert run([]) == 2
     out, err = capsys.readouterr()
     assert "Usage" in out + err and "dcsched: error" not in err
+
+
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["replay", "x.pt", "--iters", "0"], ["schedule", "--help"]])
+def test_cli_answers_without_importing_torch(args):
+    code = ("import sys\nfrom dcsched.cli import run\ncode = run(sys.argv[1:])\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\nsys.exit(code)")
+    result = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
+    assert result.returncode in (0, 2) and "torch was imported" not in result.stderr, result.stderr
+
+
+def test_python_api_names_resolve_lazily():
+    code = ("import sys, dcsched\nassert 'torch' not in sys.modules\nimport dcsched.simulate\n"
+            "assert callable(dcsched.simulate) and dcsched.simulate.__module__ == 'dcsched.simulate'\n"
+            "assert dcsched.load.__module__ == 'dcsched.bundle' and 'load' in dir(dcsched)\n"
+            "from dcsched import capture, Bundle\nassert callable(capture)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr

@@ -8,7 +8,6 @@ from typing import List, Optional
 
 import typer
 
-from .. import bundle as bundle_io
 from ..outputs import check_outputs
 from ..units import format_bytes, format_ms
 from .app import app, console, err_console, safe_text
@@ -71,6 +70,7 @@ def profile(
 
     Example: dcsched profile examples/gpt.py -o gpt.pt --cost-model analytic --gpu h100 -- --layers 4
     """  # noqa: E501
+    from .. import bundle as bundle_io  # torch, imported only when the command runs
     from ..capture import capture_script_step
     from ..profile import ProfileOptions, profile_bundle
 

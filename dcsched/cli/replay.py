@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.table import Table
 
-from .. import bundle as bundle_io
-from .. import distributed
-from ..replay import ReplayReport, replay_orders, resolve_device
 from ..units import format_bytes, format_ms
 from .app import app, console, safe_text
+
+if TYPE_CHECKING:  # torch, imported only when the command runs
+    from ..replay import ReplayReport
 
 
 def _with_error(text: str, error: float | None) -> str:
@@ -89,6 +89,9 @@ def replay(
 
     Under [bold]torchrun --nproc-per-node W -m dcsched replay ...[/] the parameters are sharded over W
     ranks (gloo on CPU, NCCL on CUDA); only rank 0 prints."""
+    from .. import bundle as bundle_io
+    from .. import distributed
+    from ..replay import replay_orders, resolve_device
     candidate = bundle_io.load(path)
     reference = bundle_io.load(baseline) if baseline is not None else None
     target = resolve_device(device)

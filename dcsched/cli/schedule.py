@@ -10,20 +10,20 @@ import json
 import math
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.table import Table
 
-from .. import bundle as bundle_io
-from .. import schedulers
 from ..errors import DcschedError
-from ..nxview import to_fx
 from ..outputs import check_outputs
-from ..report import Comparison, GraphComparison, compare_bundle
-from ..schedulers.overlap import DEFAULT_SCOPE
-from ..simulate import SimResult
 from ..units import format_bytes, format_ms, parse_budget
 from .app import app, console, err_console, fail, safe_text
+
+if TYPE_CHECKING:  # the modules themselves import torch, so only when a command runs
+    from .. import bundle as bundle_io
+    from ..report import Comparison, GraphComparison
+    from ..simulate import SimResult
 
 SPARK_BLOCKS = " ▁▂▃▄▅▆▇█"
 SPARK_WIDTH = 60
@@ -35,6 +35,7 @@ SPARK_WIDTH = 60
 
 def resolve_algorithms(algo: str) -> list[str]:
     """``'all'`` = every registered scheduler; else a comma-separated list of names."""
+    from .. import schedulers
     if algo == "all":
         return schedulers.available()
     names = [name.strip() for name in algo.split(",") if name.strip()]
@@ -57,6 +58,7 @@ def _option_value(text: str):
 def scheduler_options(algorithms: list[str], memory_budget: str | None, budget_scope: str | None,
                       extra: list[str]) -> dict[str, dict]:
     """Per algorithm, the given options it accepts; an option no selected algorithm takes is an error."""
+    from .. import schedulers
     given: dict[str, object] = {}
     if memory_budget is not None:
         given["memory_budget"] = parse_budget(memory_budget)
@@ -101,6 +103,7 @@ def check_plot_target(plot: Path) -> None:
 
 def scheduled_bundle(bundle: bundle_io.Bundle, comparison: Comparison, algo: str, source: Path) -> bundle_io.Bundle:
     """``bundle`` with every graph in ``algo``'s order (same nodes, edges and meta)."""
+    from ..nxview import to_fx
     graphs = {}
     for name, graph in bundle.graphs.items():
         new_graph = to_fx(graph, comparison.graphs[name].orders[algo])
@@ -234,6 +237,7 @@ def apply_default_budget(bundle: bundle_io.Bundle, options: dict[str, dict], *, 
     """
     if explicit:
         return
+    from .. import schedulers
     from ..sweep import DEFAULT_MARGIN, default_budget
     budget = default_budget(bundle)
     for algo, opts in options.items():
@@ -263,6 +267,7 @@ def sweep_table(name: str, rows) -> Table:
 
 def run_sweep(path: Path, scope: str, *, as_json: bool, plot: Path | None) -> None:
     """``--sweep``: the overlap scheduler's trade-off curve per graph; prints it, plots it, writes no bundle."""
+    from .. import bundle as bundle_io
     from ..sweep import sweep
 
     bundle = bundle_io.load(path)
@@ -295,7 +300,8 @@ def schedule(
     path: Path = typer.Argument(..., help="Graph bundle to reorder (graph.pt)."),
     algo: str = typer.Option("fast-free", "--algo", "-a",
                              help="Scheduler name, a comma-separated list, or 'all' for every registered one "
-                                  f"({', '.join(schedulers.available())})."),
+                                  "(fast-free, simple-prefetch, list, overlap, none, ...; an unknown name lists "
+                                  "them all)."),
     output: Path | None = typer.Option(None, "--output", "-o",
                                        help="Output bundle. Default: <input stem>.<algo>.pt beside the input; "
                                             "with several algorithms, <output stem>.<algo>.pt."),
@@ -347,8 +353,11 @@ def schedule(
     if plot is not None:
         check_plot_target(plot)
     if sweep_budgets:
+        from ..schedulers.overlap import DEFAULT_SCOPE
         run_sweep(path, budget_scope or DEFAULT_SCOPE, as_json=as_json, plot=plot)
         return
+    from .. import bundle as bundle_io
+    from ..report import compare_bundle
     bundle = bundle_io.load(path)
     apply_default_budget(bundle, options, explicit=memory_budget is not None)
 
