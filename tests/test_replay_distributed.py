@@ -20,14 +20,9 @@ import torch
 import dcsched
 from dcsched import replay as rp
 
-dist = pytest.importorskip("torch.distributed")
-mp = pytest.importorskip("torch.multiprocessing")
+from gloo import GLOO_MARKS, dist, mp  # noqa: F401
 
-pytestmark = [
-    pytest.mark.distributed,
-    pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
-                       reason="torch.distributed with gloo is not available"),
-]
+pytestmark = GLOO_MARKS
 
 WORLD_SIZE = 2
 

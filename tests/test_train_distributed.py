@@ -11,14 +11,9 @@ import torch
 
 import train_runs as runs
 
-dist = pytest.importorskip("torch.distributed")
-mp = pytest.importorskip("torch.multiprocessing")
+from gloo import GLOO_MARKS, dist, mp  # noqa: F401
 
-pytestmark = [
-    pytest.mark.distributed,
-    pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
-                       reason="torch.distributed with gloo is not available"),
-]
+pytestmark = GLOO_MARKS
 
 ALGOS = ("none", "fast-free", "overlap")
 STEPS = 20
