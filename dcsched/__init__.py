@@ -33,9 +33,13 @@ def __getattr__(name: str):
     >>> dcsched.load.__module__
     'dcsched.bundle'
     """
-    if name not in _LAZY:
-        raise AttributeError(f"module 'dcsched' has no attribute {name!r}")
     import importlib
+    import importlib.util
+    if name not in _LAZY:
+        # A submodule (dcsched.reorder, ...) is an attribute once imported, as it was when the package imported all.
+        if name.startswith("_") or importlib.util.find_spec(f"{__name__}.{name}") is None:
+            raise AttributeError(f"module 'dcsched' has no attribute {name!r}")
+        return importlib.import_module(f".{name}", __name__)
     importlib.import_module(".ops", __name__)  # registers torch.ops.dcsched.* before any graph is built
     value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     globals()[name] = value  # the function shadows its module (capture, simulate) from here on, as before
