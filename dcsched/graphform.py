@@ -47,7 +47,7 @@ import networkx as nx
 import torch.fx
 
 from .errors import GraphError
-from .nxview import fx_node_records, to_networkx
+from .nxview import fx_node_records, random_op_chain, to_networkx
 from .roles import Role
 
 
@@ -228,21 +228,23 @@ def _read_view(view: nx.DiGraph) -> tuple:
 
 def _read_fx(graph: torch.fx.Graph) -> tuple:
     """Names, attributes (those of the view) and input names of the nodes, in input order."""
-    names, attrs, inputs, order_only = [], [], [], []
+    names, attrs, inputs = [], [], []
     output = None
-    last_random = None
+    random_ops, random_positions = [], []
     for node, data in fx_node_records(graph):
         if data["role"] == Role.OUTPUT.value:
             output = node.name
         names.append(node.name)
         attrs.append(data)
-        ins = [n.name for n in node.all_input_nodes]
-        if data["random"]:  # chained to the previous random op after its data inputs, as the view does
-            if last_random is not None and last_random not in ins:
-                ins.append(last_random)
-                order_only.append((last_random, node.name))
-            last_random = node.name
-        inputs.append(ins)
+        inputs.append([n.name for n in node.all_input_nodes])
+        if data["random"]:
+            random_ops.append(node)
+            random_positions.append(len(names) - 1)
+    # Chained after the reader's data inputs, as the view does.
+    order_only = random_op_chain(random_ops)
+    position = {node.name: i for node, i in zip(random_ops, random_positions)}
+    for earlier, later in order_only:
+        inputs[position[later]].append(earlier)
     return names, attrs, inputs, output, order_only
 
 

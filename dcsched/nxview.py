@@ -140,12 +140,18 @@ def to_networkx(graph: torch.fx.Graph) -> nx.DiGraph:
     return view
 
 
+def random_op_chain(random_ops: Sequence[torch.fx.Node]) -> list[tuple[str, str]]:
+    """The ``order_only`` edges for ``random_ops`` (in input order): each op to the next one, unless it reads it.
+
+    The one rule behind the view's chain and :class:`dcsched.graphform.GraphForm`'s, so the two cannot differ.
+    """
+    return [(earlier.name, later.name) for earlier, later in zip(random_ops, random_ops[1:])
+            if earlier not in later.all_input_nodes]
+
+
 def _chain_random_ops(view: nx.DiGraph, random_ops: list[torch.fx.Node]) -> list[tuple[str, str]]:
     """Add an ``order_only`` edge from each random op to the next (see the module docstring)."""
-    chain = []
-    for earlier, later in zip(random_ops, random_ops[1:]):
-        if not view.has_edge(earlier.name, later.name):
-            chain.append((earlier.name, later.name))
+    chain = random_op_chain(random_ops)
     view.add_edges_from(chain, via_kwargs=False, order_only=True)
     return chain
 
