@@ -50,7 +50,8 @@ def _spec_bytes(spec) -> int:
     return 0
 
 
-def _node_bytes(node: torch.fx.Node) -> int:
+def node_bytes(node: torch.fx.Node) -> int:
+    """The bytes of a node's output: its profiled ``tensor_size``, else from its ``out`` spec (0 if neither)."""
     size = node.meta.get("tensor_size")
     if isinstance(size, (int, float)):
         return int(size)
@@ -70,15 +71,16 @@ def estimate_bytes(bundle: Bundle, world_size: int = 1) -> dict[str, int]:
     saved = 0
     for node in bundle.forward.nodes:
         if node.op == "output":
-            for value in _flat_nodes(node.args):
+            for value in flat_nodes(node.args):
                 if value.op != "placeholder":
-                    saved += _node_bytes(value)
+                    saved += node_bytes(value)
     total = shards + gathered + inputs + saved
     return {"param_shards": shards, "largest_gathered": gathered, "inputs": inputs, "saved": saved,
             "total": total}
 
 
-def _flat_nodes(args) -> list[torch.fx.Node]:
+def flat_nodes(args) -> list[torch.fx.Node]:
+    """The nodes in a node's (nested) arguments, in order."""
     found: list[torch.fx.Node] = []
     torch.fx.node.map_arg(args, found.append)
     return found

@@ -9,11 +9,11 @@ import torch.fx
 
 from ..bundle import Bundle
 from ..errors import DcschedError
-from .device import _flat_nodes, _node_bytes
+from .device import flat_nodes, node_bytes
 
 
 def _meta_bytes(nodes: Iterable[torch.fx.Node]) -> int:
-    return sum(_node_bytes(node) for node in nodes)
+    return sum(node_bytes(node) for node in nodes)
 
 
 def simulated_figures(bundle: Bundle, world_size: int | None = None) -> tuple[dict | None, str]:
@@ -45,7 +45,7 @@ def simulated_figures(bundle: Bundle, world_size: int | None = None) -> tuple[di
     held = 0
     if backward is not None:
         output = next(node for node in bundle.forward.nodes if node.op == "output")
-        outputs = _flat_nodes(output.args)
+        outputs = flat_nodes(output.args)
         saved = {outputs[int(e["index"])] for e in bundle.backward_placeholders
                  if e.get("kind") == "saved" and 0 <= int(e["index"]) < len(outputs)}
         inputs = [node for node in bundle.forward.nodes if node.op in ("placeholder", "get_attr")]
