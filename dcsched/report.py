@@ -29,7 +29,7 @@ import torch.fx
 from . import schedulers
 from .bundle import Bundle
 from .errors import DcschedError, GraphError
-from .nxview import check_order, to_networkx
+from .nxview import check_order, to_fx, to_networkx
 from .graphform import ALLGATHER, REDUCE
 from .simulate import CompiledGraph, SimResult, compile_view
 
@@ -199,3 +199,18 @@ def compare_bundle(bundle: Bundle, algorithms: Iterable[str], *, assume_zero: bo
             cmp.orders.pop(algo, None)
             cmp.scheduler_s.pop(algo, None)
     return Comparison([a for a in algorithms if a not in skipped], graphs, skipped)
+
+
+def scheduled_bundle(bundle: Bundle, comparison: Comparison, algo: str, *, input_name: str) -> Bundle:
+    """``bundle`` with every graph in ``algo``'s order (same nodes, edges and meta), linted.
+
+    ``provenance["schedule"]`` records the algorithm and ``input_name`` (the input's file name).
+    """
+    graphs = {}
+    for name, graph in bundle.graphs.items():
+        new_graph = to_fx(graph, comparison.graphs[name].orders[algo])
+        new_graph.lint()
+        graphs[name] = new_graph
+    result = bundle.with_graphs(**graphs)
+    result.provenance["schedule"] = {"algorithm": algo, "input": input_name}
+    return result

@@ -118,6 +118,16 @@ def sweep(graph: torch.fx.Graph | nx.DiGraph, budgets: Iterable | None = None, *
     return rows
 
 
+def sweep_bundle(bundle: Bundle, *, scope: str = DEFAULT_SCOPE, progress=None) -> dict[str, list[SweepRow]]:
+    """:func:`sweep` of every graph of ``bundle`` (graph name -> rows); ``progress(message)`` before each."""
+    curves = {}
+    for name, graph in bundle.graphs.items():
+        if progress:
+            progress(f"{name}: sweeping memory budgets with overlap")
+        curves[name] = sweep(graph, scope=scope, name=name)
+    return curves
+
+
 def default_budget(bundle: Bundle, margin: float | int = DEFAULT_MARGIN) -> int | None:
     """The target device's memory recorded in ``bundle`` minus ``margin``; None when none is recorded.
 

@@ -11,9 +11,9 @@ import sys
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 
 from ..errors import DcschedError, ResultMismatch
+from ..formats.text import safe_text  # noqa: F401  (the commands print through it)
 
 app = typer.Typer(
     name="dcsched",
@@ -30,21 +30,6 @@ app = typer.Typer(
 #: Reports go to stdout; progress and errors to stderr.
 console = Console()
 err_console = Console(stderr=True)
-
-
-def safe_text(value: object) -> str:
-    r"""``value`` as text fit for the terminal: rich markup escaped, control characters shown as escapes.
-
-    Every string that comes from a bundle or a path goes through this before
-    it is printed, so a name cannot restyle the output or drive the terminal.
-
-    >>> print(safe_text("[red]EVIL[/red]"), safe_text("model\x1b[2J"))
-    \[red]EVIL\[/red] model\x1b[2J
-    """
-    text = str(value)
-    if not text.isprintable():
-        text = "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
-    return escape(text)
 
 
 def fail(message: str, code: int = 2) -> None:
