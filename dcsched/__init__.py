@@ -23,6 +23,7 @@ _LAZY = {
     "capture": "capture", "capture_script": "capture", "ProfileOptions": "profile", "profile_bundle": "profile",
     "schedule": "reorder", "simulate": "simulate", "SimResult": "simulate", "replay_orders": "replay",
     "backend": "train", "shard": "train",
+    "save_checkpoint": "train", "load_checkpoint": "train", "CheckpointError": "train",
 }
 
 
@@ -71,4 +72,5 @@ __all__ = [
     "to_fx", "to_networkx", "Role", "role_of",
     "capture", "capture_script", "ProfileOptions", "profile_bundle",
     "schedule", "simulate", "SimResult", "replay_orders", "backend", "shard",
+    "save_checkpoint", "load_checkpoint", "CheckpointError",
 ]

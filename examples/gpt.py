@@ -1,6 +1,7 @@
 """Train a small GPT-style decoder (tied embeddings) on random tokens with torch.compile.
 
     python examples/gpt.py --steps 20
+    python examples/gpt.py --steps 10 --save ckpt && python examples/gpt.py --steps 20 --resume ckpt
     dcsched profile examples/gpt.py -o graph.pt -- --layers 4 --d-model 256
 
 Pure PyTorch, random initialisation, no downloads. Model sizes: see dcsched/examples.py.
@@ -11,7 +12,7 @@ import contextlib
 
 import torch
 
-from dcsched.examples import build
+from dcsched.examples import build, checkpoint, resume
 
 
 def main() -> None:
@@ -26,6 +27,8 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--dropout", type=float, default=0.0, help="GPT-2's dropout (0.1 in GPT-2; default off)")
     parser.add_argument("--bf16", action="store_true", help="run under bf16 autocast")
+    parser.add_argument("--save", metavar="DIR", help="checkpoint model, optimizer and data stream to DIR at the end")
+    parser.add_argument("--resume", metavar="DIR", help="load DIR's checkpoint first, go on from its step to --steps")
     args = parser.parse_args()
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -37,7 +40,9 @@ def main() -> None:
     autocast = (torch.autocast(device_type=device, dtype=torch.bfloat16) if args.bf16
                 else contextlib.nullcontext())
 
-    for step in range(args.steps):
+    # dcsched.load_checkpoint / save_checkpoint, sharded (under dcsched train) or not, as the run that saved it
+    start = resume(args.resume, model, optimizer, generator) if args.resume else 0
+    for step in range(start, args.steps):
         tokens = torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=generator).to(device)
         idx, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
         with autocast:
@@ -46,6 +51,8 @@ def main() -> None:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         print(f"step {step}: loss {loss.item():.4f}")
+    if args.save:
+        checkpoint(args.save, model, optimizer, generator, max(start, args.steps))
 
 
 if __name__ == "__main__":

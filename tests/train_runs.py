@@ -73,8 +73,13 @@ def mean_over_ranks(value: torch.Tensor) -> float:
 
 
 def train_dcsched(name: str, algo: str, steps: int, batch: int, rank: int = 0, world_size: int = 1,
-                  memory_budget=None, budget_scope=None, **overrides) -> dict:
-    """Losses per step and, for the last step, each graph's measured peak bytes beside the simulator's."""
+                  memory_budget=None, budget_scope=None, save: tuple | None = None, resume: str | None = None,
+                  **overrides) -> dict:
+    """Losses per step and, for the last step, each graph's measured peak bytes beside the simulator's.
+
+    ``save=(path, k)`` checkpoints after step k (the run goes on); ``resume=path`` loads a checkpoint before the
+    first step and trains from the step it was taken after (the losses returned are those steps').
+    """
     import dcsched
     from dcsched.simulate import simulate
     torch._dynamo.reset()
@@ -84,8 +89,11 @@ def train_dcsched(name: str, algo: str, steps: int, batch: int, rank: int = 0, w
     backend = dcsched.backend(algo=algo, memory_budget=memory_budget, budget_scope=budget_scope,
                               cost_model="analytic", gpu="h100")
     compiled = torch.compile(model, backend=backend, dynamic=False)
+    start = int(dcsched.load_checkpoint(resume, model, optimizer)["step"]) if resume else 0
     losses = []
     for step, inputs in enumerate(global_batches(name, steps, batch, **overrides)):
+        if step < start:
+            continue
         if step == steps - 1 and backend.programs:
             backend.programs[0].measure = True
         loss = compiled(*local_slice(inputs, rank, world_size))
@@ -93,6 +101,8 @@ def train_dcsched(name: str, algo: str, steps: int, batch: int, rank: int = 0, w
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(mean_over_ranks(loss))
+        if save is not None and step + 1 == save[1]:
+            dcsched.save_checkpoint(save[0], model, optimizer, extra={"step": step + 1})
     program = backend.programs[0]
     stats = program.stats[-1]
     memory = {"forward": (stats.forward.peak_bytes, simulate(program.bundle.forward).peak_bytes),

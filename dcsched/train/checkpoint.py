@@ -1,0 +1,317 @@
+"""Checkpoints of a (sharded) module and its optimizer through ``torch.distributed.checkpoint`` (DCP).
+
+:func:`save_checkpoint` writes one DCP checkpoint directory; every rank calls
+it, each writing its own shards. The state dict it saves is flat:
+
+- ``model.<name>``: each parameter :func:`dcsched.shard` sharded, as a
+  DTensor ``Shard(0)`` over the process group of the *flattened* parameter
+  (global shape ``(numel,)``); rank r's local part is the unpadded prefix of
+  its padded 1-D shard, which is exactly ``torch.chunk``'s split, so the
+  checkpoint carries no padding and does not depend on the world size it was
+  written at. Without a process group (world size 1) the same tensor is
+  stored plain. Buffers (BatchNorm statistics), frozen and unsharded
+  parameters are stored whole, as replicated tensors (written once);
+- ``optim.state.<name>.<key>``: the optimizer state of each parameter
+  (AdamW's ``exp_avg``, ``exp_avg_sq``, ``step``), a tensor the shape of the
+  shard stored like its parameter, anything else whole;
+- ``optim.param_groups``: the hyperparameters of each group, parameters by
+  name;
+- ``extra.<key>``: whatever the caller passes as ``extra`` (a step counter,
+  a data generator's state).
+
+The schedule is not part of the state: a checkpoint resumes under any
+algorithm. A module that was never sharded (a plain run) saves its ordinary
+state dict the same way, and loads back into an unsharded module.
+
+:func:`load_checkpoint` reads one back in place into a model and optimizer
+built as before (same module, ``dcsched.shard`` called, optimizer built, no
+step taken needed). A missing, incomplete or corrupt checkpoint, or one of
+another model, raises :class:`CheckpointError` with one line.
+
+>>> import tempfile, torch
+>>> model = torch.nn.Linear(3, 2)
+>>> optimizer = torch.optim.AdamW(model.parameters())
+>>> model(torch.ones(1, 3)).sum().backward(); optimizer.step()
+>>> path = tempfile.mkdtemp() + "/ckpt"
+>>> save_checkpoint(path, model, optimizer, extra={"step": 1})
+>>> fresh = torch.nn.Linear(3, 2); fresh_optimizer = torch.optim.AdamW(fresh.parameters())
+>>> load_checkpoint(path, fresh, fresh_optimizer)
+{'step': 1}
+>>> torch.equal(fresh.weight, model.weight), float(fresh_optimizer.state[fresh.weight]["step"])
+(True, 1.0)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from ..errors import DcschedError
+from .sharding import Sharding, sharding_of
+
+MODEL, STATE, GROUPS, EXTRA = "model.", "optim.state.", "optim.param_groups", "extra."
+
+
+class CheckpointError(DcschedError):
+    """A checkpoint that cannot be written or read back into this model; the message says why."""
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    """The module itself when given what ``torch.compile`` returned (an OptimizedModule)."""
+    inner = getattr(model, "_orig_mod", None)
+    return inner if isinstance(inner, nn.Module) else model
+
+
+def _distributed() -> bool:
+    import torch.distributed as dist
+    return dist.is_available() and dist.is_initialized()
+
+
+class _Layout:
+    """How one module's (and its optimizer's) tensors map to checkpoint keys and stored tensors."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.module = _unwrap(model)
+        if not isinstance(self.module, nn.Module):
+            raise CheckpointError(f"a checkpoint takes an nn.Module, not {type(model).__name__}")
+        self.sharding: Sharding | None = sharding_of(self.module)
+        specs = self.sharding.specs if self.sharding is not None else []
+        self.spec_of = {id(spec.param): spec for spec in specs}
+        self.name_of: dict[int, str] = {}
+        for name, param in self.module.named_parameters():  # a tied parameter under its first name
+            self.name_of.setdefault(id(param), name)
+        self.aliases = {name for name, param in self.module.named_parameters(remove_duplicate=False)
+                        if id(param) in self.spec_of}
+        self.mesh = None
+        if self.sharding is not None and _distributed():
+            from torch.distributed.device_mesh import DeviceMesh
+            import torch.distributed as dist
+            group = self.sharding.group or dist.group.WORLD
+            self.mesh = DeviceMesh.from_group(group, specs[0].param.device.type)
+
+    def stored(self, local: torch.Tensor, spec) -> torch.Tensor:
+        """What the checkpoint holds for a padded 1-D shard ``local`` of ``spec``'s parameter."""
+        chunk = local.numel()
+        valid = max(0, min(chunk, spec.numel - self.sharding.rank * chunk))
+        part = local.detach()[:valid]
+        if self.mesh is None:
+            return part
+        from torch.distributed.tensor import DTensor, Shard
+        return DTensor.from_local(part, self.mesh, [Shard(0)], run_check=False, shape=torch.Size([spec.numel]),
+                                  stride=(1,))
+
+    def model_state(self) -> dict:
+        state = {MODEL + name: value for name, value in self.module.state_dict().items() if name not in self.aliases}
+        for spec in self.spec_of.values():
+            state[MODEL + spec.name] = self.stored(spec.param, spec)
+        return state
+
+    def param_name(self, param) -> str:
+        name = self.name_of.get(id(param))
+        if name is None:
+            raise CheckpointError("the optimizer holds a parameter that is not the model's: pass the model "
+                                  "the optimizer was built for")
+        return name
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
+        state: dict = {}
+        groups = []
+        for group in optimizer.param_groups:
+            groups.append({**{k: v for k, v in group.items() if k != "params"},
+                           "params": [self.param_name(p) for p in group["params"]]})
+            for param in group["params"]:
+                spec = self.spec_of.get(id(param))
+                for key, value in optimizer.state.get(param, {}).items():
+                    sharded = spec is not None and isinstance(value, torch.Tensor) and value.shape == param.shape
+                    state[f"{STATE}{self.param_name(param)}.{key}"] = self.stored(value, spec) if sharded else value
+        state[GROUPS] = groups
+        return state
+
+
+@contextlib.contextmanager
+def _quiet():
+    """DCP warns that it assumes one process when there is no process group: that is the intent here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        yield
+
+
+def _failures() -> tuple:
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
+    return (Exception, CheckpointException)
+
+
+def _partial(path: Path) -> Path:
+    return path.parent / f".{path.name}.partial"
+
+
+def _on_rank0(path: Path, action) -> None:
+    """Run ``action`` on rank 0 alone; every rank raises its OSError (a broadcast: no rank waits forever)."""
+    import torch.distributed as dist
+    problem = None
+    if not _distributed() or dist.get_rank() == 0:
+        try:
+            action()
+        except OSError as error:
+            problem = f"{path}: cannot write the checkpoint: {error.strerror or error}"
+    if _distributed():
+        box = [problem]
+        dist.broadcast_object_list(box, src=0)
+        problem = box[0]
+    if problem:
+        raise CheckpointError(problem)
+
+
+def _check_target(path: Path) -> None:
+    if path.exists() and not path.is_dir():
+        raise CheckpointError(f"{path}: exists and is not a directory")
+    if path.is_dir() and any(path.iterdir()) and not (path / ".metadata").is_file():
+        raise CheckpointError(f"{path}: a non-empty directory that is not a checkpoint; refusing to replace it")
+    parent = next((p for p in path.parents if p.exists()), Path("."))
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise CheckpointError(f"{path}: {parent} is not a writable directory")
+
+
+def save_checkpoint(path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                    extra: dict | None = None) -> None:
+    """Write ``model``'s (and ``optimizer``'s) state to the DCP checkpoint directory ``path``; every rank calls it.
+
+    The checkpoint is written beside ``path`` and renamed into place once
+    complete, replacing an earlier checkpoint there; ``extra`` (tensors or
+    plain Python values) comes back from :func:`load_checkpoint`.
+    """
+    import torch.distributed.checkpoint as dcp
+    path = Path(path)
+    _check_target(path)
+    layout = _Layout(model)
+    state = layout.model_state()
+    if optimizer is not None:
+        state.update(layout.optimizer_state(optimizer))
+    state.update({EXTRA + key: value for key, value in (extra or {}).items()})
+    partial = _partial(path)
+
+    def prepare():
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+
+    def publish():  # the complete checkpoint replaces the earlier one
+        old = path.parent / f".{path.name}.old"
+        shutil.rmtree(old, ignore_errors=True)
+        if path.exists():
+            path.rename(old)
+        partial.rename(path)
+        shutil.rmtree(old, ignore_errors=True)
+
+    _on_rank0(path, prepare)
+    try:
+        with _quiet():  # one key per value: the optimizer's groups are one object, not flattened
+            dcp.save(state, checkpoint_id=str(partial), planner=dcp.DefaultSavePlanner(flatten_state_dict=False))
+    except _failures() as error:  # DCP wraps every rank's failure
+        raise CheckpointError(f"{path}: cannot write the checkpoint: {_first_line(error)}") from None
+    _on_rank0(path, publish)
+
+
+def _first_line(error: BaseException) -> str:
+    """One line for ``error``; DCP's CheckpointException (a BaseException) names the first failed rank's error."""
+    failures = getattr(error, "failures", None)
+    if isinstance(failures, dict) and failures:
+        rank, (cause, _trace) = min(failures.items(), key=lambda item: item[0])
+        return f"rank {rank}: {_first_line(cause)}"
+    text = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def _metadata(path: Path) -> dict:
+    from torch.distributed.checkpoint import FileSystemReader
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such checkpoint")
+    if not (path / ".metadata").is_file():
+        raise CheckpointError(f"{path}: not a checkpoint (no .metadata: missing, or the save did not finish)")
+    try:
+        return FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    except Exception as error:  # noqa: BLE001 - a corrupt metadata file: any unpickling error
+        raise CheckpointError(f"{path}: corrupt checkpoint metadata ({_first_line(error)})") from None
+
+
+def _check_model_keys(path: Path, state: dict, metadata: dict) -> None:
+    for key, value in state.items():
+        stored = metadata.get(key)
+        if stored is None or not hasattr(stored, "size"):
+            raise CheckpointError(f"{path}: the checkpoint has no tensor for {key[len(MODEL):]!r} (another model?)")
+        if tuple(stored.size) != tuple(value.shape):
+            raise CheckpointError(f"{path}: {key[len(MODEL):]!r} is {tuple(stored.size)} in the checkpoint, "
+                                  f"{tuple(value.shape)} here (another model, or sharded vs unsharded?)")
+
+
+def _destination(layout: _Layout, metadata: dict, key: str, param, buffers: dict):
+    """A tensor to load ``key`` into (the padded buffer kept in ``buffers``), or a placeholder for an object."""
+    stored = metadata[key]
+    if not hasattr(stored, "size"):
+        return None
+    dtype = stored.properties.dtype
+    spec = layout.spec_of.get(id(param)) if param is not None else None
+    if spec is not None and tuple(stored.size) == (spec.numel,):
+        buffers[key] = torch.zeros(param.shape, dtype=dtype, device=param.device)
+        return layout.stored(buffers[key], spec)
+    device = param.device if param is not None else "cpu"
+    buffers[key] = torch.zeros(tuple(stored.size), dtype=dtype, device=device)
+    return buffers[key]
+
+
+def load_checkpoint(path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict:
+    """Load the checkpoint at ``path`` into ``model`` (and ``optimizer``) in place; returns its ``extra``."""
+    import torch.distributed.checkpoint as dcp
+    path = Path(path)
+    metadata = _metadata(path)
+    layout = _Layout(model)
+    state = layout.model_state()
+    _check_model_keys(path, state, metadata)
+    buffers: dict = {}
+    params = {layout.name_of[id(p)]: p for p in layout.module.parameters()}
+    if optimizer is not None:
+        if GROUPS not in metadata:
+            raise CheckpointError(f"{path}: the checkpoint holds no optimizer state")
+        state[GROUPS] = None
+        for key in metadata:
+            if key.startswith(STATE):
+                name = key[len(STATE):].rpartition(".")[0]
+                if name not in params:
+                    raise CheckpointError(f"{path}: optimizer state for {name!r}, which this model lacks")
+                state[key] = _destination(layout, metadata, key, params[name], buffers)
+    for key in metadata:
+        if key.startswith(EXTRA):
+            state[key] = _destination(layout, metadata, key, None, buffers)
+    try:
+        with _quiet():
+            dcp.load(state, checkpoint_id=str(path))
+    except _failures() as error:  # a truncated or corrupt data file
+        raise CheckpointError(f"{path}: cannot read the checkpoint: {_first_line(error)}") from None
+    if optimizer is not None:
+        _load_optimizer(path, layout, optimizer, state, buffers)
+    return {key[len(EXTRA):]: buffers.get(key, state[key]) for key in state if key.startswith(EXTRA)}
+
+
+def _load_optimizer(path: Path, layout: _Layout, optimizer, state: dict, buffers: dict) -> None:
+    saved_groups = state[GROUPS]
+    if len(saved_groups) != len(optimizer.param_groups):
+        raise CheckpointError(f"{path}: {len(saved_groups)} optimizer parameter groups in the checkpoint, "
+                              f"{len(optimizer.param_groups)} here")
+    index, groups, per_param = 0, [], {}
+    for saved, group in zip(saved_groups, optimizer.param_groups):
+        names = [layout.param_name(p) for p in group["params"]]
+        if names != list(saved["params"]):
+            raise CheckpointError(f"{path}: the optimizer's parameters differ from the checkpoint's")
+        groups.append({**saved, "params": list(range(index, index + len(names)))})
+        for name in names:
+            prefix = f"{STATE}{name}."
+            entry = {key[len(prefix):]: buffers.get(key, state[key]) for key in state if key.startswith(prefix)}
+            if entry:
+                per_param[index] = entry
+            index += 1
+    optimizer.load_state_dict({"state": per_param, "param_groups": groups})

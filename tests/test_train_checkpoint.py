@@ -1,0 +1,77 @@
+"""dcsched.save_checkpoint / load_checkpoint: stop, resume under another algorithm, same losses bit for bit."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+import dcsched
+import train_runs as runs
+from dcsched.train import CheckpointError
+
+from gloo import GLOO_MARKS, mp
+
+
+def gloo(test):
+    return functools.reduce(lambda marked, mark: mark(marked), GLOO_MARKS, test)
+
+
+def _spawn(out_dir, world_size: int, plan: list[tuple]) -> list[dict]:
+    out_dir.mkdir()
+    mp.spawn(runs.spawned_losses, args=(world_size, runs.free_port(), str(out_dir), plan), nprocs=world_size,
+             join=True)
+    return [torch.load(out_dir / f"losses{rank}.pt", weights_only=True) for rank in range(world_size)]
+
+
+@gloo
+def test_two_ranks_resume_under_another_algorithm_and_continue_bit_for_bit(tmp_path):
+    # 20 uninterrupted fast-free steps that checkpoint after step 10; then fresh processes, a fresh model and
+    # optimizer, the checkpoint loaded, steps 11-20 with overlap.
+    path = str(tmp_path / "ckpt")
+    whole = _spawn(tmp_path / "whole", 2, [("gpt", "gpt", "fast-free", 20, 4, {"save": (path, 10)})])
+    resumed = _spawn(tmp_path / "resumed", 2, [("gpt", "gpt", "overlap", 20, 4, {"resume": path})])
+    losses = whole[0]["gpt"]["losses"]
+    assert len(losses) == 20 and losses[0] != losses[-1]
+    assert losses[:10] + resumed[0]["gpt"]["losses"] == losses  # the 20 losses, bit for bit
+    assert resumed[1]["gpt"]["losses"] == losses[10:]
+
+
+def test_resume_in_one_process_under_another_algorithm_continues_bit_for_bit(tmp_path):
+    path = tmp_path / "ckpt"
+    whole = runs.train_dcsched("convnet-bn", "none", 6, 4, save=(path, 3))["losses"]
+    resumed = runs.train_dcsched("convnet-bn", "overlap", 6, 4, resume=path)["losses"]
+    assert resumed == whole[3:]  # BatchNorm statistics, AdamW state and parameters all came back
+    assert whole[0] != whole[-1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # nothing partial left beside it
+
+
+def test_a_missing_corrupt_or_foreign_checkpoint_is_one_clear_error(tmp_path):
+    model, _ = runs.model_of("gpt")
+    dcsched.shard(model)
+    optimizer = torch.optim.AdamW(model.parameters())
+    with pytest.raises(CheckpointError, match="no such checkpoint"):
+        dcsched.load_checkpoint(tmp_path / "nowhere", model, optimizer)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="not a checkpoint"):
+        dcsched.load_checkpoint(tmp_path / "empty", model, optimizer)
+    path = tmp_path / "ckpt"
+    dcsched.save_checkpoint(path, model, optimizer)
+    for data in path.glob("*.distcp"):
+        data.write_bytes(data.read_bytes()[:16])
+    with pytest.raises(CheckpointError, match="cannot read the checkpoint"):
+        dcsched.load_checkpoint(path, model, optimizer)
+    (path / ".metadata").write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match="corrupt checkpoint metadata"):
+        dcsched.load_checkpoint(path, model, optimizer)
+    other, _ = runs.model_of("gpt", d_model=16)
+    dcsched.shard(other)
+    dcsched.save_checkpoint(path, other)  # replaces the corrupt checkpoint
+    with pytest.raises(CheckpointError, match="in the checkpoint"):
+        dcsched.load_checkpoint(path, model)
+    with pytest.raises(CheckpointError, match="no optimizer state"):
+        dcsched.load_checkpoint(path, other, torch.optim.AdamW(other.parameters()))
+    with pytest.raises(CheckpointError, match="not a checkpoint; refusing"):
+        dcsched.save_checkpoint(tmp_path, model)  # a directory of other things is never replaced
+    assert isinstance(CheckpointError("x"), dcsched.DcschedError)
