@@ -11,31 +11,22 @@ import dcsched
 import train_runs as runs
 from dcsched.train import CheckpointError
 
-from gloo import GLOO_MARKS, mp
+from gloo import GLOO_MARKS
 
 
 def gloo(test):
     return functools.reduce(lambda marked, mark: mark(marked), GLOO_MARKS, test)
 
 
-def _spawn(out_dir, world_size: int, plan: list[tuple]) -> list[dict]:
-    out_dir.mkdir()
-    mp.spawn(runs.spawned_losses, args=(world_size, runs.free_port(), str(out_dir), plan), nprocs=world_size,
-             join=True)
-    return [torch.load(out_dir / f"losses{rank}.pt", weights_only=True) for rank in range(world_size)]
-
-
 @gloo
-def test_two_ranks_resume_under_another_algorithm_and_continue_bit_for_bit(tmp_path):
-    # 20 uninterrupted fast-free steps that checkpoint after step 10; then fresh processes, a fresh model and
-    # optimizer, the checkpoint loaded, steps 11-20 with overlap.
-    path = str(tmp_path / "ckpt")
-    whole = _spawn(tmp_path / "whole", 2, [("gpt", "gpt", "fast-free", 20, 4, {"save": (path, 10)})])
-    resumed = _spawn(tmp_path / "resumed", 2, [("gpt", "gpt", "overlap", 20, 4, {"resume": path})])
-    losses = whole[0]["gpt"]["losses"]
+def test_two_ranks_resume_under_another_algorithm_and_continue_bit_for_bit(two_rank_training, tmp_path):
+    # two_rank_training's 20 uninterrupted fast-free GPT steps checkpoint after step 10; here fresh processes
+    # build a fresh model and optimizer, load the checkpoint and train steps 11-20 with overlap.
+    losses = two_rank_training["ranks"][0]["gpt-fast-free"]["losses"]
+    resumed = runs.spawn(tmp_path, 2, [("gpt", "gpt", "overlap", 20, 4, {"resume": two_rank_training["checkpoint"]})])
     assert len(losses) == 20 and losses[0] != losses[-1]
-    assert losses[:10] + resumed[0]["gpt"]["losses"] == losses  # the 20 losses, bit for bit
-    assert resumed[1]["gpt"]["losses"] == losses[10:]
+    assert losses[:runs.CHECKPOINT_AT] + resumed[0]["gpt"]["losses"] == losses  # the 20 losses, bit for bit
+    assert resumed[1]["gpt"]["losses"] == losses[runs.CHECKPOINT_AT:]
 
 
 def test_resume_in_one_process_under_another_algorithm_continues_bit_for_bit(tmp_path):

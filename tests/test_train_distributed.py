@@ -1,7 +1,8 @@
 """Training with dcsched over 2 and 3 gloo ranks on the CPU: losses, memory, sharding.
 
-One spawn per world size runs every configuration (compiling dominates the
-time; the steps take milliseconds). Skipped where gloo is missing.
+The 2-rank tests read one spawn that runs every configuration (``two_rank_training`` in conftest.py, shared
+with the checkpoint test; compiling dominates the time, the steps take milliseconds). Skipped where gloo is
+missing.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import torch
 
 import train_runs as runs
 
-from gloo import GLOO_MARKS, dist, mp  # noqa: F401
+from gloo import GLOO_MARKS
 
 pytestmark = GLOO_MARKS
 
@@ -20,17 +21,9 @@ STEPS = 20
 BATCH = 4
 
 
-def _spawn(tmp_path, world_size: int, plan: list[tuple]) -> list[dict]:
-    mp.spawn(runs.spawned_losses, args=(world_size, runs.free_port(), str(tmp_path), plan), nprocs=world_size,
-             join=True)
-    return [torch.load(tmp_path / f"losses{rank}.pt", weights_only=True) for rank in range(world_size)]
-
-
 @pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory):
-    plan = [(f"{name}-{algo}", name, algo, STEPS, BATCH, {}) for name in ("gpt", "llama") for algo in ALGOS]
-    plan.append(("convnet-bn-overlap", "convnet-bn", "overlap", STEPS, BATCH, {}))
-    return _spawn(tmp_path_factory.mktemp("train2"), 2, plan)
+def two_ranks(two_rank_training):
+    return two_rank_training["ranks"]
 
 
 @pytest.mark.parametrize("name", ["gpt", "llama"])
@@ -58,9 +51,20 @@ def test_per_rank_peak_memory_matches_the_simulator(two_ranks):
                 assert abs(measured - simulated) <= 0.05 * simulated, (rank, label, graph, measured, simulated)
 
 
+def test_overlap_under_a_memory_budget_stays_within_it_in_real_training(two_ranks):
+    for rank in range(2):
+        budgeted, unlimited = two_ranks[rank]["gpt-overlap-budget"], two_ranks[rank]["gpt-overlap"]
+        assert budgeted["losses"] == two_ranks[0]["gpt-none"]["losses"]  # the budget changes the order only
+        for graph, (measured, simulated) in budgeted["memory"].items():
+            assert abs(measured - simulated) <= 0.05 * simulated, (rank, graph, measured, simulated)
+            assert max(measured, simulated) <= runs.OVERLAP_BUDGET, (rank, graph, measured, simulated)
+        # The budget binds: unlimited overlap gathers ahead past it in the backward.
+        assert unlimited["memory"]["backward"][1] > runs.OVERLAP_BUDGET >= budgeted["memory"]["backward"][1]
+
+
 def test_three_ranks_with_parameters_that_do_not_divide(tmp_path):
     # d_model 32 and vocab 64 divide by neither 3 nor each other: LayerNorm weights (32) pad to 33.
-    results = _spawn(tmp_path, 3, [("gpt", "gpt", "fast-free", 6, 6, {})])
+    results = runs.spawn(tmp_path, 3, [("gpt", "gpt", "fast-free", 6, 6, {})])
     eager = runs.train_eager("gpt", 6, 6)
     for rank in range(3):
         assert torch.allclose(torch.tensor(results[rank]["gpt"]["losses"]), torch.tensor(eager), rtol=1e-5, atol=0)

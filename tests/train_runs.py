@@ -22,6 +22,11 @@ CONFIGS = {
     "convnet-bn": {"n_layers": 1, "width": 8, "n_classes": 4, "image": 16, "norm": "batch"},
 }
 LR = 1e-2
+#: The per-graph memory budget (bytes, all tensors) of conftest's budgeted 2-rank GPT overlap run: above
+#: fast-free's peaks (forward 99584, backward 97664 at 2 ranks) and below unlimited overlap's backward (138880).
+OVERLAP_BUDGET = 110_000
+#: The step after which conftest's 2-rank GPT fast-free run checkpoints.
+CHECKPOINT_AT = 10
 
 
 def free_port() -> int:
@@ -123,6 +128,14 @@ def train_eager(name: str, steps: int, batch: int, split: int = 1, **overrides) 
         optimizer.zero_grad(set_to_none=True)
         losses.append(float(loss.detach()))
     return losses
+
+
+def spawn(out_dir: Path, world_size: int, plan: list[tuple]) -> list[dict]:
+    """Run ``plan`` (see :func:`spawned_losses`) on ``world_size`` gloo ranks; each rank's results by label."""
+    import torch.multiprocessing as mp
+    out_dir.mkdir(parents=True, exist_ok=True)
+    mp.spawn(spawned_losses, args=(world_size, free_port(), str(out_dir), plan), nprocs=world_size, join=True)
+    return [torch.load(out_dir / f"losses{rank}.pt", weights_only=True) for rank in range(world_size)]
 
 
 def spawned_losses(rank: int, world_size: int, port: int, out_dir: str, runs: list[tuple]) -> None:
