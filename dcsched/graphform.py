@@ -47,7 +47,7 @@ import networkx as nx
 import torch.fx
 
 from .errors import GraphError
-from .nxview import fx_node_records, random_op_chain, to_networkx
+from .nxview import FxColumns, random_op_chain, to_networkx
 from .roles import Role
 
 
@@ -101,35 +101,37 @@ class GraphForm:
         self._read(*read)
         self.topo = self._topological(source, label)
 
-    def _read(self, names: list[str], attrs: list[dict], inputs: Iterable[Iterable[str]], output,
+    def _read(self, names: list[str], columns, preds: list[tuple[int, ...]], output,
               order_only: Iterable[tuple[str, str]] = ()) -> None:
-        """Fill the lists from each node's name, attributes and input names, in input order."""
+        """Fill the lists from the node names, the attribute columns (``role``, ``target``, ``ds_id``,
+        ``n_users``, ``device_time``, ``tensor_size``, ``aliasing``, ``view_like``) and each node's inputs
+        as node numbers, in input order."""
         self.names = names
         self.index = index = {name: i for i, name in enumerate(names)}
-        self.preds = [tuple([index[p] for p in ins]) for ins in inputs]
+        self.preds = preds
         succs: list[list[int]] = [[] for _ in names]
-        for i, ins in enumerate(self.preds):
+        for i, ins in enumerate(preds):
             for p in ins:
                 succs[p].append(i)
         self.succs = succs
         kind_of_role = _KIND_OF_ROLE
-        self.kind = kind = [kind_of_role.get(data.get("role"), COMPUTE) for data in attrs]
-        targets = [data.get("target") for data in attrs]
+        self.kind = kind = [kind_of_role.get(role, COMPUTE) for role in columns.role]
+        targets = columns.target
         for i, target in enumerate(targets):
             if target == "" and kind[i] == COMPUTE:
                 kind[i] = CONSTANT  # a get_attr node
         self.getitem = [target == _GETITEM for target in targets]
-        self.ds_id = [data.get("ds_id") for data in attrs]
-        self.n_users = [1 if u is None else int(u) for u in [data.get("n_users") for data in attrs]]
-        self.device_time = [data.get("device_time") for data in attrs]
-        self.tensor_size = [data.get("tensor_size") for data in attrs]
+        self.ds_id = list(columns.ds_id)
+        self.n_users = [1 if u is None else int(u) for u in columns.n_users]
+        self.device_time = list(columns.device_time)
+        self.tensor_size = list(columns.tensor_size)
         # Shared with the figures as given when none is missing (the usual case of a profiled graph).
         self.time = self.device_time if None not in self.device_time else [
             0 if t is None else t for t in self.device_time]
         self.size = self.tensor_size if None not in self.tensor_size else [
             0 if s is None else s for s in self.tensor_size]
-        self.aliasing = [bool(data.get("aliasing")) for data in attrs]
-        self.view_like = [bool(data.get("view_like")) for data in attrs]
+        self.aliasing = [bool(a) for a in columns.aliasing]
+        self.view_like = [bool(v) for v in columns.view_like]
         self.output = index.get(output) if output is not None else None
         # (source, reader) edges that only order (random ops kept in stream order, dcsched.nxview): no value read.
         self.order_only = [(index[a], index[b]) for a, b in order_only]
@@ -213,39 +215,43 @@ class GraphForm:
             placed[i] = 1
 
 
+class _ViewColumns:
+    """The attribute columns of a networkx view's vertices (what :class:`FxColumns` gives for an FX graph)."""
+
+    def __init__(self, attrs: list[dict]):
+        for key in ("role", "target", "ds_id", "n_users", "device_time", "tensor_size", "aliasing", "view_like"):
+            setattr(self, key, [data.get(key) for data in attrs])
+
+
 def _read_view(view: nx.DiGraph) -> tuple:
-    """Names, attributes and input names of the vertices, in input order (networkx's public API only)."""
+    """Names, attribute columns and inputs of the vertices, in input order (networkx's public API only)."""
     nodes = list(view.nodes(data=True))
     if all("position" in data for _, data in nodes):
         positions = [data["position"] for _, data in nodes]
         if any(a >= b for a, b in zip(positions, positions[1:])):  # views not built in input order
             nodes.sort(key=lambda item: item[1]["position"])
     names = [name for name, _ in nodes]
+    index = {name: i for i, name in enumerate(names)}
     # A vertex's predecessors come in edge insertion order: the reading order.
-    return names, [data for _, data in nodes], map(view.predecessors, names), view.graph.get("output"), \
+    preds = [tuple([index[p] for p in view.predecessors(name)]) for name in names]
+    return names, _ViewColumns([data for _, data in nodes]), preds, view.graph.get("output"), \
         view.graph.get("order_only_edges", ())
 
 
 def _read_fx(graph: torch.fx.Graph) -> tuple:
-    """Names, attributes (those of the view) and input names of the nodes, in input order."""
-    names, attrs, inputs = [], [], []
-    output = None
-    random_ops, random_positions = [], []
-    for node, data in fx_node_records(graph):
-        if data["role"] == Role.OUTPUT.value:
-            output = node.name
-        names.append(node.name)
-        attrs.append(data)
-        inputs.append([n.name for n in node.all_input_nodes])
-        if data["random"]:
-            random_ops.append(node)
-            random_positions.append(len(names) - 1)
+    """Names, attribute columns (those of the view) and inputs of the nodes, in input order."""
+    columns = FxColumns(graph)
+    nodes = columns.nodes
+    position = {node: i for i, node in enumerate(nodes)}
+    preds = [tuple([position[p] for p in node.all_input_nodes]) for node in nodes]
+    random_ops = columns.random_ops()
     # Chained after the reader's data inputs, as the view does.
     order_only = random_op_chain(random_ops)
-    position = {node.name: i for node, i in zip(random_ops, random_positions)}
-    for earlier, later in order_only:
-        inputs[position[later]].append(earlier)
-    return names, attrs, inputs, output, order_only
+    if order_only:
+        index = {name: i for i, name in enumerate(columns.names)}
+        for earlier, later in order_only:
+            preds[index[later]] += (index[earlier],)
+    return columns.names, columns, preds, columns.output, order_only
 
 
 def graph_form(graph: nx.DiGraph | torch.fx.Graph | GraphForm) -> GraphForm:

@@ -50,6 +50,7 @@ import networkx as nx
 import torch.fx
 
 from .errors import GraphError
+from .fxbuild import rebuild
 from .specs import input_size
 from .roles import (COMM_ROLES, Role, ds_id_of, graph_id_of, is_aliasing, is_random, is_view_like, n_users_of,
                     qualified_name, role_of)
@@ -75,68 +76,114 @@ def _kwarg_only_inputs(node: torch.fx.Node) -> set[torch.fx.Node]:
 _INPUT_OPS = ("placeholder", "get_attr")
 
 
-def fx_node_records(graph: torch.fx.Graph) -> Iterator[tuple[torch.fx.Node, dict]]:
-    """Each node of ``graph`` with its vertex attributes (see the module docstring), in input order."""
-    # What depends only on (op, target) is worked out once per distinct target:
-    # views of 10^5-node graphs repeat a few dozen targets.
+class FxColumns:
+    """The vertex attributes of an FX graph's nodes as columns (lists in input order), read in one pass.
+
+    ``nodes``, ``names``, and one list per attribute of the module docstring
+    (``role``, ``ds_id``, ``graph_id``, ``n_users``, ``device_time``,
+    ``tensor_size``, ``target``, ``aliasing``, ``view_like``) and ``random``
+    (a random op, chained in the view); ``output`` names the output node. The
+    networkx view and :class:`dcsched.graphform.GraphForm` both read a graph
+    through these.
+    """
+
+    def __init__(self, graph: torch.fx.Graph):
+        self.nodes = nodes = list(graph.nodes)
+        self.names = [node.name for node in nodes]
+        infos = _target_infos(nodes)
+        self.role = [info[1] for info in infos]
+        self.target = [info[2] for info in infos]
+        self.aliasing = [info[3] for info in infos]
+        self.view_like = [info[4] for info in infos]
+        n = len(nodes)
+        self.ds_id: list = [None] * n
+        self.graph_id: list = [None] * n
+        self.n_users: list = [None] * n
+        self.random = [False] * n
+        metas = [node.meta for node in nodes]
+        self.device_time = [meta.get("device_time") for meta in metas]
+        self.tensor_size = [meta.get("tensor_size") for meta in metas]
+        self.output = None
+        for i, info in enumerate(infos):
+            if info[5]:  # a node whose attributes depend on more than its (op, target): a few per layer
+                self._read_own(i, info[0], info[6])
+
+    def _read_own(self, i: int, role: Role, seeded: bool) -> None:
+        node = self.nodes[i]
+        if role in COMM_ROLES:  # only comm nodes carry ids
+            self.ds_id[i], self.graph_id[i] = ds_id_of(node), graph_id_of(node)
+            if role is Role.RELEASE:
+                self.n_users[i] = n_users_of(node)
+        elif role is Role.OUTPUT:
+            self.output = node.name
+        elif node.op in _INPUT_OPS:
+            self.tensor_size[i] = input_size(node)
+        if seeded:
+            self.random[i] = is_random(node)
+
+    def records(self) -> Iterator[tuple[str, dict]]:
+        """Each node's name and vertex attributes (a fresh dict), in input order."""
+        keys = ("role", "ds_id", "graph_id", "n_users", "device_time", "tensor_size", "position", "target",
+                "aliasing", "view_like", "random")
+        columns = (self.role, self.ds_id, self.graph_id, self.n_users, self.device_time, self.tensor_size,
+                   range(len(self.names)), self.target, self.aliasing, self.view_like, self.random)
+        for name, values in zip(self.names, zip(*columns)):
+            yield name, dict(zip(keys, values))
+
+    def random_ops(self) -> list[torch.fx.Node]:
+        """The random ops, in input order."""
+        return [node for node, random in zip(self.nodes, self.random) if random]
+
+
+def _target_infos(nodes: list[torch.fx.Node]) -> list[tuple]:
+    """Per node, what depends only on its (op, target), worked out once per distinct target (views of
+    10^5-node graphs repeat a few dozen): (role, role value, qualified target, aliasing, view_like,
+    whether the node needs a look of its own, seeded)."""
     per_target: dict = {}
-    for position, node in enumerate(graph.nodes):
-        key = (node.op, node.target)
+    infos = []
+    for node in nodes:
+        op, target = node.op, node.target
+        # A call_function target by identity: hashing an OpOverload runs Python code.
+        key = id(target) if op == "call_function" else (op, target)
         try:
-            role, target, aliasing, view_like, seeded = per_target[key]
+            info = per_target[key]
         except (KeyError, TypeError):
-            role = role_of(node)
-            target = qualified_name(node.target) if node.op == "call_function" else ""
-            aliasing, view_like = is_aliasing(node), is_view_like(node)
-            seeded = isinstance(node.target, torch._ops.OpOverload) and \
-                torch.Tag.nondeterministic_seeded in node.target.tags
+            info = _target_info(node)
             try:
-                per_target[key] = (role, target, aliasing, view_like, seeded)
+                per_target[key] = info  # the nodes list keeps each target (and so its id) alive
             except TypeError:  # an unhashable target
                 pass
-        comm = role in COMM_ROLES  # only comm nodes carry ids (asked per node, it costs a third of the view)
-        yield node, {
-            "role": role.value,
-            "ds_id": ds_id_of(node) if comm else None,
-            "graph_id": graph_id_of(node) if comm else None,
-            "n_users": n_users_of(node) if role is Role.RELEASE else None,
-            "device_time": node.meta.get("device_time"),
-            "tensor_size": input_size(node) if node.op in _INPUT_OPS else node.meta.get("tensor_size"),
-            "position": position,
-            "target": target,
-            "aliasing": aliasing,
-            "view_like": view_like,
-            "random": seeded and is_random(node),
-        }
+        infos.append(info)
+    return infos
+
+
+def _target_info(node: torch.fx.Node) -> tuple:
+    role = role_of(node)
+    seeded = isinstance(node.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in node.target.tags
+    own_look = role in COMM_ROLES or role is Role.OUTPUT or node.op in _INPUT_OPS or seeded
+    return (role, role.value, qualified_name(node.target) if node.op == "call_function" else "",
+            is_aliasing(node), is_view_like(node), own_look, seeded)
 
 
 def to_networkx(graph: torch.fx.Graph) -> nx.DiGraph:
     """Build the networkx view of ``graph`` (see the module docstring)."""
+    return view_of_columns(FxColumns(graph))
+
+
+def view_of_columns(columns: FxColumns) -> nx.DiGraph:
+    """The networkx view of the graph ``columns`` were read from."""
     view = nx.DiGraph()
-    output = None
-    nodes = []
     edges = []
-    random_ops: list[torch.fx.Node] = []
-    for node, data in fx_node_records(graph):
-        if data["role"] == Role.OUTPUT.value:
-            output = node.name
-        nodes.append((node.name, data))
-        if data["random"]:
-            random_ops.append(node)
+    for node in columns.nodes:
         # Inputs: args first, then kwargs, each once, in reading order.
-        from_args: dict = {}
-        torch.fx.node.map_arg(node.args, lambda n: from_args.setdefault(n, None))
-        from_kwargs: dict = {}
-        torch.fx.node.map_arg(node.kwargs, lambda n: None if n in from_args else from_kwargs.setdefault(n, None))
         name = node.name
-        for source in from_args:
-            edges.append((source.name, name, {"via_kwargs": False}))
-        for source in from_kwargs:
-            edges.append((source.name, name, {"via_kwargs": True}))
-    view.add_nodes_from(nodes)
+        kwarg_only = _kwarg_only_inputs(node) if node.kwargs else ()
+        for source in node.all_input_nodes:
+            edges.append((source.name, name, {"via_kwargs": source in kwarg_only}))
+    view.add_nodes_from(columns.records())
     view.add_edges_from(edges)
-    view.graph["output"] = output
-    view.graph["order_only_edges"] = _chain_random_ops(view, random_ops)
+    view.graph["output"] = columns.output
+    view.graph["order_only_edges"] = _chain_random_ops(view, columns.random_ops())
     return view
 
 
@@ -196,38 +243,10 @@ def check_order(view: nx.DiGraph, order: Sequence[str]) -> None:
 def to_fx(graph: torch.fx.Graph, order: Iterable[str]) -> torch.fx.Graph:
     """A new FX graph holding ``graph``'s nodes (names, targets, args, meta) in ``order``.
 
-    ``order`` must be a topological order of all of ``graph``'s node names.
+    ``order`` must be a topological order of all of ``graph``'s node names
+    (:func:`dcsched.fxbuild.rebuild`).
     """
-    by_name = {node.name: node for node in graph.nodes}
-    order = list(order)
-    if len(order) != len(by_name) or set(order) != set(by_name):
-        raise GraphError(f"order holds {len(order)} names for a graph of {len(by_name)} nodes, "
-                         "or names that are not in the graph")
-    new_graph = torch.fx.Graph()
-    env: dict[str, torch.fx.Node] = {}
-
-    def lookup(node: torch.fx.Node) -> torch.fx.Node:
-        try:
-            return env[node.name]
-        except KeyError:
-            raise GraphError(f"order runs a reader of {node.name!r} before {node.name!r} itself") from None
-
-    map_arg = torch.fx.node.map_arg
-    for name in order:
-        old = by_name[name]
-        # Created bare, then given its inputs: create_node would walk every
-        # argument looking for raw SymInts, which costs more than the rest of
-        # the rebuild; captured graphs hold none (the bundle stores plain data).
-        new_node = new_graph.create_node(old.op, old.target, name=name, type_expr=old.type)
-        if new_node.name != name:  # names are the schedulers' keys
-            raise GraphError(f"node {name!r} could not keep its name in the rebuilt graph")
-        if old.args:
-            new_node.args = map_arg(old.args, lookup)
-        if old.kwargs:
-            new_node.kwargs = map_arg(old.kwargs, lookup)
-        new_node.meta.update(old.meta)  # a shallow copy; assigning would re-index the node in the graph
-        env[name] = new_node
-    return new_graph
+    return rebuild(graph, order)
 
 
 def copy_graph(graph: torch.fx.Graph) -> torch.fx.Graph:

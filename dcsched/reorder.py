@@ -44,6 +44,7 @@ def schedule(graph: torch.fx.Graph, algo: str = "fast-free", **options) -> torch
     (bytes). Options are the scheduler's keyword arguments, e.g.
     ``memory_budget`` in bytes for the algorithms that take one.
     """
-    names = order(graph, algo, **options)
+    # One pause for the whole call: each time the collector comes back on, its first collections traverse
+    # every object of the large graphs in memory.
     with paused_gc():
-        return to_fx(graph, names)
+        return to_fx(graph, order(graph, algo, **options))
