@@ -5,7 +5,7 @@ Two entry points, one pipeline:
 * :func:`capture` (Python): ``dcsched.capture(model, example_inputs, loss_fn=...)``
   compiles ``loss_fn(model(*example_inputs))`` and runs one forward and
   backward to capture it.
-* :func:`capture_script`: runs a training script as ``__main__`` with
+* :func:`capture_script`: runs a training script as ``__main__`` (:mod:`dcsched.scripts`) with
   ``torch.compile`` intercepted and stops it after the first forward and
   backward of the compiled module (the largest one if it compiles several, or
   the one named by ``module``).
@@ -33,12 +33,8 @@ ones only; frozen parameters and buffers are step inputs).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
-import runpy
-import sys
-import traceback
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -51,6 +47,8 @@ from .bundle import Bundle, InputInfo, ParamInfo
 from .errors import DcschedError
 from .nxview import copy_graph
 from .roles import is_aliasing
+from .scripts import (ScriptError, StopScript, describe_exception, fresh_dynamo, module_of, run_script,
+                      unwrap_dynamo_error)
 
 #: Step inputs up to this many bytes are stored in the bundle as tensors.
 KEEP_INPUT_BYTES = 64 * 1024
@@ -58,10 +56,6 @@ KEEP_INPUT_BYTES = 64 * 1024
 
 class CaptureError(DcschedError):
     """The script or model cannot be captured; the message says why and how to fix it."""
-
-
-class _StopScript(BaseException):
-    """Raised inside the user's script once the step is captured (BaseException: ``except Exception`` misses it)."""
 
 
 @dataclasses.dataclass
@@ -264,16 +258,6 @@ def _graph_break_message(exc: BaseException, module_name: str) -> str:
             "make this code traceable by torch.compile(fullgraph=True))")
 
 
-def _unwrap_dynamo_error(exc: BaseException) -> BaseException:
-    inner = getattr(exc, "inner_exception", None) or exc.__cause__
-    while isinstance(inner, BaseException) and not isinstance(inner, (DcschedError, _StopScript)):
-        nxt = getattr(inner, "inner_exception", None) or inner.__cause__
-        if nxt is None:
-            break
-        inner = nxt
-    return inner if isinstance(inner, (DcschedError, _StopScript)) else exc
-
-
 def _is_graph_break(exc: BaseException) -> bool:
     try:
         from torch._dynamo import exc as dynamo_exc
@@ -412,11 +396,6 @@ def capture_compiled(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mo
     return _build(record)
 
 
-def unwrap_dynamo_error(exc: BaseException) -> BaseException:
-    """The dcsched error TorchDynamo wrapped ``exc`` around (a backend's errors reach the caller wrapped), else ``exc``."""
-    return _unwrap_dynamo_error(exc)
-
-
 # ---------------------------------------------------------------------------
 # Python API
 # ---------------------------------------------------------------------------
@@ -433,16 +412,6 @@ class _LossStep(nn.Module):
         return self.loss_fn(out) if self.loss_fn is not None else out
 
 
-@contextlib.contextmanager
-def _fresh_dynamo():
-    import torch._dynamo
-    torch._dynamo.reset()
-    try:
-        yield
-    finally:
-        torch._dynamo.reset()
-
-
 def capture_step(model: nn.Module, example_inputs: Sequence[torch.Tensor], loss_fn: Callable | None = None) -> Capture:
     """Like :func:`capture`, also returning the real parameter and input tensors."""
     if not isinstance(model, nn.Module):
@@ -455,12 +424,12 @@ def capture_step(model: nn.Module, example_inputs: Sequence[torch.Tensor], loss_
     backend = _Backend(record, on_backward=lambda r: None)
     grads_before = {id(p): p.grad for _, p in _trainable(model)}
     buffers_before = [(b, b.detach().clone()) for b in model.buffers()]
-    with _fresh_dynamo():
+    with fresh_dynamo():
         compiled = torch.compile(step, backend=backend, fullgraph=True, dynamic=False)
         try:
             out = compiled(*example_inputs)
         except Exception as exc:
-            exc = _unwrap_dynamo_error(exc)
+            exc = unwrap_dynamo_error(exc)
             if isinstance(exc, CaptureError):
                 raise exc from None
             if _is_graph_break(exc):
@@ -509,13 +478,6 @@ def capture(model: nn.Module, example_inputs: Sequence[torch.Tensor], loss_fn: C
 # ---------------------------------------------------------------------------
 
 
-def _module_of(target) -> nn.Module | None:
-    if isinstance(target, nn.Module):
-        return target
-    owner = getattr(target, "__self__", None)  # nn.Module.compile compiles a bound method
-    return owner if isinstance(owner, nn.Module) else None
-
-
 class _ScriptCapture:
     """Stands in for ``torch.compile`` while a script runs."""
 
@@ -533,12 +495,12 @@ class _ScriptCapture:
     def on_backward(self, record: _Recorded) -> None:
         if self.target() is record:
             self.done = record
-            raise _StopScript()
+            raise StopScript()
 
     def compile(self, model=None, **kwargs):
         if model is None:  # decorator form: @torch.compile(...)
             return lambda m: self.compile(m, **kwargs)
-        module = _module_of(model)
+        module = module_of(model)
         if module is None:
             name = getattr(model, "__qualname__", type(model).__name__)
             raise CaptureError(f"the script compiles {name}, which is not an nn.Module; dcsched captures "
@@ -549,52 +511,24 @@ class _ScriptCapture:
         return self.real_compile(model, backend=_Backend(record, self.on_backward), fullgraph=True, dynamic=False)
 
 
-@contextlib.contextmanager
-def _script_environment(path: Path, argv: Sequence[str], interceptor: _ScriptCapture):
-    saved_argv, saved_path, saved_compile = sys.argv[:], sys.path[:], torch.compile
-    sys.argv = [str(path), *argv]
-    sys.path.insert(0, str(path.parent.resolve()))
-    torch.compile = interceptor.compile
-    try:
-        yield
-    finally:
-        torch.compile = saved_compile
-        sys.argv, sys.path = saved_argv, saved_path
-
-
 def capture_script_step(path: str | os.PathLike, argv: Sequence[str] = (), module: str | None = None) -> Capture:
     """Run ``path`` as ``__main__`` with ``argv`` until its compiled module's first forward and backward."""
     path = Path(path)
-    if not path.is_file():
-        raise CaptureError(f"{path}: no such script")
     interceptor = _ScriptCapture(module, torch.compile)
-    finished = False
-    with _fresh_dynamo(), _script_environment(path, argv, interceptor):
-        try:
-            runpy.run_path(str(path), run_name="__main__")
-            finished = True
-        except _StopScript:
-            pass
-        except SystemExit as exc:
-            if exc.code not in (None, 0) and interceptor.done is None:
-                raise CaptureError(f"{path} exited with status {exc.code} before its step was captured") from None
-            finished = True
-        except CaptureError:
-            raise
-        except Exception as exc:
-            inner = _unwrap_dynamo_error(exc)
-            if isinstance(inner, _StopScript):
-                pass
-            elif isinstance(inner, CaptureError):
-                raise inner from None
-            elif _is_graph_break(inner):
-                target = interceptor.compiled[-1].name if interceptor.compiled else "the compiled module"
-                raise CaptureError(_graph_break_message(inner, target)) from None
-            else:
-                frame = traceback.extract_tb(exc.__traceback__)[-1]
-                raise CaptureError(f"{path} failed before its step was captured: {type(exc).__name__}: "
-                                   f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''} "
-                                   f"({frame.filename}:{frame.lineno})") from None
+    try:
+        run = run_script(path, argv, interceptor.compile)
+    except ScriptError as exc:
+        raise CaptureError(str(exc)) from None
+    except DcschedError:
+        raise
+    except Exception as exc:
+        if _is_graph_break(exc):
+            target = interceptor.compiled[-1].name if interceptor.compiled else "the compiled module"
+            raise CaptureError(_graph_break_message(exc, target)) from None
+        raise CaptureError(f"{path} failed before its step was captured: {describe_exception(exc)}") from None
+    if run.exit_code != 0 and interceptor.done is None:
+        raise CaptureError(f"{path} exited with status {run.exit_code} before its step was captured")
+    finished = run.finished
     if not interceptor.compiled:
         raise CaptureError(f"{path} never calls torch.compile, so there is no compiled module to capture: wrap the "
                            "model, e.g. `model = torch.compile(model)`, before the training loop (dcsched intercepts "

@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 
 import dcsched
-from dcsched.capture import unwrap_dynamo_error
+from dcsched.scripts import unwrap_dynamo_error
 from dcsched.train import ShardingError
 
 
