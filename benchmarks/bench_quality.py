@@ -20,7 +20,7 @@ budget), so a busy machine does not inflate it. Captured bundles are cached in
 first, which takes minutes on 2 cores).
 
     .venv/bin/python benchmarks/bench_quality.py              # everything
-    .venv/bin/python benchmarks/bench_quality.py --quick      # samples and 8-layer stacks
+    .venv/bin/python benchmarks/bench_quality.py --quick      # samples and each architecture's shallowest stack
     .venv/bin/python benchmarks/bench_quality.py gpt-32 sample:gpt
     .venv/bin/python benchmarks/bench_quality.py --stress     # also convnet_down (see quality_graphs.STRESS)
 """
@@ -35,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from quality_graphs import CONFIGS, LAYERS, STRESS, captured, depths, samples  # noqa: E402
+from quality_graphs import CONFIGS, STRESS, captured, depths, samples  # noqa: E402
 
 from dcsched.bounds import budget_bound, tight_bound  # noqa: E402
 from dcsched.nxview import to_networkx  # noqa: E402
@@ -219,12 +219,11 @@ def graphs(selection: list[str], quick: bool, stress: bool = False):
     for name, bundle in samples().items():
         if not wanted or name in wanted:
             yield name, bundle, None
-    for n in LAYERS:
-        if quick and n > 8:
-            continue
-        for arch in list(CONFIGS) + list(STRESS):
+    archs = list(CONFIGS) + list(STRESS)
+    for n in sorted({d for arch in archs for d in depths(arch)}):
+        for arch in archs:
             key = f"{arch}-{n}"
-            if n not in depths(arch):
+            if n not in depths(arch) or (quick and n > min(depths(arch))):
                 continue
             if (key in wanted) or (not wanted and (arch in CONFIGS or stress)):
                 yield key, captured(arch, n), n
@@ -233,7 +232,7 @@ def graphs(selection: list[str], quick: bool, stress: bool = False):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("graphs", nargs="*", help="sample:<name> or <arch>-<layers> (default: all)")
-    parser.add_argument("--quick", action="store_true", help="samples and 8-layer stacks only")
+    parser.add_argument("--quick", action="store_true", help="samples and each architecture's shallowest stack only")
     parser.add_argument("--stress", action="store_true", help="also the stress configurations (quality_graphs.STRESS)")
     args = parser.parse_args(argv)
     totals: dict[str, int] = {}

@@ -34,6 +34,9 @@ CONFIGS = {
     "convnet": dict(width=64, image=64, batch=32),
     # Mixtral-style: Llama with 8 SwiGLU experts per layer, each token routed to 2 (models.MoE).
     "mixtral": dict(d_model=512, n_heads=8, vocab=8192, seq=512, batch=4, n_experts=8, top_k=2),
+    # ViT-Base/16's geometry (224 x 224 images, 16 x 16 patches: 197 tokens, 1,000 classes) at the
+    # others' width (512, 8 heads, MLP 2,048), batch 8 (1,576 tokens).
+    "vit": dict(d_model=512, n_heads=8, image=224, patch=16, n_classes=1000, batch=8),
 }
 #: Stress configurations, benchmarked with ``--stress`` only: ``convnet_down`` downsamples in every
 #: block (so deep stacks run hundreds of 512-channel 3x3 convolutions at 1x1 resolution, whose
@@ -44,7 +47,7 @@ STRESS = {
 LAYERS = (8, 32, 80)
 #: Depths per architecture where not all of LAYERS (an 80-layer Mixtral is 5.6 GB of float32
 #: parameters, too much to capture on a 24 GiB machine beside its gradients).
-DEPTHS = {"mixtral": (8, 32)}
+DEPTHS = {"mixtral": (8, 32), "vit": (12, 48)}
 
 
 def depths(arch: str) -> tuple[int, ...]:
@@ -88,7 +91,7 @@ def samples() -> dict[str, dcsched.Bundle]:
 
 
 def main(argv: list[str]) -> None:
-    wanted = argv or [f"{a}-{n}" for n in LAYERS for a in CONFIGS if n in depths(a)]
+    wanted = argv or [f"{a}-{n}" for a in CONFIGS for n in depths(a)]
     for item in wanted:
         arch, _, n = item.partition("-")
         captured(arch, int(n))

@@ -11,7 +11,7 @@ scalar loss::
 
 ``build(name, **config) -> (model, example_inputs, loss_fn)`` with ``name`` one
 of ``gpt``, ``convnet``, ``llama``, ``mixtral`` (Llama with mixture-of-experts MLPs),
-``t5`` (encoder-decoder with dropout); the keyword arguments override the
+``t5`` (encoder-decoder with dropout), ``vit`` (vision transformer); the keyword arguments override the
 defaults in :data:`DEFAULTS` (e.g. ``n_layers=48, d_model=1024`` for a
 benchmark-sized GPT). ``loss_fn(output)`` turns the model's output into the
 scalar loss (the identity here, since the models compute their loss).
@@ -44,10 +44,13 @@ def _init_weights(module: nn.Module) -> None:
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0):
+    """Multi-head self-attention with a fused qkv projection; causal unless ``causal=False`` (ViT's)."""
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, causal: bool = True):
         super().__init__()
         self.n_heads = n_heads
         self.dropout = dropout
+        self.causal = causal
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.proj = nn.Linear(d_model, d_model)
 
@@ -56,16 +59,19 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x).split(c, dim=2)
         q, k, v = (y.view(b, t, self.n_heads, c // self.n_heads).transpose(1, 2) for y in (q, k, v))
         p = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=self.causal)
         return _drop(self.proj(y.transpose(1, 2).reshape(b, t, c)), self.dropout, self.training)
 
 
 class GPTBlock(nn.Module):
-    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0):
+    """A pre-norm transformer block (LayerNorm, attention, LayerNorm, GELU MLP): GPT-2's, and ViT's with
+    ``causal=False``."""
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, causal: bool = True):
         super().__init__()
         self.dropout = dropout
         self.ln1 = nn.LayerNorm(d_model)
-        self.attn = CausalSelfAttention(d_model, n_heads, dropout)
+        self.attn = CausalSelfAttention(d_model, n_heads, dropout, causal)
         self.ln2 = nn.LayerNorm(d_model)
         self.fc = nn.Linear(d_model, 4 * d_model)
         self.out = nn.Linear(4 * d_model, d_model)
@@ -326,6 +332,44 @@ class T5(nn.Module):
 
 
 # ---------------------------------------------------------------------------
+# Vision transformer (ViT): patch embedding, class token, learned positions
+# ---------------------------------------------------------------------------
+
+
+class ViT(nn.Module):
+    """A ViT classifier: a ``patch`` x ``patch`` stride-``patch`` convolution embeds the patches, a learned
+    class token and position embedding are added, then pre-norm blocks (:class:`GPTBlock` without the
+    causal mask), a final LayerNorm and a linear head on the class token."""
+
+    def __init__(self, n_classes: int = 10, image: int = 32, patch: int = 8, channels: int = 3,
+                 d_model: int = 128, n_heads: int = 4, n_layers: int = 2, dropout: float = 0.0):
+        super().__init__()
+        if image % patch:
+            raise ValueError(f"image size {image} is not a multiple of the patch size {patch}")
+        self.dropout = dropout
+        self.patch_embed = nn.Conv2d(channels, d_model, patch, stride=patch)
+        self.cls = nn.Parameter(torch.zeros(1, 1, d_model))
+        self.pos = nn.Parameter(torch.zeros(1, (image // patch) ** 2 + 1, d_model))
+        self.blocks = nn.ModuleList(GPTBlock(d_model, n_heads, dropout, causal=False) for _ in range(n_layers))
+        self.norm = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, n_classes)
+        self.apply(_init_weights)
+        nn.init.normal_(self.cls, std=0.02)
+        nn.init.normal_(self.pos, std=0.02)
+
+    def forward(self, images, labels=None):
+        x = self.patch_embed(images).flatten(2).transpose(1, 2)  # (batch, patches, d_model)
+        x = torch.cat((self.cls.expand(x.shape[0], -1, -1), x), dim=1) + self.pos
+        x = _drop(x, self.dropout, self.training)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.norm(x)[:, 0])
+        if labels is None:
+            return logits
+        return F.cross_entropy(logits, labels)
+
+
+# ---------------------------------------------------------------------------
 # Convolutional net
 # ---------------------------------------------------------------------------
 
@@ -392,6 +436,8 @@ DEFAULTS = {
                 "hidden": None, "n_experts": 8, "top_k": 2},
     "t5": {"n_layers": 2, "d_model": 128, "n_heads": 4, "vocab": 512, "seq": 64, "batch": 4, "hidden": None,
            "dropout": 0.1},
+    "vit": {"n_layers": 2, "d_model": 128, "n_heads": 4, "n_classes": 10, "image": 32, "patch": 8, "channels": 3,
+            "batch": 4, "dropout": 0.0},
     "convnet": {"n_layers": 2, "width": 32, "n_classes": 10, "image": 32, "channels": 3, "batch": 8, "stages": 4,
                 "norm": "group"},
 }
@@ -440,7 +486,7 @@ def build(name: str, *, seed: int = 0, dtype: torch.dtype = torch.float32, devic
                                 for _ in range(3))
         inputs = (src, tgt_in, targets)
     else:
-        model = ConvNet(**cfg)
+        model = ConvNet(**cfg) if name == "convnet" else ViT(**cfg)
         images = torch.randn(batch, cfg["channels"], cfg["image"], cfg["image"], generator=generator)
         labels = torch.randint(0, cfg["n_classes"], (batch,), generator=generator)
         inputs = (images.to(dtype), labels)

@@ -25,6 +25,7 @@ TINY = {
     "gpt": dict(n_layers=2, d_model=32, n_heads=4, vocab=64, seq=8, batch=2),
     "convnet": dict(n_layers=2, width=8, image=8, batch=2),
     "llama": dict(n_layers=2, d_model=32, n_heads=4, vocab=64, seq=8, batch=2),
+    "vit": dict(n_layers=2, d_model=32, n_heads=4, image=16, patch=8, batch=2),
 }
 
 
@@ -514,3 +515,32 @@ def test_module_that_never_trains_is_an_error(tmp_path):
         "    net(torch.randn(2, 4))\n"))
     with pytest.raises(CaptureError, match="Linear .*no_grad"):
         capture_script_step(path)
+
+
+def test_vit_script_profiles_to_a_bundle_with_every_parameter(tmp_path):
+    out = tmp_path / "vit.pt"
+    args = ["--layers", "1", "--d-model", "16", "--heads", "2", "--image", "16", "--patch", "8", "--batch", "2"]
+    assert run(["profile", str(ROOT / "examples" / "vit.py"), "-o", str(out), "--cost-model", "analytic",
+                "--gpu", "h100", "--no-progress", "--", *args]) == 0
+    bundle = dcsched.load(out)
+    names = {p.name for p in bundle.params}
+    # patch embedding (weight, bias), class token, positions, one block (12), final norm (2), head (2)
+    assert len(names) == 2 + 1 + 1 + 12 + 2 + 2
+    assert {"patch_embed.weight", "cls", "pos", "head.weight"} <= names
+    pos = next(p for p in bundle.params if p.name == "pos")
+    assert tuple(pos.shape) == (1, (16 // 8) ** 2 + 1, 16)
+
+
+def test_vit_trains():
+    model, inputs, loss_fn = build("vit", **TINY["vit"])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(5):
+        loss = loss_fn(model(*inputs))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
+    with pytest.raises(ValueError, match="multiple of the patch"):
+        build("vit", image=30, patch=8)
