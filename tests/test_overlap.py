@@ -315,3 +315,29 @@ def test_small_first_fills_idle_communication():
     _, early = planner.delay(slots, ranks(planner.last_sequence))
     assert early.step_ms == pytest.approx(21.1)
     assert scheduler.plan(150)[1].step_ms == pytest.approx(21.1)
+
+
+def test_passing_lets_the_next_layer_gather_while_two_buffers_fill_the_budget():
+    """ViT at B = 2 x its 4 MiB MLP weight: fc's and out's weights fill B to the byte, so out's can only
+    be gathered once fc has run; step 3b's passing lets the next layer's qkv weight (and small ones) run
+    on the stream meanwhile, instead of idling it for fc's whole duration."""
+    from dcsched.capture import capture
+    from dcsched.examples import build
+    from dcsched.profile import ProfileOptions, profile_bundle
+
+    model, inputs, loss_fn = build("vit", n_layers=2, d_model=512, n_heads=8, image=112, patch=16, batch=16)
+    bundle = profile_bundle(capture(model, inputs, loss_fn),
+                            ProfileOptions(cost_model="analytic", gpu="h100", progress=False))
+    scheduler = Overlap(to_networkx(bundle.forward))
+    planner = scheduler.planners[0]
+    budget = 2 * scheduler.largest_gather
+    plain = planner.delay(planner.earliest(budget))[1]
+    slots = planner.earliest(budget, passing=3)
+    rank = ranks(planner.last_sequence)
+    assert planner.last_sequence != sorted(planner.last_sequence)
+    _, passed = planner.delay(slots, rank)
+    assert passed.step_ms < 0.97 * plain.step_ms and passed.gathered_peak_bytes <= budget
+    _, chosen = scheduler.plan(budget)
+    unlimited = scheduler.plan(math.inf)[1]
+    assert chosen.gathered_peak_bytes <= budget and chosen.step_ms <= passed.step_ms + 1e-9
+    assert chosen.step_ms <= 1.01 * unlimited.step_ms

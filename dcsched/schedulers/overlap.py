@@ -62,7 +62,7 @@ import math
 import networkx as nx
 
 from ..errors import DcschedError
-from ..graphform import ALLGATHER, COMM_KINDS, RELEASE, REDUCE, WAIT, GraphForm, paused_gc
+from ..graphform import ALLGATHER, COMM_KINDS, COMPUTE, RELEASE, REDUCE, WAIT, GraphForm, paused_gc
 from ..simulate import CompiledGraph, SimResult, compile_view
 from .. import units
 from ..units import format_bytes
@@ -422,7 +422,7 @@ class OverlapPlanner:
                 f"({need} bytes) of {what} (--budget-scope {scope}); pass --memory-budget {need} or more")
 
     def earliest(self, budget: float, scope: str = "gathered", sequence: list[int] | None = None,
-                 lookahead: int = 0, small_first: int = 0) -> list[int]:
+                 lookahead: int = 0, small_first: int = 0, passing: int = 0) -> list[int]:
         """Step 3: each all-gather at its earliest slot that fits the budget.
 
         All-gathers are taken in ``sequence`` (default: need order), each no
@@ -440,8 +440,12 @@ class OverlapPlanner:
         parameters needed late (norm weights, a few KiB each but a full
         all-gather latency) can then fill the communication stream's idle time
         early, where larger ones needed before them do not fit (both: step 3b
-        in ``docs/overlap.md``). :attr:`last_sequence` records the resulting
-        FIFO sequence.
+        in ``docs/overlap.md``). ``passing`` > 0: where memory holds an
+        all-gather back, each of the next ``passing`` ones that fits before it
+        goes first, if that does not make it wait for more compute (two
+        buffers that fill the budget exactly: the next layer's gathers run
+        while the first is still in use). :attr:`last_sequence` records the
+        resulting FIFO sequence.
         """
         self.check_budget(budget, scope)
         check_scope(scope)
@@ -484,6 +488,8 @@ class OverlapPlanner:
                         k, p, z = j, alone, size[self.gathers[j]]
                         break
                 pending.pop()
+                if passing and p > max(lo_of[k], prev):
+                    p, prev = self._pass(k, p, prev, pending, passing, fit, tree, slots, used)
                 if z:
                     tree.add(p, free[k] + 1, z)
                 slots[k] = p
@@ -493,6 +499,41 @@ class OverlapPlanner:
             used.sort(key=lambda k: (slots[k], k))
         self.last_sequence = used
         return slots
+
+    def _pass(self, k, p, prev, pending, passing, fit, tree, slots, used) -> tuple[int, int]:
+        """Step 3b's *passing*: all-gather ``k``, held back by memory to slot ``p``, lets the next
+        ``passing`` pending ones go first where each fits before ``p`` and leaves ``k`` waiting for
+        no more compute (``work``: compute on the skeleton before a slot). Returns ``k``'s slot and
+        the FIFO's last slot so far; the passers are placed (``slots``, ``used``, the tree)."""
+        size, free, work = self.compiled.size, self.free, self.slot_work
+        for j in [pending[-back] for back in range(1, min(passing, len(pending)) + 1)]:
+            pj = fit(j, prev)
+            if work[pj] >= work[p]:
+                continue
+            zj = size[self.gathers[j]]
+            tree.add(pj, free[j] + 1, zj)
+            after = fit(k, max(prev, pj))
+            if work[after] > work[p] + 1e-12:
+                tree.add(pj, free[j] + 1, -zj)
+                continue
+            pending.remove(j)
+            slots[j] = pj
+            used.append(j)
+            prev, p = max(prev, pj), after
+        return p, prev
+
+    @property
+    def slot_work(self) -> list[float]:
+        """Compute duration on the skeleton before each slot (slot ``len(skeleton)``: all of it)."""
+        if getattr(self, "_work", None) is None:
+            c, run, work = self.compiled, 0.0, []
+            for v in self.skeleton:
+                work.append(run)
+                if c.kind[v] == COMPUTE:
+                    run += c.duration[v]
+            work.append(run)
+            self._work = work
+        return self._work
 
     def delay(self, slots: list[int], rank: list[int] | None = None) -> tuple[list[int], SimResult]:
         """Step 4: move each all-gather as late as keeps the simulated timeline; returns slots and simulation.
@@ -587,9 +628,10 @@ class Overlap:
             candidates.append((timeline.step_ms, index, slots, None, timeline))
         # Step 3b: other FIFO sequences (large before small, small first).
         for index, planner in enumerate(feasible):
-            for lookahead, small in FIFO_VARIANTS:
+            for lookahead, small, passing in FIFO_VARIANTS:
                 small_first = max(1, planner.largest_gather // SMALL_FRACTION) if small else 0
-                first = planner.earliest(budget, scope, lookahead=lookahead, small_first=small_first)
+                first = planner.earliest(budget, scope, lookahead=lookahead, small_first=small_first,
+                                         passing=passing)
                 sequence = planner.last_sequence
                 if sequence == sorted(sequence):
                     continue
@@ -639,9 +681,10 @@ WINDOW = 4
 MIN_GAP = 0.002
 #: Step 3b: a large all-gather may pass smaller ones (each at most 1/JUMP_RATIO of its size).
 JUMP_RATIO = 4
-#: Step 3b's placements tried beside plain need order: (lookahead, small all-gathers first). Small:
-#: at most 1/SMALL_FRACTION of the largest all-gather (a norm's weight beside a layer's matrix).
-FIFO_VARIANTS = ((1, False), (2, False), (0, True))
+#: Step 3b's placements tried beside plain need order: (lookahead, small all-gathers first, passing).
+#: Small: at most 1/SMALL_FRACTION of the largest all-gather (a norm's weight beside a layer's matrix).
+#: Passing: how many later all-gathers may go ahead of one that memory holds back.
+FIFO_VARIANTS = ((1, False, 0), (2, False, 0), (0, True, 0), (0, False, 3))
 SMALL_FRACTION = 64
 
 
