@@ -116,3 +116,69 @@ def test_a_file_format_the_sweep_cannot_write_is_refused_before_any_work(tmp_pat
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "the trace format does not render a sweep report" in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["g.pt"]
+
+
+# ---------------------------------------------------------------------------
+# The table at 80 and 160 columns: the orders as rows, one line each
+# ---------------------------------------------------------------------------
+
+METRICS = ("peak memory", "at node", "gathered peak", "step time", "exposed comm", "overlap", "scheduler time")
+
+
+@pytest.fixture(scope="module")
+def every_algorithm():
+    from dcsched.schedulers import available, get
+    bundle = linear_bundle(4)
+    algorithms = available()
+    options = {a: {"memory_budget": float("inf")} for a in algorithms if "memory_budget" in get(a).options}
+    return formats.ScheduleReport(Path("in.pt"), compare_bundle(bundle, algorithms, options=options))
+
+
+def rendered(report, width):
+    console = Console(record=True, width=width, color_system=None)
+    formats.get("table")(report, console)
+    return console.export_text()
+
+
+def table_rows(text):
+    return [line for line in text.splitlines() if line.startswith("│")]
+
+
+@pytest.mark.parametrize("width", [80, 160])
+def test_every_order_one_line_per_table_at_narrow_widths(every_algorithm, width):
+    text = rendered(every_algorithm, width)
+    assert all(len(line) <= width for line in text.splitlines()), text
+    rows = table_rows(text)
+    assert rows and not [r for r in rows if not r[1:].split("│")[0].strip()], "a cell wrapped onto a second line"
+    orders = ["before", *every_algorithm.comparison.algorithms]
+    firsts = [r[1:].split("│")[0].strip() for r in rows]
+    tables = firsts.count("before")
+    assert tables >= 1 and all(firsts.count(order) == tables for order in orders), firsts
+    assert all(metric in text for metric in METRICS)
+    assert "ag:primals_" in text and "allgather_ds_param_primals" not in text
+    assert "node names shortened (ag: allgather_ds_param_); full names with --json" in text
+    if width == 160:
+        assert tables == 1  # every figure in one table
+
+
+def test_wide_terminal_keeps_algorithms_as_columns(every_algorithm):
+    text = rendered(every_algorithm, 400)
+    assert "┃ figure " in text and "allgather_ds_param_primals" in text and "shortened" not in text
+
+
+def test_cli_80_columns_rows_and_json_full_names(tmp_path, capsys):
+    from dcsched.cli.app import console
+    path = dcsched.save(linear_bundle(4), tmp_path / "g.pt")
+    saved = console._width
+    console.width = 80
+    try:
+        assert run(["schedule", str(path), "--algo", "all", "--memory-budget", "unlimited"]) == 0
+        out = capsys.readouterr().out
+        assert run(["schedule", str(path), "--algo", "all", "--memory-budget", "unlimited", "--json",
+                    "--force"]) == 0
+        document = json.loads(capsys.readouterr().out)
+    finally:
+        console._width = saved
+    assert "ag:primals_" in out and all(len(line) <= 80 for line in out.splitlines())
+    nodes = {figures["gathered_peak_node"] for figures in document["graphs"]["forward"]["after"].values()}
+    assert nodes and all(node.startswith("allgather_ds_param_primals_") for node in nodes)

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..units import format_bytes, format_ms
+from . import rows
 from .model import ScheduleReport
 from .registry import register
 from .text import change, pct, safe_text
@@ -31,7 +32,7 @@ SPARK_WIDTH = 60
                                 "--params lifetimes (the default)")
 def write_table(report: ScheduleReport, console: Console) -> None:
     for name, cmp in report.comparison.graphs.items():
-        console.print(graph_table(name, cmp))
+        print_figures(name, cmp, console)
         render_sparklines(cmp, console)
         if report.params:
             for algo in cmp.after:
@@ -41,15 +42,33 @@ def write_table(report: ScheduleReport, console: Console) -> None:
         console.print(f"wrote {safe_text(out)} ({algo})", highlight=False)
 
 
-def graph_table(name: str, cmp: GraphComparison) -> Table:
+def print_figures(name: str, cmp: GraphComparison, console: Console) -> None:
+    """The figures table; where it is wider than the terminal, the orders as rows (:mod:`.rows`)."""
+    table = graph_table(name, cmp)
+    if rows.fits(console, table):
+        console.print(table)
+        return
+    for part in rows.order_tables(cmp, console, title(name, cmp), caption(cmp)):
+        console.print(part)
+    note = rows.legend(cmp)
+    if note:
+        console.print(f"[dim]{safe_text(note)}[/]", highlight=False)
+
+
+def title(name: str, cmp: GraphComparison) -> str:
     c = cmp.compiled
-    bounds = c.bounds
-    table = Table(title=f"[bold]{safe_text(name)}[/]: {len(c)} nodes, {c.num_allgathers} all-gathers, "
-                        f"{c.num_reduces} reduce-grads", title_justify="left",
-                  caption=f"compute {format_ms(c.compute_ms)}, communication {format_ms(c.comm_ms)}; "
-                          f"lower bound max(compute, comm) {format_ms(bounds.simple)}, "
-                          f"tighter bound {format_ms(bounds.tight)}",
-                  caption_justify="left")
+    return f"[bold]{safe_text(name)}[/]: {len(c)} nodes, {c.num_allgathers} all-gathers, {c.num_reduces} reduce-grads"
+
+
+def caption(cmp: GraphComparison) -> str:
+    c = cmp.compiled
+    return (f"compute {format_ms(c.compute_ms)}, communication {format_ms(c.comm_ms)}; "
+            f"lower bound max(compute, comm) {format_ms(c.bounds.simple)}, tighter bound {format_ms(c.bounds.tight)}")
+
+
+def graph_table(name: str, cmp: GraphComparison) -> Table:
+    """The figures (rows) before and after each algorithm (columns)."""
+    table = Table(title=title(name, cmp), title_justify="left", caption=caption(cmp), caption_justify="left")
     table.add_column("figure", no_wrap=True)
     table.add_column("before", justify="right", overflow="fold")
     for algo in cmp.after:
