@@ -47,7 +47,7 @@ from .bundle import Bundle, InputInfo, ParamInfo
 from .errors import DcschedError
 from .nxview import copy_graph
 from .roles import is_aliasing
-from .scripts import (ScriptError, StopScript, describe_exception, fresh_dynamo, module_of, run_script,
+from .scripts import (ScriptError, StopScript, compile_interceptor, describe_exception, fresh_dynamo, run_script,
                       unwrap_dynamo_error)
 
 #: Step inputs up to this many bytes are stored in the bundle as tensors.
@@ -486,6 +486,7 @@ class _ScriptCapture:
         self.real_compile = real_compile
         self.compiled: list[_Recorded] = []
         self.done: _Recorded | None = None
+        self.compile = compile_interceptor(self.compile_module, CaptureError, "dcsched captures compiled modules")
 
     def target(self) -> _Recorded | None:
         if self.wanted is not None:
@@ -497,14 +498,7 @@ class _ScriptCapture:
             self.done = record
             raise StopScript()
 
-    def compile(self, model=None, **kwargs):
-        if model is None:  # decorator form: @torch.compile(...)
-            return lambda m: self.compile(m, **kwargs)
-        module = module_of(model)
-        if module is None:
-            name = getattr(model, "__qualname__", type(model).__name__)
-            raise CaptureError(f"the script compiles {name}, which is not an nn.Module; dcsched captures "
-                               "compiled modules: call torch.compile(model) on the module")
+    def compile_module(self, model, module: nn.Module, kwargs: dict):
         record = _Recorded(name=type(module).__name__, module=module,
                            n_params=sum(p.numel() for _, p in _trainable(module)))
         self.compiled.append(record)

@@ -151,8 +151,11 @@ def launched() -> bool:
         return False
 
 
-def init(device_type: str) -> Launch:
+def init(device_type: str, *, store=None, rank: int = -1, world_size: int = -1, timeout=None) -> Launch:
     """Join the default process group from torchrun's environment: gloo on CPU, NCCL on CUDA.
+
+    ``store``, ``rank`` and ``world_size`` (a rendezvous already made) and
+    ``timeout`` (a ``datetime.timedelta``) go to ``init_process_group``.
 
     Raises :class:`DcschedError` when torch.distributed or the backend is missing.
     """
@@ -168,10 +171,12 @@ def init(device_type: str) -> Launch:
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     if not dist.is_initialized():
+        given = {"store": store, "rank": rank, "world_size": world_size} if store is not None else {}
+        if timeout is not None:
+            given["timeout"] = timeout
         if backend == "nccl":
-            dist.init_process_group(backend, device_id=device)
-        else:
-            dist.init_process_group(backend)
+            given["device_id"] = device
+        dist.init_process_group(backend, **given)
     return Launch(dist.get_rank(), dist.get_world_size(), local_rank, device)
 
 

@@ -65,6 +65,26 @@ def module_of(target) -> nn.Module | None:
     return owner if isinstance(owner, nn.Module) else None
 
 
+def compile_interceptor(compile_module: Callable, error: Callable[[str], Exception], what: str) -> Callable:
+    """A ``torch.compile`` stand-in: ``compile_module(target, module, kwargs)`` for each compiled module.
+
+    Handles the decorator form (``@torch.compile(...)``) and ``nn.Module.compile``'s
+    bound method; compiling anything but a module raises ``error`` with a
+    message ending in ``what`` (what dcsched does with compiled modules).
+    """
+    def compile(model=None, **kwargs):
+        if model is None:  # decorator form: @torch.compile(...)
+            return lambda m: compile(m, **kwargs)
+        module = module_of(model)
+        if module is None:
+            name = getattr(model, "__qualname__", type(model).__name__)
+            raise error(f"the script compiles {name}, which is not an nn.Module; {what}: call torch.compile(model) "
+                        "on the module")
+        return compile_module(model, module, kwargs)
+
+    return compile
+
+
 def exit_code_of(exc: SystemExit) -> int:
     """The process exit code ``sys.exit(code)`` means: None is 0, a message is 1 (Python prints it)."""
     if exc.code is None:

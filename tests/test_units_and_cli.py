@@ -113,7 +113,8 @@ def test_no_arguments_still_prints_the_help(capsys):
     assert "Usage" in out + err and "dcsched: error" not in err
 
 
-@pytest.mark.parametrize("args", [["--help"], ["--version"], ["replay", "x.pt", "--iters", "0"], ["schedule", "--help"]])
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["replay", "x.pt", "--iters", "0"], ["schedule", "--help"],
+                                  ["train", "--help"]])
 def test_cli_answers_without_importing_torch(args):
     code = ("import sys\nfrom dcsched.cli import run\ncode = run(sys.argv[1:])\n"
             "assert 'torch' not in sys.modules, 'torch was imported'\nsys.exit(code)")

@@ -18,7 +18,7 @@ from ..formats.text import safe_text  # noqa: F401  (the commands print through 
 app = typer.Typer(
     name="dcsched",
     help="Schedule ZeRO-3 (DeepCompile-style) training graphs: profile a script into a graph bundle, "
-         "reorder its all-gathers and releases, simulate memory and overlap, replay it for real.\n\n"
+         "reorder its all-gathers and releases, simulate memory and overlap, replay it for real, or train with it.\n\n"
          "Figures are stored in bytes and milliseconds; sizes accept SI and IEC suffixes "
          "(GB = 10^9 bytes, GiB = 2^30 bytes).",
     no_args_is_help=True,
@@ -26,6 +26,10 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode="rich",
 )
+
+#: The script and its arguments, for the commands that run a training script (profile, train).
+SCRIPT = typer.Argument(..., help="Training script to run as __main__ (it must call torch.compile on its model).")
+SCRIPT_ARGS = typer.Argument(None, help="Arguments for the script, after `--`.", show_default=False)
 
 #: Reports go to stdout; progress and errors to stderr.
 console = Console()

@@ -10,7 +10,7 @@ import typer
 
 from ..outputs import check_outputs
 from ..units import format_bytes, format_ms
-from .app import app, console, err_console, safe_text
+from .app import SCRIPT, SCRIPT_ARGS, app, console, err_console, safe_text
 
 
 def _init_distributed() -> None:
@@ -32,10 +32,8 @@ def _rank() -> int:
 
 @app.command()
 def profile(
-    script: Path = typer.Argument(..., help="Training script to run as __main__ (it must call torch.compile on "
-                                            "its model)."),
-    script_args: Optional[List[str]] = typer.Argument(None, help="Arguments for the script, after `--`.",
-                                                      show_default=False),
+    script: Path = SCRIPT,
+    script_args: Optional[List[str]] = SCRIPT_ARGS,
     output: Path = typer.Option(Path("graph.pt"), "-o", "--output", help="Bundle to write."),
     module: Optional[str] = typer.Option(None, "--module",
                                          help="Class name of the compiled module to capture when the script "

@@ -56,7 +56,18 @@ class TrainOptions:
     warmup: int = 1
 
     def check(self) -> None:
-        schedulers.get(self.algo)  # raises for an unknown name
+        """Raise :class:`DcschedError` (one line) for options no compile can use, before anything runs."""
+        accepted = schedulers.get(self.algo).options  # raises for an unknown name
+        if self.memory_budget is not None:
+            from ..units import parse_budget
+            parse_budget(self.memory_budget)
+            if "memory_budget" not in accepted:
+                raise DcschedError(f"scheduler '{self.algo}' takes no memory budget")
+        if self.budget_scope is not None:
+            from ..schedulers.overlap import check_scope
+            check_scope(self.budget_scope)
+            if "budget_scope" not in accepted:
+                raise DcschedError(f"scheduler '{self.algo}' takes no budget scope")
         self.profile_options(1).check()
 
     def profile_options(self, world_size: int) -> ProfileOptions:

@@ -25,6 +25,7 @@ parameter).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from typing import Sequence
@@ -101,6 +102,8 @@ class ScheduledProgram:
         self.num_outputs = bundle.num_user_outputs - len(self.mutated_inputs)
         #: Set True to time every graph run and track its peak memory (for --report); stats go to ``stats``.
         self.measure = False
+        #: With ``measure``: track memory too (the tracker slows the run; False: time alone, ``peak_bytes`` None).
+        self.track_memory = True
         self.stats: list[StepStats] = []
 
     def __call__(self, *args):
@@ -117,15 +120,16 @@ class ScheduledProgram:
         if not self.measure:
             return run(), None
         _sync(self.device)
-        with LiveBytes() as tracker:
-            tracker.track(tracked)
-            tracker.reset_peak()
+        tracker = LiveBytes() if self.track_memory else None
+        with tracker if tracker is not None else contextlib.nullcontext():
+            if tracker is not None:
+                tracker.track(tracked)
+                tracker.reset_peak()
             start = time.perf_counter_ns()
             result = run()
             _sync(self.device)
             ms = (time.perf_counter_ns() - start) / 1e6
-            peak = tracker.peak
-        return result, GraphStats(ms, peak)
+        return result, GraphStats(ms, tracker.peak if tracker is not None else None)
 
     def run_forward(self, args: list) -> list:
         with installed(self.runtime):

@@ -164,8 +164,11 @@ def shard(module: nn.Module, group=None) -> Sharding:
         full = param.detach()
         shape = tuple(full.shape)
         stand_in = _stand_in(shape, full.dtype, full.device)
+        grad, param.grad = param.grad, None  # a gradient accumulated eagerly before: sharded alike
         with torch.no_grad():
             param.data = shard_of(full, rank, world_size)
+            if grad is not None:
+                param.grad = shard_of(grad, rank, world_size)
         specs.append(ShardSpec(name, len(specs), shape, full.dtype, param, stand_in))
     if not specs:
         raise ShardingError(f"{type(module).__name__} has no trainable parameters to shard")

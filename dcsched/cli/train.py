@@ -1,0 +1,142 @@
+"""``dcsched train``: a training script, every compiled module trained ZeRO-3 sharded with a dcsched schedule."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, List, Optional
+
+import typer
+from rich.table import Table
+
+from ..units import format_bytes, format_ms
+from .app import SCRIPT, SCRIPT_ARGS, app, console, err_console, safe_text
+
+if TYPE_CHECKING:  # torch, imported only when the command runs
+    from ..train.script import TrainResult
+
+#: A compile shorter than this shows no progress display (seconds).
+PROGRESS_DELAY_S = 1.0
+
+
+def _with_error(text: str, simulated: float | None, measured: float | None) -> str:
+    if simulated is None or not measured:
+        return text
+    return f"{text} ({100.0 * (simulated - measured) / measured:+.1f}%)"
+
+
+def render(result: TrainResult) -> None:
+    """Per compiled graph: measured median step time and peak memory beside the simulator's, for the schedule."""
+    ranks = "1 process" if result.world_size == 1 else f"{result.world_size} ranks (rank 0 shown)"
+    console.print(f"[bold]dcsched train[/] {safe_text(result.script)}: algo {safe_text(result.algo)}, {ranks}",
+                  highlight=False)
+    table = Table(title_justify="left")
+    for column in ("graph", "steps", "time", "simulated", "peak memory", "simulated"):
+        table.add_column(column, justify="left" if column == "graph" else "right")
+    for g in result.graphs:
+        table.add_row(f"{safe_text(g.module)} {g.graph}", str(g.steps), format_ms(g.measured_ms),
+                      _with_error(format_ms(g.simulated_ms), g.simulated_ms, g.measured_ms),
+                      format_bytes(g.measured_peak_bytes),
+                      _with_error(format_bytes(g.simulated_peak_bytes), g.simulated_peak_bytes,
+                                  g.measured_peak_bytes))
+    console.print(table)
+    console.print("measured on this rank: median time of the steps after the first (perf_counter), peak live tensor "
+                  "bytes of the first step (memory tracker); simulated: dcsched.simulate of the schedule (its error "
+                  "against the measured figure)", highlight=False)
+    if result.caveat:
+        console.print(f"[yellow]caveat[/]: {safe_text(result.caveat)}", highlight=False)
+    if result.losses:
+        console.print(f"losses: first {result.losses[0]:.6g}, last {result.losses[-1]:.6g} "
+                      f"({len(result.losses)} steps)", highlight=False)
+
+
+class _CompileProgress:
+    """A transient spinner on stderr for compiles that take longer than :data:`PROGRESS_DELAY_S`."""
+
+    def __init__(self, algo: str) -> None:
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+        self.algo = algo
+        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                                 console=err_console, transient=True)
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        task = self.progress.add_task(f"compiling {safe_text(name)}: capture, profile, schedule ({self.algo})",
+                                      total=None)
+        timer = threading.Timer(PROGRESS_DELAY_S, self.progress.start)
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
+            timer.join()
+            self.progress.stop()
+            self.progress.remove_task(task)
+
+
+@app.command()
+def train(
+    script: Path = SCRIPT,
+    script_args: Optional[List[str]] = SCRIPT_ARGS,
+    algo: str = typer.Option("none", "--algo", help="Scheduler for every compiled graph: none, list, fast-free, "
+                                                    "simple-prefetch, deepcompile, overlap, prefetch-ahead."),
+    memory_budget: Optional[str] = typer.Option(None, "--memory-budget",
+                                                help="Memory budget for the schedulers that take one (deepcompile, "
+                                                     "overlap), in bytes with an optional suffix (40GiB, 1.5GB) or "
+                                                     "'unlimited' (default: the target device's memory less 10%, "
+                                                     "unlimited where none is known)."),
+    budget_scope: Optional[str] = typer.Option(None, "--budget-scope",
+                                               help="What the budget caps (overlap): all (all tensors, the default) "
+                                                    "or gathered (gathered parameters)."),
+    cost_model: str = typer.Option("measured", "--cost-model",
+                                   help="Costs the scheduler works with: measured (every node run and timed once "
+                                        "here at compile time) or analytic (estimated for --gpu, nothing run)."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="Target GPU (h100, a100, h200): needed by --cost-model "
+                                                          "analytic; also the default memory budget."),
+    timeout: float = typer.Option(120.0, "--timeout",
+                                  help="Seconds: the process-group timeout under torchrun, and how long a rank "
+                                       "may miss heartbeats before the others stop, naming it."),
+    report: bool = typer.Option(False, "--report", help="On rank 0 after the script: per compiled graph, measured "
+                                                        "step time and peak memory beside the simulator's."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout (ms and bytes, the "
+                                                       "per-step losses); the script's own output goes to stderr."),
+    progress: bool = typer.Option(True, "--progress/--no-progress",
+                                  help="Show a progress display on stderr while a compile takes over a second."),
+) -> None:
+    """Train with a schedule: run a script with every torch.compile'd module sharded ZeRO-3 style over the process group and run through dcsched's scheduled forward and backward graphs.
+
+    The script's own loop, optimizer and loss stay as they are. Run it alone (world size 1) or under torchrun --nproc-per-node W -m dcsched train ... (gloo on the CPU, NCCL on CUDA). A rank that dies or raises makes the others exit with code 1 and one line naming it, within --timeout. Exit code: the script's, 2 for bad input, 1 where a rank failed.
+
+    Example: dcsched train examples/gpt.py --algo overlap --report -- --steps 20
+    """  # noqa: E501
+    from ..train.backend import TrainOptions  # torch, imported only when the command runs
+    from ..train.script import ScriptOptions, train_script
+
+    options = ScriptOptions(TrainOptions(algo=algo, memory_budget=memory_budget, budget_scope=budget_scope,
+                                         cost_model=cost_model, gpu=gpu),
+                            measure=report or as_json, timeout_s=timeout)
+    options.check()
+    show_progress = progress and err_console.is_terminal and _rank_from_env() == 0
+    compiling = _CompileProgress(algo) if show_progress else contextlib.nullcontext
+    quiet = contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext()
+    with quiet:
+        result = train_script(script, list(script_args or []), options, compiling=compiling)
+    if result.rank == 0:
+        if as_json:
+            console.print_json(json.dumps(result.to_json()))
+        elif report:
+            render(result)
+    if result.exit_code:
+        raise SystemExit(result.exit_code)
+
+
+def _rank_from_env() -> int:
+    import os
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0

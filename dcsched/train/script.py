@@ -1,0 +1,284 @@
+"""``dcsched train``'s core: run a user's training script with every compiled module trained by dcsched.
+
+:func:`train_script` runs the script as ``__main__`` (:mod:`dcsched.scripts`)
+with ``torch.compile`` intercepted. At each ``torch.compile(model, ...)``
+call it shards the module (:func:`dcsched.shard`, in place: an optimizer
+built before or after sees the shards) and compiles it for real with
+``backend=dcsched.backend(...)`` and ``dynamic=False``; the script's own
+loop, optimizer and loss stay as they are. Under torchrun it joins the
+process group first (gloo on the CPU, NCCL on CUDA) and watches the other
+ranks (:mod:`dcsched.train.failures`).
+
+With ``measure`` each compiled graph's first step has its peak memory
+tracked and every later one is timed
+(:class:`~dcsched.train.runtime.ScheduledProgram`), and
+:class:`TrainResult` sets those figures beside the simulator's for the
+schedule. The per-step losses are the compiled forward's first output where
+that is a 0-d tensor (a script whose module returns its loss).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import os
+import statistics
+import weakref
+from pathlib import Path
+from typing import Callable, ContextManager, Sequence
+
+import torch
+
+from ..errors import DcschedError
+from ..scripts import compile_interceptor, describe_exception, run_script
+from .backend import Backend, TrainOptions
+from .sharding import shard
+
+#: The process-group timeout when none is given, in seconds.
+DEFAULT_TIMEOUT_S = 120.0
+
+
+class TrainError(DcschedError):
+    """The script cannot be trained with dcsched as it is (exit code 2); the message says what to change."""
+
+
+class ScriptFailed(DcschedError):
+    """The training script itself raised (exit code 1)."""
+
+    exit_code = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class ScriptOptions:
+    """How :func:`train_script` trains: the backend's options, measuring for a report, the failure timeout."""
+
+    train: TrainOptions = TrainOptions()
+    measure: bool = False
+    timeout_s: float = DEFAULT_TIMEOUT_S
+
+    def check(self) -> None:
+        self.train.check()
+        if not self.timeout_s > 0:
+            raise DcschedError(f"--timeout must be a positive number of seconds, not {self.timeout_s}")
+
+
+@dataclasses.dataclass
+class GraphFigures:
+    """One compiled graph's measured figures (median step time, highest peak) beside the simulator's."""
+
+    module: str
+    graph: str
+    steps: int
+    #: Steps timed (all but the first, which tracks memory: the tracker slows a step down).
+    timed_steps: int
+    measured_ms: float | None
+    simulated_ms: float | None
+    measured_peak_bytes: int | None
+    simulated_peak_bytes: int | None
+
+
+@dataclasses.dataclass
+class TrainResult:
+    """What a training run did on this rank."""
+
+    script: str
+    algo: str
+    rank: int
+    world_size: int
+    exit_code: int
+    modules: list[str]
+    graphs: list[GraphFigures]
+    losses: list[float] | None
+    #: Why the simulated step times are only a rough guide (costs measured on the CPU), or None.
+    caveat: str | None = None
+
+    def to_json(self) -> dict:
+        out = {"script": self.script, "algo": self.algo, "world_size": self.world_size, "exit_code": self.exit_code,
+               "modules": self.modules, "graphs": [dataclasses.asdict(g) for g in self.graphs]}
+        if self.caveat:
+            out["caveat"] = self.caveat
+        if self.losses is not None:
+            out["losses"] = self.losses
+        return out
+
+
+class _RecordingBackend(Backend):
+    """``dcsched.backend`` that also keeps the losses, measures on request and brackets each compile."""
+
+    def __init__(self, options: TrainOptions, name: str, measure: bool,
+                 compiling: Callable[[str], ContextManager]) -> None:
+        super().__init__(options)
+        self.name, self.measure, self.compiling = name, measure, compiling
+        self.losses: list[torch.Tensor] = []
+
+    def __call__(self, gm, example_inputs):
+        with self.compiling(f"{self.name} ({len(self.programs) + 1})"):
+            program = super().__call__(gm, example_inputs)
+        program.measure = self.measure
+        losses = self.losses
+
+        def step(*args):
+            # Memory on the first step, time alone on the others (the memory tracker slows a step down).
+            program.track_memory = not program.stats
+            outputs = program(*args)
+            first = outputs[0] if outputs else None
+            if isinstance(first, torch.Tensor) and first.dim() == 0 and first.is_floating_point():
+                losses.append(first.detach())
+            return outputs
+
+        return step
+
+
+class _Interceptor:
+    """Stands in for ``torch.compile`` while the script runs: shard, then compile with a dcsched backend."""
+
+    def __init__(self, options: ScriptOptions, real_compile, compiling: Callable[[str], ContextManager]) -> None:
+        self.options, self.real_compile, self.compiling = options, real_compile, compiling
+        self.backends: list[_RecordingBackend] = []
+        self.sharded: dict[int, str] = {}  # id(parameter) -> its name
+        self._checked: weakref.WeakSet = weakref.WeakSet()
+        self.compile = compile_interceptor(self.compile_module, TrainError,
+                                           "dcsched train shards and trains compiled modules")
+
+    def compile_module(self, model, module, kwargs: dict):
+        sharding = shard(module)
+        self.sharded.update({id(spec.param): spec.name for spec in sharding.specs})
+        backend = _RecordingBackend(self.options.train, type(module).__name__, self.options.measure, self.compiling)
+        self.backends.append(backend)
+        return self.real_compile(model, backend=backend, dynamic=False, fullgraph=bool(kwargs.get("fullgraph")))
+
+    def before_optimizer_step(self, optimizer, args, kwargs) -> None:
+        """A global optimizer pre-step hook: refuse state of full size for a sharded parameter (it stepped before)."""
+        if optimizer in self._checked or not self.sharded:
+            return
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                if id(param) not in self.sharded:
+                    continue
+                self._checked.add(optimizer)  # its first step over shards: later state is of shard size
+                for key, value in optimizer.state.get(param, {}).items():
+                    if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != param.shape:
+                        raise TrainError(
+                            f"{type(optimizer).__name__} stepped before torch.compile: its state {key!r} of "
+                            f"{self.sharded[id(param)]} is full size {tuple(value.shape)}, the parameter is now "
+                            f"a shard {tuple(param.shape)}; call torch.compile(model) before the optimizer's "
+                            "first step")
+
+
+def _no_phase(name: str) -> ContextManager:
+    return contextlib.nullcontext()
+
+
+def train_script(path: str | os.PathLike, argv: Sequence[str] = (), options: ScriptOptions = ScriptOptions(),
+                 compiling: Callable[[str], ContextManager] = _no_phase) -> TrainResult:
+    """Run ``path`` with ``argv``, every compiled module trained by dcsched; see the module docstring.
+
+    ``compiling(name)`` brackets each compile (a progress display). Raises
+    :class:`TrainError` (bad options, a script that never compiles a module,
+    an optimizer that stepped before the compile) and :class:`ScriptFailed`
+    (the script raised).
+    """
+    from .. import distributed
+    path = Path(path)
+    options.check()
+    if not path.is_file():
+        raise TrainError(f"{path}: no such script")
+    watch = _join(options.timeout_s)
+    rank, world_size = _rank_and_size()
+    if watch is not None:
+        compiling = _meeting_after(compiling, watch)
+    interceptor = _Interceptor(options, torch.compile, compiling)
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+    hook = register_optimizer_step_pre_hook(interceptor.before_optimizer_step)
+    try:
+        run = run_script(path, argv, interceptor.compile)
+    except BaseException as exc:
+        message = str(exc) if isinstance(exc, DcschedError) else describe_exception(exc)
+        if watch is not None:
+            watch.failed(f"raised: {message}")
+        distributed.shutdown(together=False)
+        if isinstance(exc, DcschedError) or not isinstance(exc, Exception):
+            raise
+        raise ScriptFailed(f"{path} failed: {message}") from None
+    finally:
+        hook.remove()
+    if watch is not None:
+        if run.exit_code != 0:
+            watch.failed(f"exited with status {run.exit_code}")
+        else:
+            watch.finish()
+    distributed.shutdown(together=run.exit_code == 0)
+    if not interceptor.backends and run.exit_code == 0:
+        raise TrainError(f"{path} never calls torch.compile, so dcsched trained nothing (the script ran on its "
+                         "own): wrap the model, e.g. `model = torch.compile(model)`, before the training loop "
+                         "(dcsched train intercepts that call)")
+    return _result(path, options, interceptor.backends, run.exit_code, rank, world_size)
+
+
+def _join(timeout_s: float):
+    """Under torchrun, join the process group with ``timeout_s`` and start watching the peers; None alone."""
+    from .. import distributed
+    if not distributed.launched():
+        return None
+    import torch.distributed as dist
+    from .failures import Watch
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    timeout = datetime.timedelta(seconds=timeout_s)
+    # The ranks start at different times: joining may take longer than a collective may.
+    joining = datetime.timedelta(seconds=max(timeout_s, 300.0))
+    store, rank, world_size = next(dist.rendezvous("env://", timeout=joining))
+    store.set_timeout(joining)
+    distributed.init(device_type, store=store, rank=rank, world_size=world_size, timeout=timeout)
+    return Watch(store, rank, world_size, timeout_s).start()
+
+
+def _rank_and_size() -> tuple[int, int]:
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _meeting_after(compiling: Callable[[str], ContextManager], watch) -> Callable[[str], ContextManager]:
+    """``compiling`` followed by a meeting of all ranks: the first collective after a compile waits for no one."""
+    @contextlib.contextmanager
+    def phase(name: str):
+        with compiling(name):
+            yield
+        watch.meet(name)
+
+    return phase
+
+
+def _result(path: Path, options: ScriptOptions, backends: list[_RecordingBackend], exit_code: int,
+            rank: int, world_size: int) -> TrainResult:
+    graphs: list[GraphFigures] = []
+    for backend in backends:
+        for k, program in enumerate(backend.programs):
+            label = backend.name if len(backend.programs) == 1 else f"{backend.name} ({k + 1})"
+            graphs.extend(_figures(label, program))
+    from ..replay.simulated import timing_caveat
+    losses = next(([float(v) for v in b.losses] for b in backends if b.losses), None)
+    programs = [p for b in backends for p in b.programs]
+    caveat = timing_caveat(programs[0].bundle.provenance) if programs else None
+    if programs and options.train.cost_model != "measured":
+        caveat = (f"simulated step times are the {options.train.cost_model} cost model's for "
+                  f"{options.train.gpu or 'the target'}, measured ones are on {programs[0].device}")
+    return TrainResult(str(path), options.train.algo, rank, world_size, exit_code,
+                       [b.name for b in backends], graphs, losses, caveat)
+
+
+def _figures(label: str, program) -> list[GraphFigures]:
+    simulated = program.simulated or {}
+    out = []
+    for graph in ("forward", "backward"):
+        stats = [getattr(s, graph) for s in program.stats if getattr(s, graph) is not None]
+        timed = [s.ms for s in stats if s.peak_bytes is None]
+        out.append(GraphFigures(
+            module=label, graph=graph, steps=len(stats), timed_steps=len(timed),
+            measured_ms=statistics.median(timed) if timed else None,
+            simulated_ms=simulated.get(f"{graph}_ms"),
+            measured_peak_bytes=max((s.peak_bytes for s in stats if s.peak_bytes is not None), default=None),
+            simulated_peak_bytes=simulated.get(f"{graph}_peak_bytes")))
+    return out

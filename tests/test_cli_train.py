@@ -1,0 +1,162 @@
+"""``dcsched train`` in one process: the GPT example trains as eager does, algorithms agree, reports, bad input."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from dcsched.cli import run
+from dcsched.scripts import run_script
+
+GPT = Path(__file__).resolve().parent.parent / "examples" / "gpt.py"
+#: A tiny GPT: a step takes milliseconds.
+TINY = ["--layers", "1", "--d-model", "32", "--heads", "2", "--vocab", "64", "--seq", "8", "--batch", "2",
+        "--steps", "4", "--lr", "1e-2"]
+ANALYTIC = ["--cost-model", "analytic", "--gpu", "h100"]
+
+
+def train_json(capsys, *options: str, script: Path = GPT, args=TINY) -> dict:
+    code = run(["train", str(script), *options, *ANALYTIC, "--json", "--no-progress", "--", *args])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return json.loads(out)
+
+
+def eager_losses(script: Path, args) -> list[float]:
+    """The script run with torch.compile left out (the model runs eagerly); its losses as the module returns them."""
+    losses = []
+
+    class Recording(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, *inputs):
+            loss = self.inner(*inputs)
+            losses.append(float(loss.detach()))
+            return loss
+
+    run_script(script, args, lambda model=None, **kwargs: Recording(model))
+    return losses
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """``none`` as JSON, ``fast-free`` as JSON, ``overlap`` with --report: each run once for the module."""
+    results = {}
+    for algo, flag in (("none", "--json"), ("fast-free", "--json"), ("overlap", "--report")):
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = run(["train", str(GPT), "--algo", algo, *ANALYTIC, flag, "--no-progress", "--", *TINY])
+        results[algo] = (code, out.getvalue(), err.getvalue())
+    return results
+
+
+def test_gpt_trains_as_eager_does(runs):
+    code, out, err = runs["none"]
+    assert code == 0, err
+    report = json.loads(out)
+    eager = eager_losses(GPT, TINY)
+    assert len(report["losses"]) == len(eager) == 4
+    for ours, theirs in zip(report["losses"], eager):
+        assert math.isclose(ours, theirs, rel_tol=1e-5), (report["losses"], eager)
+    assert "step 3: loss" in err  # the script's own output, moved to stderr under --json
+
+
+def test_algorithms_give_bit_identical_losses(runs):
+    losses = {algo: json.loads(runs[algo][1])["losses"] for algo in ("none", "fast-free")}
+    overlap_out = runs["overlap"][1]
+    assert losses["none"] == losses["fast-free"]
+    last = losses["none"][-1]
+    assert f"last {last:.6g}" in overlap_out
+
+
+def test_json_holds_measured_and_simulated_figures(runs):
+    report = json.loads(runs["fast-free"][1])
+    assert report["algo"] == "fast-free" and report["world_size"] == 1 and report["modules"] == ["GPT"]
+    assert [g["graph"] for g in report["graphs"]] == ["forward", "backward"]
+    for g in report["graphs"]:
+        assert g["steps"] == 4 and g["timed_steps"] == 3 and g["measured_ms"] > 0 and g["simulated_ms"] > 0
+        # The CPU tracker and the simulator count the same tensors (docs/train.md: within 5%).
+        assert abs(g["measured_peak_bytes"] - g["simulated_peak_bytes"]) <= 0.1 * g["simulated_peak_bytes"]
+    assert "analytic" in report["caveat"]
+
+
+def test_report_is_a_table_per_graph(runs):
+    code, out, err = runs["overlap"]
+    assert code == 0, err
+    assert "dcsched train" in out and "algo overlap" in out
+    assert "GPT forward" in out and "GPT backward" in out and "KiB" in out
+    assert "step 0: loss" in out  # the script prints as usual
+
+
+def write(tmp_path: Path, name: str, body: str) -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+LINEAR = """
+    import sys, torch
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+"""
+
+
+@pytest.mark.parametrize("case, body, code, words", [
+    ("no-compile", LINEAR + "model(torch.randn(2, 4)).sum().backward(); optimizer.step()\n", 2,
+     "never calls torch.compile"),
+    ("stepped-before", LINEAR.replace("SGD(model.parameters(), lr=0.1)", "AdamW(model.parameters())")
+     + "model(torch.randn(2, 4)).sum().backward(); optimizer.step()\nmodel = torch.compile(model)\n"
+     + "model(torch.randn(2, 4)).sum().backward(); optimizer.step()\n", 2, "stepped before torch.compile"),
+    ("raises", LINEAR + "model = torch.compile(model)\nraise ValueError('boom')\n", 1, "ValueError: boom"),
+    ("exits", LINEAR + "sys.exit(3)\n", 3, None),
+])
+def test_script_errors(tmp_path, capsys, case, body, code, words):
+    script = write(tmp_path, f"{case}.py", body.replace("\n    ", "\n"))
+    assert run(["train", str(script), "--no-progress"]) == code
+    out, err = capsys.readouterr()
+    if words is not None:
+        assert err.startswith("dcsched: error: ") and words in err and "Traceback" not in err, err
+        assert len(err.strip().splitlines()) == 1, err
+
+
+def test_a_compiled_linear_model_trains(tmp_path, capsys):
+    script = write(tmp_path, "linear.py", LINEAR.replace("\n    ", "\n") + textwrap.dedent("""
+        model = torch.compile(model)
+        for _ in range(3):
+            loss = model(torch.ones(2, 4)).sum()
+            loss.backward(); optimizer.step(); optimizer.zero_grad()
+    """))
+    report = train_json(capsys, "--algo", "list", script=script, args=[])
+    assert "losses" not in report  # the module returns no loss: the script computes it
+    assert [(g["graph"], g["steps"]) for g in report["graphs"]] == [("forward", 3), ("backward", 3)]
+
+
+@pytest.mark.parametrize("options, words", [
+    (["--algo", "nosuch"], "nosuch"),
+    (["--algo", "overlap", "--memory-budget", "lots"], "memory budget"),
+    (["--algo", "fast-free", "--memory-budget", "1GiB"], "takes no memory budget"),
+    (["--budget-scope", "some", "--algo", "overlap"], "budget scope"),
+    (["--timeout", "0"], "--timeout"),
+    (["--cost-model", "analytic"], ""),
+])
+def test_invalid_options_exit_2_before_running(tmp_path, capsys, options, words):
+    marker = tmp_path / "ran"
+    script = write(tmp_path, "touch.py", f"open({str(marker)!r}, 'w').close()\n")
+    assert run(["train", str(script), *options]) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith("dcsched: error: ") and words in err and len(err.strip().splitlines()) == 1, err
+    assert not marker.exists()
+
+
+def test_missing_script(tmp_path, capsys):
+    assert run(["train", str(tmp_path / "nope.py")]) == 2
+    assert "no such script" in capsys.readouterr().err
