@@ -13,6 +13,18 @@ parameter. :class:`DistributedZero3Runtime` (installed with
 - ``reduce_grad``: reduce-scatters the gradient, averaging over the ranks as
   data-parallel training does, and returns this rank's 1-D shard.
 
+On CUDA, NCCL runs each collective on its own stream: the ProcessGroup makes
+that stream wait for the compute stream when the collective is issued, and
+``work.wait()`` at the wait node makes the compute stream (not the host) wait
+for it, so compute issued between the two overlaps the transfer. The runtime
+keeps every buffer a collective reads or writes referenced until it has been
+waited on, so the caching allocator cannot hand their memory to the compute
+stream early. With ``async_reduce`` set (training on CUDA sets it) the
+reduce-scatters are issued the same way and waited on together by
+:meth:`DistributedZero3Runtime.finish` at the end of the backward graph, instead
+of stalling the compute stream at each one; on the CPU (gloo) they stay
+synchronous.
+
 Parameters whose size does not divide by W are padded with zeros to the next
 multiple of W, as DeepSpeed's ZeRO-3 pads them; rank r holds elements
 ``[r * n, (r + 1) * n)`` of the flattened, padded parameter (n = padded / W).
@@ -69,10 +81,22 @@ class DistributedZero3Runtime(Zero3Runtime):
         self.shapes: dict[int, tuple[int, ...]] = {p.ds_id: tuple(p.shape) for p in params}
         self.pending: dict[tuple[int, int], object] = {}
         self._average_op = True  # falls back to SUM then divide where the backend lacks AVG
+        #: Issue reduce-scatters asynchronously; :meth:`finish` waits on them (the graph's end).
+        self.async_reduce = False
+        self.reducing: list[tuple] = []  # (work, output, input, divide): referenced until waited on
 
     def reset(self) -> None:
         super().reset()
         self.pending.clear()
+        self.finish()
+
+    def finish(self) -> None:
+        """Wait on every asynchronous reduce-scatter (their outputs are ready on the current stream after)."""
+        reducing, self.reducing = self.reducing, []
+        for work, out, _source, divide in reducing:
+            work.wait()
+            if divide:
+                out.div_(self.world_size)
 
     def shard(self, full: torch.Tensor) -> torch.Tensor:
         return shard_of(full, self.rank, self.world_size)
@@ -94,16 +118,17 @@ class DistributedZero3Runtime(Zero3Runtime):
         if dtype is not None and dtype != source.dtype:
             source = source.to(dtype)
         buffer = torch.empty(source.numel() * self.world_size, dtype=source.dtype, device=source.device)
-        work = _all_gather_into_tensor(buffer, source.contiguous(), group=self.group, async_op=True)
-        self.pending[(graph_id, ds_id)] = work
+        source = source.contiguous()
+        work = _all_gather_into_tensor(buffer, source, group=self.group, async_op=True)
+        self.pending[(graph_id, ds_id)] = (work, source)  # the input stays referenced until the wait
         full = buffer[:numel].view(shape)
         self.gathered[(graph_id, ds_id)] = full
         return full
 
     def wait(self, gathered, graph_id, ds_id):
-        work = self.pending.pop((graph_id, ds_id), None)
-        if work is not None:
-            work.wait()
+        pending = self.pending.pop((graph_id, ds_id), None)
+        if pending is not None:
+            pending[0].wait()
         return gathered.view_as(gathered)
 
     def reduce(self, grad, graph_id, ds_id):
@@ -112,14 +137,21 @@ class DistributedZero3Runtime(Zero3Runtime):
         if total != flat.numel():
             flat = torch.cat([flat, flat.new_zeros(total - flat.numel())])
         out = torch.empty(total // self.world_size, dtype=grad.dtype, device=grad.device)
+        flat = flat.contiguous()
         if self._average_op:
             try:
-                _reduce_scatter_tensor(out, flat.contiguous(), op=dist.ReduceOp.AVG, group=self.group)
-                return out
+                return self._reduce_scatter(out, flat, dist.ReduceOp.AVG, divide=False)
             except (ValueError, RuntimeError):
                 self._average_op = False  # e.g. gloo builds without AVG
-        _reduce_scatter_tensor(out, flat.contiguous(), op=dist.ReduceOp.SUM, group=self.group)
-        return out.div_(self.world_size)
+        return self._reduce_scatter(out, flat, dist.ReduceOp.SUM, divide=True)
+
+    def _reduce_scatter(self, out, flat, op, divide: bool):
+        if self.async_reduce:
+            work = _reduce_scatter_tensor(out, flat, op=op, group=self.group, async_op=True)
+            self.reducing.append((work, out, flat, divide))
+            return out
+        _reduce_scatter_tensor(out, flat, op=op, group=self.group)
+        return out.div_(self.world_size) if divide else out
 
     def reduced_shard_like(self, grad, graph_id, ds_id):
         total = padded_numel(grad.numel(), self.world_size)

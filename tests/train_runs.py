@@ -42,10 +42,10 @@ def init_gloo(rank: int, world_size: int, port: int, timeout_s: float = 60.0) ->
                             timeout=datetime.timedelta(seconds=timeout_s))
 
 
-def model_of(name: str, **overrides):
+def model_of(name: str, device: str = "cpu", **overrides):
     family = name.split("-")[0]
     config = {**CONFIGS[name], **overrides}
-    model, _, _ = build(family, seed=0, batch=1, **config)
+    model, _, _ = build(family, seed=0, batch=1, device=device, **config)
     return model, config
 
 
@@ -79,7 +79,7 @@ def mean_over_ranks(value: torch.Tensor) -> float:
 
 def train_dcsched(name: str, algo: str, steps: int, batch: int, rank: int = 0, world_size: int = 1,
                   memory_budget=None, budget_scope=None, save: tuple | None = None, resume: str | None = None,
-                  **overrides) -> dict:
+                  device: str = "cpu", **overrides) -> dict:
     """Losses per step and, for the last step, each graph's measured peak bytes beside the simulator's.
 
     ``save=(path, k)`` checkpoints after step k (the run goes on); ``resume=path`` loads a checkpoint before the
@@ -88,7 +88,7 @@ def train_dcsched(name: str, algo: str, steps: int, batch: int, rank: int = 0, w
     import dcsched
     from dcsched.simulate import simulate
     torch._dynamo.reset()
-    model, _ = model_of(name, **overrides)
+    model, _ = model_of(name, device, **overrides)
     dcsched.shard(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     backend = dcsched.backend(algo=algo, memory_budget=memory_budget, budget_scope=budget_scope,
@@ -101,7 +101,7 @@ def train_dcsched(name: str, algo: str, steps: int, batch: int, rank: int = 0, w
             continue
         if step == steps - 1 and backend.programs:
             backend.programs[0].measure = True
-        loss = compiled(*local_slice(inputs, rank, world_size))
+        loss = compiled(*(t.to(device) for t in local_slice(inputs, rank, world_size)))
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -115,13 +115,13 @@ def train_dcsched(name: str, algo: str, steps: int, batch: int, rank: int = 0, w
     return {"losses": losses, "memory": memory}
 
 
-def train_eager(name: str, steps: int, batch: int, split: int = 1, **overrides) -> list[float]:
+def train_eager(name: str, steps: int, batch: int, split: int = 1, device: str = "cpu", **overrides) -> list[float]:
     """Single-process eager training on the global batches; ``split`` > 1 averages the losses of that many slices."""
-    model, _ = model_of(name, **overrides)
+    model, _ = model_of(name, device, **overrides)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     losses = []
     for inputs in global_batches(name, steps, batch, **overrides):
-        parts = [model(*local_slice(inputs, r, split)) for r in range(split)]
+        parts = [model(*(t.to(device) for t in local_slice(inputs, r, split))) for r in range(split)]
         loss = torch.stack(parts).mean()
         loss.backward()
         optimizer.step()

@@ -18,7 +18,9 @@ for a compiled module. Each call:
 The ZeRO-3 ops run on this program's runtime: a
 :class:`~dcsched.distributed.DistributedZero3Runtime` under a process group
 (all-gathers started asynchronously at their node, waited at the wait node,
-freed at the last release, gradients reduce-scattered with AVG), else
+freed at the last release, gradients reduce-scattered with AVG; on CUDA the
+collectives run on NCCL's streams, the reduce-scatters asynchronously too,
+waited on at the end of the backward graph), else
 :class:`LocalZero3Runtime` (world size 1: the shard is the whole flattened
 parameter).
 """
@@ -61,7 +63,10 @@ def runtime_for(bundle: Bundle, sharding: Sharding) -> ops.Zero3Runtime:
     import torch.distributed as dist
     if dist.is_available() and dist.is_initialized():
         from ..distributed import DistributedZero3Runtime
-        return DistributedZero3Runtime(bundle.params, group=sharding.group)
+        runtime = DistributedZero3Runtime(bundle.params, group=sharding.group)
+        # NCCL: reduce-scatters overlap the rest of the backward, waited on at its end (ScheduledProgram).
+        runtime.async_reduce = sharding.specs[0].param.device.type == "cuda"
+        return runtime
     return LocalZero3Runtime(bundle.params)
 
 
@@ -138,9 +143,16 @@ class ScheduledProgram:
             self.stats.append(StepStats(stats))
         return outputs
 
+    def _backward(self, saved: list, tangents: list) -> list:
+        grads = run_backward(self.step, saved, tangents)
+        finish = getattr(self.runtime, "finish", None)
+        if finish is not None:
+            finish()  # asynchronous reduce-scatters (CUDA): their shards are ready once waited on
+        return grads
+
     def run_backward(self, saved: list, tangents: list) -> list:
         with installed(self.runtime):
-            grads, stats = self._timed(lambda: run_backward(self.step, saved, tangents),
+            grads, stats = self._timed(lambda: self._backward(saved, tangents),
                                        [saved, tangents, self.step.constants])
         if stats is not None and self.stats:
             self.stats[-1].backward = stats
