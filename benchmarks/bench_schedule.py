@@ -17,9 +17,10 @@ series; ``captured``: chained copies of the captured sample Llama
 backward nodes).
 Per algorithm, one row per graph: nodes, all-gathers, dcsched seconds for the
 order alone (given the networkx view) and for the whole ``dcsched.schedule``
-call (graph form or view, order, rebuilt FX graph), the peak memory the whole
-call allocates (``peak MiB``: tracemalloc's peak in a forked child running
-it once), DeepSpeed's seconds (run in a child process and stopped at
+call (graph form or view, order, rebuilt FX graph; best of ``--repeat``), the
+peak resident memory of a forked child running the whole call once (``peak
+RSS MiB``, the graph it was given included) and how much the call added to
+it (``+RSS MiB``), DeepSpeed's seconds (run in a child process and stopped at
 ``--timeout``; graphs at least as large as one it timed out on are skipped;
 'n/a' without DeepSpeed), their ratio, and per series the growth exponent k of t ~ N^k
 fitted over the graphs of at least 1,000 nodes.
@@ -32,7 +33,7 @@ import math
 import multiprocessing
 import sys
 import time
-import tracemalloc
+import resource
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,22 +54,27 @@ DS_FUNCS = {"fast-free": "fast_free_schedule", "simple-prefetch": "simple_prefet
 OPTIONS = {"overlap": {"memory_budget": math.inf}}
 
 
+def _peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
 def _run_whole_call(graph, algo, conn) -> None:
-    tracemalloc.start()
+    before = _peak_rss_mib()
     dcsched.schedule(graph, algo, **OPTIONS.get(algo, {}))
-    conn.send(tracemalloc.get_traced_memory()[1])
+    after = _peak_rss_mib()
+    conn.send((after, after - before))
 
 
-def whole_call_peak_mib(graph, algo: str) -> float | None:
-    """Peak MiB the whole ``dcsched.schedule`` call allocates (tracemalloc, in a forked child: the traced
-    run is slower and is not timed)."""
+def whole_call_rss_mib(graph, algo: str) -> tuple[float, float] | None:
+    """(peak RSS, what the call added to it) in MiB of a forked child that runs the whole ``dcsched.schedule``
+    call once (the child starts with the parent's pages, the graph among them)."""
     ctx = multiprocessing.get_context("fork")
     parent, child = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_run_whole_call, args=(graph, algo, child))
     proc.start()
     peak = parent.recv() if parent.poll(600) else None
     proc.join()
-    return None if peak is None else peak / 2 ** 20
+    return peak
 
 
 def captured_stack(copies: int) -> GraphPair:
@@ -133,6 +139,8 @@ def timed(func, *args, repeat: int = 1):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--max-nodes", type=int, default=120_000, help="largest graph (nodes)")
+    parser.add_argument("--min-nodes", type=int, default=0, help="smallest graph measured (nodes)")
+    parser.add_argument("--repeat", type=int, default=2, help="whole-call runs per graph (the least time is shown)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds allowed to DeepSpeed per run")
     parser.add_argument("--series", default="untied,tied,captured", help="comma-separated: untied, tied, captured")
     parser.add_argument("--algos", default="fast-free,simple-prefetch,list,overlap")
@@ -158,7 +166,7 @@ def main() -> None:
             for kind in ("forward", "backward"):
                 graph = getattr(pair, kind)
                 n = len(graph.nodes)
-                if n > limit:
+                if n > limit or n < args.min_nodes:
                     continue
                 view = to_networkx(graph)
                 n_ags = sum(1 for _, d in view.nodes(data=True) if d["role"] == "allgather")
@@ -169,8 +177,8 @@ def main() -> None:
                     repeat = 3 if n < 20_000 else 2
                     options = OPTIONS.get(algo, {})
                     order_s, _ = timed(lambda: scheduler(view, **options), repeat=repeat)
-                    whole_s, _ = timed(lambda: dcsched.schedule(graph, algo, **options), repeat=2)
-                    rss = whole_call_peak_mib(graph, algo)
+                    whole_s, _ = timed(lambda: dcsched.schedule(graph, algo, **options), repeat=args.repeat)
+                    rss = whole_call_rss_mib(graph, algo)
                     ref = None
                     if with_reference and algo in DS_FUNCS and n < reference_gave_up_at[algo]:
                         ref = reference_seconds(graph, algo, args.timeout)
@@ -184,7 +192,7 @@ def main() -> None:
         print()
         print(f"{algo}")
         header = f"{'graph':24s} {'N':>8s} {'all-gathers':>11s} {'order s':>9s} {'whole s':>9s} " \
-                 f"{'peak MiB':>8s} {'reference s':>12s} {'ratio':>9s}"
+                 f"{'peak RSS MiB':>12s} {'+RSS MiB':>8s} {'reference s':>12s} {'ratio':>9s}"
         print(header)
         print("-" * len(header))
         for series, name, n, n_ags, order_s, whole_s, rss, ref in rows[algo]:
@@ -194,8 +202,9 @@ def main() -> None:
                 ref_text, ratio = ("n/a" if not with_reference else f">{args.timeout:.0f}"), ""
             else:
                 ref_text, ratio = f"{ref:.3f}", f"{ref / order_s:.0f}x"
-            rss_text = "n/a" if rss is None else f"{rss:.0f}"
-            print(f"{name:24s} {n:8d} {n_ags:11d} {order_s:9.3f} {whole_s:9.3f} {rss_text:>8s} {ref_text:>12s} {ratio:>9s}")
+            peak_text, added_text = ("n/a", "n/a") if rss is None else (f"{rss[0]:.0f}", f"{rss[1]:.0f}")
+            print(f"{name:24s} {n:8d} {n_ags:11d} {order_s:9.3f} {whole_s:9.3f} {peak_text:>12s} {added_text:>8s} "
+                  f"{ref_text:>12s} {ratio:>9s}")
         for series in args.series.split(","):
             for kind in ("forward", "backward"):
                 pts = [(n, o) for s, name, n, _, o, _, _, _ in rows[algo] if s == series and kind in name]

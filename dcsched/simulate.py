@@ -99,7 +99,8 @@ class SimResult:
     Scalars are always filled. ``order``, the per-node series (``memory`` ...
     ``end_ms``, indexed by position in ``order``) and ``params`` are filled
     when the simulation ran with ``detail=True`` (the default of
-    :func:`simulate`); with ``detail=False`` they are empty lists.
+    :func:`simulate`); with ``detail=False`` they are empty lists, with
+    ``detail="series"`` (what the schedulers read) ``kinds`` and ``params``.
     """
 
     order: list[str]
@@ -144,6 +145,11 @@ class SimResult:
             "tight_lower_bound_ms": self.tight_lower_bound_ms,
             "resident_bytes": self.resident_bytes,
         }
+
+    def scalars(self) -> SimResult:
+        """This result as ``detail=False`` gives it: the scalars, every list empty."""
+        return dataclasses.replace(self, order=[], memory=[], gathered_memory=[], kinds=[], reach_ms=[], start_ms=[],
+                                   end_ms=[], params=[])
 
     def memory_timeline(self) -> tuple[list[float], list[int], list[int]]:
         """``(times_ms, all_bytes, gathered_bytes)``: memory as a step function of simulated time.
@@ -436,8 +442,12 @@ class CompiledGraph(GraphForm):
             free[r] = p
         return free
 
-    def simulate(self, order: Sequence | None = None, *, detail: bool = True, check: bool = True) -> SimResult:
-        """Simulate ``order`` (names or node numbers; None = input order). O(N + E)."""
+    def simulate(self, order: Sequence | None = None, *, detail: bool | str = True, check: bool = True) -> SimResult:
+        """Simulate ``order`` (names or node numbers; None = input order). O(N + E).
+
+        ``detail``: True (everything), False (scalars only) or ``"series"`` (also the
+        order and the per-node series, without ``kinds`` and ``params``).
+        """
         idx = self.order_indices(order, check=check)
         n = len(idx)
         kind, dur, alloc, owned, gates = self.kind, self.duration, self.alloc, self.owned, self.gates
@@ -457,7 +467,7 @@ class CompiledGraph(GraphForm):
         peak_pos = gpeak_pos = -1
         tc = tq = 0.0  # compute stream's clock; when the communication stream is next free
         done = {}
-        record = detail
+        record = bool(detail)
         memory, gathered, reach, start, end = [], [], [], [], []
         for pos in range(n):
             i = idx[pos]
@@ -500,12 +510,25 @@ class CompiledGraph(GraphForm):
                 gmem -= free_gathered[pos]
 
         step = tc if tc > tq else tq
+        result = self._result(idx, step, peak, peak_pos, gpeak, gpeak_pos, record)
+        if record:
+            result.memory, result.gathered_memory = memory, gathered
+            result.reach_ms, result.start_ms, result.end_ms = reach, start, end
+            if detail != "series":
+                result.kinds = [KIND_NAMES[kind[i]] for i in idx]
+                result.params = self._lifetimes(idx, free, reach, start, end)
+        return result
+
+    def _result(self, idx, step: float, peak: int, peak_pos: int, gpeak: int, gpeak_pos: int,
+                with_order: bool) -> SimResult:
+        """The scalars of a simulation that ended at ``step`` ms with these peaks."""
+        n = len(idx)
         exposed = max(0.0, step - self.compute_ms)
         overlap = 100.0 if self.comm_ms <= 0 else min(100.0, max(0.0, 100.0 * (self.comm_ms - exposed) / self.comm_ms))
         bounds = self.bounds
         names = self.names
-        result = SimResult(
-            order=[names[i] for i in idx] if record else [],
+        return SimResult(
+            order=[names[i] for i in idx] if with_order else [],
             peak_bytes=max(peak, self.resident_bytes) if n else self.resident_bytes,
             peak_node=names[idx[peak_pos]] if peak_pos >= 0 else None,
             gathered_peak_bytes=max(gpeak, 0),
@@ -519,12 +542,6 @@ class CompiledGraph(GraphForm):
             tight_lower_bound_ms=bounds.tight,
             resident_bytes=self.resident_bytes,
         )
-        if record:
-            result.memory, result.gathered_memory = memory, gathered
-            result.reach_ms, result.start_ms, result.end_ms = reach, start, end
-            result.kinds = [KIND_NAMES[kind[i]] for i in idx]
-            result.params = self._lifetimes(idx, free, reach, start, end)
-        return result
 
     def _lifetimes(self, idx, free, reach, start, end) -> list[ParamLifetime]:
         names, kind = self.names, self.kind
