@@ -282,6 +282,64 @@ def _input_info(name: str, value: torch.Tensor) -> InputInfo:
     return InputInfo(name, tuple(value.shape), value.dtype, kept, low, high)
 
 
+def _forward_inputs(record: _Recorded, fw_placeholders: list[torch.fx.Node], params: list[ParamInfo]):
+    """What each forward placeholder is (a parameter by ds_id, or a step input), with the inputs' infos and values."""
+    step, positions = record.step, record.step.param_positions or {}
+    param_nodes: list[zero3.ParamNode] = []
+    forward_placeholders: list[dict] = []
+    inputs: list[InputInfo] = []
+    input_tensors: list[torch.Tensor] = []
+    for i, node in enumerate(fw_placeholders):
+        if i in positions:
+            ds_id = positions[i]
+            forward_placeholders.append({"kind": "param", "ds_id": ds_id})
+            param_nodes.append(zero3.ParamNode(node.name, ds_id, params[ds_id].dtype))
+            continue
+        value = step.dynamo_inputs[i]
+        if not isinstance(value, torch.Tensor):
+            raise CaptureError(f"{record.name}: step input {i} is a {type(value).__name__}, not a tensor "
+                               "(dcsched captures static shapes; pass tensors)")
+        forward_placeholders.append({"kind": "input", "index": len(inputs)})
+        inputs.append(_input_info(step.input_names[i] if step.input_names else f"input_{i}", value))
+        input_tensors.append(value)
+    return forward_placeholders, param_nodes, inputs, input_tensors
+
+
+def _backward_inputs(record: _Recorded, forward: torch.fx.Graph, backward: torch.fx.Graph, num_user: int) -> list[dict]:
+    """What each backward placeholder is: a tensor the forward saved (by output index) or a tangent.
+
+    Puts the forward's outputs in the bundle's order on the way (user outputs, then mutated inputs' new
+    values, then the saved tensors).
+    """
+    step = record.step
+    output_node = next(n for n in reversed(forward.nodes) if n.op == "output")
+    if step.num_mutated:
+        # User outputs first (the loss at 0), then mutated inputs' new values (e.g. BatchNorm's running
+        # statistics), then the saved tensors; all but the saved ones count as user outputs.
+        outs, n_mut = list(output_node.args[0]), step.num_mutated
+        output_node.args = (tuple(outs[n_mut:num_user] + outs[:n_mut] + outs[num_user:]),)
+    saved_index = {}
+    for i, value in enumerate(output_node.args[0]):
+        if isinstance(value, torch.fx.Node) and i >= num_user:
+            saved_index.setdefault(value.name, i)
+    tangents = step.tangent_outputs
+    backward_placeholders = []
+    n_tangent = 0
+    for node in backward.nodes:
+        if node.op != "placeholder":
+            continue
+        if node.name in saved_index:
+            backward_placeholders.append({"kind": "saved", "index": saved_index[node.name]})
+        elif node.name.startswith("tangents"):
+            index = tangents[n_tangent] if tangents and n_tangent < len(tangents) else n_tangent
+            backward_placeholders.append({"kind": "tangent", "index": index})
+            n_tangent += 1
+        else:
+            raise CaptureError(f"{record.name}: backward input {node.name} is neither saved by the forward nor a "
+                               "tangent (unsupported capture; please report)")
+    return backward_placeholders
+
+
 def _build(record: _Recorded, forward_graph_id: int = 0, backward_graph_id: int = 1) -> Capture:
     step = record.step
     if step is None or step.forward is None or step.backward is None:
@@ -305,51 +363,9 @@ def _build(record: _Recorded, forward_graph_id: int = 0, backward_graph_id: int 
     for ds_id, (name, p) in enumerate(trainable):
         params.append(ParamInfo(name, tuple(p.shape), p.dtype, ds_id))
         param_tensors[ds_id] = p
-    param_nodes: list[zero3.ParamNode] = []
-    forward_placeholders: list[dict] = []
-    inputs: list[InputInfo] = []
-    input_tensors: list[torch.Tensor] = []
-    for i, node in enumerate(fw_placeholders):
-        if i in positions:
-            ds_id = positions[i]
-            forward_placeholders.append({"kind": "param", "ds_id": ds_id})
-            param_nodes.append(zero3.ParamNode(node.name, ds_id, params[ds_id].dtype))
-        else:
-            value = step.dynamo_inputs[i]
-            if not isinstance(value, torch.Tensor):
-                raise CaptureError(f"{record.name}: step input {i} is a {type(value).__name__}, not a tensor "
-                                   "(dcsched captures static shapes; pass tensors)")
-            forward_placeholders.append({"kind": "input", "index": len(inputs)})
-            inputs.append(_input_info(step.input_names[i] if step.input_names else f"input_{i}", value))
-            input_tensors.append(value)
-
-    output_node = next(n for n in reversed(forward.nodes) if n.op == "output")
+    forward_placeholders, param_nodes, inputs, input_tensors = _forward_inputs(record, fw_placeholders, params)
     num_user = step.num_fwd_outputs if step.num_fwd_outputs is not None else 1
-    if step.num_mutated:
-        # User outputs first (the loss at 0), then mutated inputs' new values (e.g. BatchNorm's running
-        # statistics), then the saved tensors; all but the saved ones count as user outputs.
-        outs, n_mut = list(output_node.args[0]), step.num_mutated
-        output_node.args = (tuple(outs[n_mut:num_user] + outs[:n_mut] + outs[num_user:]),)
-    fw_out = output_node.args[0]
-    saved_index = {}
-    for i, value in enumerate(fw_out):
-        if isinstance(value, torch.fx.Node) and i >= num_user:
-            saved_index.setdefault(value.name, i)
-    tangents = step.tangent_outputs
-    backward_placeholders = []
-    n_tangent = 0
-    for node in backward.nodes:
-        if node.op != "placeholder":
-            continue
-        if node.name in saved_index:
-            backward_placeholders.append({"kind": "saved", "index": saved_index[node.name]})
-        elif node.name.startswith("tangents"):
-            index = tangents[n_tangent] if tangents and n_tangent < len(tangents) else n_tangent
-            backward_placeholders.append({"kind": "tangent", "index": index})
-            n_tangent += 1
-        else:
-            raise CaptureError(f"{record.name}: backward input {node.name} is neither saved by the forward nor a "
-                               "tangent (unsupported capture; please report)")
+    backward_placeholders = _backward_inputs(record, forward, backward, num_user)
 
     bw_out = next(n for n in reversed(backward.nodes) if n.op == "output").args[0]
     if len(bw_out) != len(fw_placeholders):
@@ -357,12 +373,9 @@ def _build(record: _Recorded, forward_graph_id: int = 0, backward_graph_id: int 
                            f"{len(fw_placeholders)} forward inputs (unsupported capture; please report)")
     grad_index = {p.name: i for i, p in zip([i for i in range(len(fw_placeholders)) if i in positions], param_nodes)}
 
-    constants = {}
-    for gm, graph in ((fw_gm, forward), (bw_gm, backward)):
-        for node in graph.nodes:
-            if node.op == "get_attr":
-                constants[str(node.target)] = getattr(gm, str(node.target)).detach().cpu()
-
+    constants = {str(node.target): getattr(gm, str(node.target)).detach().cpu()
+                 for gm, graph in ((fw_gm, forward), (bw_gm, backward))
+                 for node in graph.nodes if node.op == "get_attr"}
     forward = zero3.insert_forward(forward, param_nodes, forward_graph_id)
     backward = zero3.insert_backward(backward, param_nodes, grad_index, backward_graph_id)
     bundle = Bundle(

@@ -25,7 +25,8 @@ from dcsched.errors import DcschedError
 from dcsched.nxview import check_order, to_fx, to_networkx
 from dcsched.schedulers import get
 from dcsched.schedulers.deepcompile import DeepCompile
-from dcsched.schedulers.overlap import Overlap, OverlapPlanner, _MaxTree, _ranks as ranks, parse_budget, sink_readers
+from dcsched.schedulers._maxtree import MaxTree
+from dcsched.schedulers.overlap import Overlap, OverlapPlanner, fifo_ranks as ranks, parse_budget, sink_readers
 from dcsched.simulate import compile_view
 from dcsched.sweep import default_budget, sweep
 from dcsched.synthetic import layered_stack, random_graph
@@ -224,7 +225,7 @@ def test_default_budget():
 
 def test_max_tree():
     values = [-5, -1, -7, -3, -2]
-    tree = _MaxTree(values)
+    tree = MaxTree(values)
     assert tree.last_above(0, 5, -2) == 1
     tree.add(2, 4, 6)  # [-5, -1, -1, 3, -2]
     assert tree.last_above(0, 5, 0) == 3

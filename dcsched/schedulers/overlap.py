@@ -62,7 +62,6 @@ from ..graphform import COMM_KINDS, GraphForm, paused_gc
 from ..simulate import SimResult
 from .. import units
 from ..errors import DcschedError
-from ._maxtree import MaxTree as _MaxTree  # noqa: F401  (the tests' handle on the segment tree)
 from ._sink import sink_readers  # noqa: F401
 from .overlap_planner import BASES, JUMP_RATIO, SCOPES, UNLIMITED, OverlapPlanner, check_scope  # noqa: F401
 from .registry import register
@@ -143,7 +142,7 @@ class Overlap:
                 sequence = planner.last_sequence
                 if sequence == sorted(sequence):
                     continue
-                rank = _ranks(sequence)
+                rank = fifo_ranks(sequence)
                 slots, timeline = planner.delay(first, rank)
                 candidates.append((timeline.step_ms, index, slots, rank, timeline))
         candidates.sort(key=lambda c: c[:2])
@@ -198,7 +197,7 @@ FIFO_VARIANTS = ((1, False, 0), (2, False, 0), (0, True, 0), (0, False, 3))
 SMALL_FRACTION = 64
 
 
-def _ranks(sequence: list[int]) -> list[int]:
+def fifo_ranks(sequence: list[int]) -> list[int]:
     """Each all-gather's place in the FIFO ``sequence``."""
     rank = [0] * len(sequence)
     for i, k in enumerate(sequence):
@@ -243,7 +242,7 @@ def _reorder_fifo(planner: OverlapPlanner, budget: float, scope: str, timeline: 
                 break
             trials += 1
             trial = sequence[:at - back] + [k] + sequence[at - back:at] + sequence[at + 1:]
-            rank = _ranks(trial)
+            rank = fifo_ranks(trial)
             slots, result = planner.delay(planner.earliest(budget, scope, trial), rank)
             if result.step_ms < best_step - 1e-9:
                 best_step, best, sequence = result.step_ms, (result.step_ms, slots, rank), trial
