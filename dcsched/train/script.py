@@ -104,7 +104,7 @@ class TrainResult:
 
 
 class _RecordingBackend(Backend):
-    """``dcsched.backend`` that also keeps the losses, measures on request and brackets each compile."""
+    """``dcsched.backend`` that, on request, measures and keeps the losses; it brackets each compile."""
 
     def __init__(self, options: TrainOptions, name: str, measure: bool,
                  compiling: Callable[[str], ContextManager]) -> None:
@@ -123,7 +123,8 @@ class _RecordingBackend(Backend):
             program.track_memory = not program.stats
             outputs = program(*args)
             first = outputs[0] if outputs else None
-            if isinstance(first, torch.Tensor) and first.dim() == 0 and first.is_floating_point():
+            # Only for a report: kept unasked, every step's loss tensor would stay alive for the whole run.
+            if self.measure and isinstance(first, torch.Tensor) and first.dim() == 0 and first.is_floating_point():
                 losses.append(first.detach())
             return outputs
 
