@@ -4,8 +4,9 @@ For each graph (the sample bundles, and captured GPT, Llama and ConvNet stacks
 of 8, 32 and 80 layers profiled with the analytic H100 cost model, forward and
 backward) one table row per algorithm: all-tensor peak, gathered peak, step
 time, overlap, and the step time over both lower bounds (``simple`` =
-max(compute, communication); ``tight`` = the simulator's tight bound or
-:func:`dcsched.bounds.through_comm_bound`, whichever is larger). Algorithms:
+max(compute, communication); ``tight`` = :func:`dcsched.bounds.tight_bound`, the
+largest of the simulator's tight bound, :func:`dcsched.bounds.through_comm_bound`
+and :func:`dcsched.bounds.ends_bound`). Algorithms:
 ``none``, ``list``, ``simple-prefetch``, ``fast-free``, ``prefetch-ahead`` for
 k = 1, 2, 4, 8, and ``overlap`` at B = max(fast-free's gathered peak, 2 x the
 largest all-gather), at exactly fast-free's gathered peak, and unlimited.

@@ -37,6 +37,8 @@ True
 
 from __future__ import annotations
 
+import math
+
 from .graphform import ALLGATHER, COMM_KINDS, COMPUTE
 from .simulate import CompiledGraph
 
@@ -100,8 +102,223 @@ def through_comm_bound(compiled: CompiledGraph, limit: int = 48) -> float:
 
 
 def tight_bound(compiled: CompiledGraph) -> float:
-    """The tighter of the simulator's bound and :func:`through_comm_bound` (ms)."""
-    return max(compiled.bounds.tight, through_comm_bound(compiled))
+    """The tightest of the simulator's bound, :func:`through_comm_bound` and :func:`ends_bound` (ms)."""
+    return max(compiled.bounds.tight, through_comm_bound(compiled), ends_bound(compiled))
+
+
+def ends_bound(compiled: CompiledGraph, heads: int = 24, tails: int = 8) -> float:
+    """Total compute plus the compute stream's forced idle at the start plus the communication forced after its end (ms).
+
+    Every order's step is at least ``C + H(v) + L(Q)`` (``C`` the total compute;
+    either term may be left out), for a gated node ``v`` and a set ``Q`` of one
+    or two communication nodes that all descend from ``v``:
+
+    *Head.* The compute that runs before ``v`` starts is a set ``X`` of
+    non-descendants of ``v``, closed under ancestors; every communication
+    ancestor of ``v`` or of ``X`` has run, one at a time from time 0, by then.
+    So the compute stream idled at least ``M(anc(v) + anc(X)) - d(X)`` before
+    ``v``, and ``H(v)`` is the least of that over all such ``X`` (``d`` compute
+    durations, ``M`` communication durations).
+
+    *Tail.* Let ``q`` be the last of ``Q`` in program order and ``K`` the
+    compute after it: no ancestor of any node of ``Q``, closed under
+    descendants. ``q`` is issued once the compute before it has run (``C -
+    d(K)`` plus the idle before, which includes ``H(v)`` as ``v`` precedes
+    ``q``), and then ``q`` and every communication descendant of ``K`` run one
+    at a time on the FIFO stream. So the step is at least ``C + H(v) + d(q) +
+    M(desc(K)) - d(K)``, and ``L(Q)`` is the least over ``q`` in ``Q`` and
+    all such ``K``. With ``Q`` = the two gradient reduces of a tied-size
+    embedding and LM head, ``L(Q)`` says that one of the two is reduced after
+    all the compute that can follow it, which is less than its own duration.
+
+    Both minima are max-weight closure problems (compute gains its duration,
+    communication costs its own), solved exactly by a minimum cut
+    (:func:`max_selection`) over the compute nodes grouped by their
+    communication ancestors (head) or descendants (tail). Candidates: the
+    ``heads`` gated nodes with the least compute on a path before them, and
+    for ``Q`` the singletons and pairs of the ``tails`` longest and the
+    ``tails`` last communication nodes (any candidates give a valid bound).
+
+    >>> from dcsched.synthetic import layered_stack
+    >>> from dcsched.simulate import compile_view
+    >>> c = compile_view(layered_stack(2).backward)
+    >>> ends_bound(c) >= c.compute_ms
+    True
+    """
+    return _Ends(compiled, heads, tails).value()
+
+
+class _Ends:
+    """Bitsets over the communication nodes and the candidates, for :func:`ends_bound`."""
+
+    def __init__(self, compiled: CompiledGraph, heads: int, tails: int):
+        self.c = compiled
+        kind, dur, preds, succs, topo = compiled.kind, compiled.duration, compiled.preds, compiled.succs, compiled.topo
+        n = len(kind)
+        self.comm = comm = [i for i in topo if kind[i] in COMM_KINDS]
+        bit = {x: b for b, x in enumerate(comm)}
+        canc, cdesc, chain = [0] * n, [0] * n, [0.0] * n  # communication ancestors / descendants (strict)
+        for i in topo:
+            m, longest = 0, 0.0
+            for p in preds[i]:
+                m |= canc[p] | (1 << bit[p] if p in bit else 0)
+                longest = max(longest, chain[p] + (dur[p] if kind[p] == COMPUTE else 0.0))
+            canc[i], chain[i] = m, longest
+        for i in reversed(topo):
+            m = 0
+            for s in succs[i]:
+                m |= cdesc[s] | (1 << bit[s] if s in bit else 0)
+            cdesc[i] = m
+        self.cost = [dur[i] for i in comm]
+        # A wait or a view is dominated by the compute reading it (its ancestors and more): heads are compute.
+        gated = sorted((i for i in topo if kind[i] == COMPUTE and compiled.gates[i]), key=lambda i: (chain[i], i))
+        gated = gated[:4 * heads]
+        self.heads = sorted(gated, key=lambda i: (chain[i] - self.comm_ms(canc[i]), i))[:heads]
+        hbit = {v: j for j, v in enumerate(self.heads)}
+        below = [0] * n  # head candidates each node descends from (or is)
+        for i in topo:
+            m = 1 << hbit[i] if i in hbit else 0
+            for p in preds[i]:
+                m |= below[p]
+            below[i] = m
+        longest = sorted(comm, key=lambda i: (-dur[i], i))[:tails]
+        self.tails = list(dict.fromkeys(longest + comm[-tails:]))
+        self.bit, self.canc, self.cdesc, self.below = bit, canc, cdesc, below
+        self.head_groups: dict[tuple[int, int], float] = {}
+        self.tail_groups: dict[int, float] = {}
+        for i in range(n):
+            if kind[i] == COMPUTE and dur[i] > 0:
+                key = (canc[i], below[i])
+                self.head_groups[key] = self.head_groups.get(key, 0.0) + dur[i]
+                self.tail_groups[cdesc[i]] = self.tail_groups.get(cdesc[i], 0.0) + dur[i]
+
+    def comm_ms(self, mask: int) -> float:
+        cost = self.cost
+        return sum(cost[b] for b in _bits(mask))
+
+    def head(self, j: int) -> float:
+        """H of the j-th head candidate."""
+        own = self.canc[self.heads[j]]
+        groups: dict[int, float] = {}
+        for (ancestors, below), d in self.head_groups.items():
+            if not (below >> j) & 1:
+                key = ancestors & ~own
+                groups[key] = groups.get(key, 0.0) + d
+        return self.comm_ms(own) - max_selection(groups, self.cost)
+
+    def tail(self, q: tuple[int, ...]) -> float:
+        """L of the set ``q`` of communication nodes."""
+        mask = 0
+        for x in q:
+            mask |= 1 << self.bit[x]
+        groups = {m: d for m, d in self.tail_groups.items() if not m & mask}
+        return min(self.c.duration[x] for x in q) - max_selection(groups, self.cost)
+
+    def value(self) -> float:
+        c = self.c
+        if not self.comm:
+            return c.compute_ms
+        heads = [self.head(j) for j in range(len(self.heads))]
+        tails = self.tails
+        sets = [(q,) for q in tails] + [(a, b) for k, a in enumerate(tails) for b in tails[k + 1:]]
+        best = max(heads + [0.0])
+        for q in sets:
+            t = self.tail(q)
+            best = max(best, t)
+            common = -1
+            for x in q:
+                common &= self.below[x]
+            best = max([best] + [h + t for j, h in enumerate(heads) if (common >> j) & 1])
+        return c.compute_ms + best
+
+
+def max_selection(groups: dict[int, float], cost: list[float]) -> float:
+    """max over sets S of ``groups`` (bitset -> gain) of the gains in S less the ``cost`` of every bit S's bitsets hold.
+
+    A max-weight closure on a bipartite graph: the minimum cut between a source
+    joined to each group (capacity: its gain) and a sink joined from each bit
+    (capacity: its cost), group to bit unbounded, is what the best set gives
+    up. Dinic's algorithm, O(V^2 E) at worst, on graphs of a few hundred nodes.
+
+    >>> max_selection({0b01: 5.0, 0b11: 1.0, 0: 2.0}, [3.0, 4.0])
+    4.0
+    """
+    total = sum(gain for mask, gain in groups.items() if not mask)
+    items = [(mask, gain) for mask, gain in groups.items() if mask and gain > 0]
+    if not items:
+        return total
+    bits = sorted({b for mask, _ in items for b in _bits(mask)})
+    flow = _MaxFlow(2 + len(items) + len(bits))
+    sink = 1
+    node_of = {b: 2 + len(items) + k for k, b in enumerate(bits)}
+    for k, (mask, gain) in enumerate(items):
+        flow.edge(0, 2 + k, gain)
+        for b in _bits(mask):
+            flow.edge(2 + k, node_of[b], math.inf)
+    for b, node in node_of.items():
+        flow.edge(node, sink, cost[b])
+    return total + max(0.0, sum(gain for _, gain in items) - flow.max_flow(0, sink))
+
+
+class _MaxFlow:
+    """Dinic's maximum flow on float capacities (edge e's reverse is e ^ 1)."""
+
+    def __init__(self, n: int):
+        self.adj: list[list[int]] = [[] for _ in range(n)]
+        self.to: list[int] = []
+        self.cap: list[float] = []
+
+    def edge(self, a: int, b: int, capacity: float) -> None:
+        for x, y, c in ((a, b, capacity), (b, a, 0.0)):
+            self.adj[x].append(len(self.to))
+            self.to.append(y)
+            self.cap.append(c)
+
+    def max_flow(self, s: int, t: int) -> float:
+        total = 0.0
+        while True:
+            level = self._levels(s)
+            if level[t] < 0:
+                return total
+            nxt = [0] * len(self.adj)
+            while True:
+                pushed = self._push(s, t, math.inf, level, nxt)
+                if pushed <= FLOW_EPS:
+                    break
+                total += pushed
+
+    def _levels(self, s: int) -> list[int]:
+        level = [-1] * len(self.adj)
+        level[s] = 0
+        queue = [s]
+        for x in queue:
+            for e in self.adj[x]:
+                y = self.to[e]
+                if self.cap[e] > FLOW_EPS and level[y] < 0:
+                    level[y] = level[x] + 1
+                    queue.append(y)
+        return level
+
+    def _push(self, x: int, t: int, limit: float, level: list[int], nxt: list[int]) -> float:
+        """One augmenting path of the level graph from ``x`` (depth 3 to 5 here, so recursion is shallow)."""
+        if x == t:
+            return limit
+        adj, to, cap = self.adj[x], self.to, self.cap
+        while nxt[x] < len(adj):
+            e = adj[nxt[x]]
+            y = to[e]
+            if cap[e] > FLOW_EPS and level[y] == level[x] + 1:
+                pushed = self._push(y, t, min(limit, cap[e]), level, nxt)
+                if pushed > FLOW_EPS:
+                    cap[e] -= pushed
+                    cap[e ^ 1] += pushed
+                    return pushed
+            nxt[x] += 1
+        return 0.0
+
+
+#: Flow below this (ms) counts as none (float residue of subtracted capacities).
+FLOW_EPS = 1e-12
 
 
 def budget_bound(compiled: CompiledGraph, budget: float, window: int = 8) -> float:
