@@ -2,15 +2,16 @@
 
 CPU (default): one rank, algorithm ``none``: the same small GPT (``dcsched.examples``, seeded, AdamW) trained
 under plain ``torch.compile(model, dynamic=False)`` with its default backend (inductor) and under
-``dcsched.shard`` + ``torch.compile(model, backend=dcsched.backend(algo="none"))``. A step is forward,
-backward, ``optimizer.step()`` and ``zero_grad``. Both are compiled and warmed up first; then, ``--repeats``
-times and alternating between the two, ``--steps`` steps are timed one by one: the figure is the median step
-of a repeat, best over the repeats. The ratio dcsched / plain is issue 9's overhead figure (target <= 1.10).
-Beside them, the same under ``backend="aot_eager"`` (AOT autograd's aten graphs run eagerly, which is how
-dcsched runs its scheduled graphs): ``ratio_aot_eager`` is dcsched's own overhead.
+``dcsched.shard`` + ``torch.compile(model, backend=dcsched.backend(algo="none", compute=C))`` for each
+``--compute`` C (default both: ``eager``, ``inductor``). A step is forward, backward, ``optimizer.step()`` and
+``zero_grad``. All are compiled and warmed up first; then, ``--repeats`` times and taking turns,
+``--steps`` steps are timed one by one: the figure is the median step of a repeat, best over the repeats.
+The ratio dcsched / plain is issue 9's overhead figure (target <= 1.10). Beside them, the same under
+``backend="aot_eager"`` (AOT autograd's aten graphs run eagerly, which is how ``compute="eager"`` runs the
+scheduled graphs): ``ratio_aot_eager``.
 
-``--device cuda``: per algorithm (``none``, ``fast-free``, ``overlap``, or ``--algo``) the measured step time
-(CUDA-synchronised median, best of repeats) and the step's peak CUDA memory above what was allocated before
+``--device cuda``: per algorithm (``none``, ``fast-free``, ``overlap``, or ``--algo``) and ``--compute``, the
+measured step time (CUDA-synchronised median, best of repeats) and the step's peak CUDA memory above what was allocated before
 it, beside the simulator's step time and peak for the scheduled graphs (``cost_model="measured"``: the
 backend profiles on the GPU). Under ``torchrun --nproc-per-node 2`` the ranks train over NCCL; rank 0 prints.
 
@@ -48,10 +49,13 @@ def _arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=N",
                         help=f"the model's size (dcsched.examples.build), default {GPT}")
     parser.add_argument("--memory-budget", default=None, help="overlap's budget (default: the device's less 10%%)")
+    parser.add_argument("--compute", action="append", choices=("eager", "inductor"),
+                        help="how dcsched runs the scheduled graphs' compute (repeatable); default both")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = parser.parse_args(argv)
     if min(args.steps, args.repeats) < 1 or args.warmup < 0:
         parser.error("--steps and --repeats must be at least 1, --warmup at least 0")
+    args.compute = args.compute or ["eager", "inductor"]
     args.model = dict(GPT)
     for item in args.set:
         key, _, value = item.partition("=")
@@ -128,15 +132,21 @@ def _label(args) -> str:
 
 def cpu_rows(args) -> list[dict]:
     algo = (args.algo or ["none"])[0]
-    backend = dcsched.backend(algo=algo, cost_model="analytic", gpu="h100")
-    trainers = {"plain": Trainer(args, "cpu"), "dcsched": Trainer(args, "cpu", backend),
-                "aot_eager": Trainer(args, "cpu", plain_backend="aot_eager")}
+    trainers = {"plain": Trainer(args, "cpu"), "aot_eager": Trainer(args, "cpu", plain_backend="aot_eager")}
+    for compute in args.compute:
+        backend = dcsched.backend(algo=algo, cost_model="analytic", gpu="h100", compute=compute)
+        trainers[compute] = Trainer(args, "cpu", backend)
     best = _best(trainers, args)
-    plain, ours, aot = best["plain"][0], best["dcsched"][0], best["aot_eager"][0]
-    return [{"model": _label(args), "algo": algo,
-             "steps": args.steps, "repeats": args.repeats, "plain_ms": round(plain, 3),
-             "dcsched_ms": round(ours, 3), "ratio": round(ours / plain, 3), "aot_eager_ms": round(aot, 3),
-             "ratio_aot_eager": round(ours / aot, 3), "threads": torch.get_num_threads()}]
+    plain, aot = best["plain"][0], best["aot_eager"][0]
+    rows = []
+    for compute in args.compute:
+        ours = best[compute][0]
+        rows.append({"model": _label(args), "algo": algo, "compute": compute,
+                     "steps": args.steps, "repeats": args.repeats, "plain_ms": round(plain, 3),
+                     "dcsched_ms": round(ours, 3), "ratio": round(ours / plain, 3), "aot_eager_ms": round(aot, 3),
+                     "ratio_aot_eager": round(ours / aot, 3), "threads": torch.get_num_threads(),
+                     "load": round(os.getloadavg()[0], 1)})
+    return rows
 
 
 def _init_distributed() -> tuple[int, int]:
@@ -154,17 +164,17 @@ def cuda_rows(args) -> list[dict]:
     device = f"cuda:{torch.cuda.current_device()}"
     rows = []
     for algo in args.algo or ["none", "fast-free", "overlap"]:
-        torch._dynamo.reset()
         budget = args.memory_budget if algo == "overlap" else None
-        backend = dcsched.backend(algo=algo, memory_budget=budget)
-        trainer = Trainer(args, device, backend, rank, world_size)
-        (ms, peak), = _best({algo: trainer}, args).values()
-        simulated = backend.programs[0].simulated or {}
-        rows.append({"model": _label(args),
-                     "algo": algo, "world_size": world_size, "steps": args.steps, "step_ms": round(ms, 3),
-                     "sim_step_ms": simulated.get("step_ms"), "peak_bytes": peak,
-                     "sim_peak_bytes": simulated.get("peak_bytes")})
-        del trainer
+        for compute in args.compute:
+            torch._dynamo.reset()
+            backend = dcsched.backend(algo=algo, memory_budget=budget, compute=compute)
+            trainer = Trainer(args, device, backend, rank, world_size)
+            (ms, peak), = _best({algo: trainer}, args).values()
+            simulated = backend.programs[0].simulated or {}
+            rows.append({"model": _label(args), "algo": algo, "compute": compute, "world_size": world_size,
+                         "steps": args.steps, "step_ms": round(ms, 3), "sim_step_ms": simulated.get("step_ms"),
+                         "peak_bytes": peak, "sim_peak_bytes": simulated.get("peak_bytes")})
+            del trainer
     return rows if rank == 0 else []
 
 

@@ -12,7 +12,7 @@ def two_rank_training(tmp_path_factory):
     """One 2-rank gloo spawn training every configuration the 2-rank tests read (compiles dominate the time).
 
     GPT and Llama under none, fast-free and overlap, GPT's overlap again under ``train_runs.OVERLAP_BUDGET``,
-    the BatchNorm ConvNet under overlap; 20 steps each. GPT's fast-free run checkpoints after step
+    the BatchNorm ConvNet under overlap, GPT's overlap with ``compute="inductor"``; 20 steps each. GPT's fast-free run checkpoints after step
     ``train_runs.CHECKPOINT_AT``, at ``["checkpoint"]``. ``["ranks"]``: each rank's results by label.
     """
     import train_runs as runs
@@ -24,4 +24,5 @@ def two_rank_training(tmp_path_factory):
     plan.append(("gpt-overlap-budget", "gpt", "overlap", 20, 4,
                  {"memory_budget": runs.OVERLAP_BUDGET, "budget_scope": "all"}))
     plan.append(("convnet-bn-overlap", "convnet-bn", "overlap", 20, 4, {}))
+    plan.append(("gpt-overlap-inductor", "gpt", "overlap", 20, 4, {"compute": "inductor"}))
     return {"ranks": runs.spawn(root / "out", 2, plan), "checkpoint": checkpoint}

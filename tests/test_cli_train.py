@@ -97,6 +97,17 @@ def test_report_is_a_table_per_graph(runs):
     assert "step 0: loss" in out  # the script prints as usual
 
 
+def test_compute_inductor_trains_as_eager_does_and_reports_times_alone(capsys, runs):
+    report = train_json(capsys, "--algo", "overlap", "--compute", "inductor")
+    assert report["compute"] == "inductor"
+    eager_compute = json.loads(runs["none"][1])["losses"]
+    for ours, theirs in zip(report["losses"], eager_compute, strict=True):
+        assert math.isclose(ours, theirs, rel_tol=1e-5), (report["losses"], eager_compute)
+    for g in report["graphs"]:
+        # The first step compiles and is not timed; inductor's buffers are not tracked.
+        assert g["timed_steps"] == 3 and g["measured_ms"] > 0 and g["measured_peak_bytes"] is None
+
+
 def write(tmp_path: Path, name: str, body: str) -> Path:
     path = tmp_path / name
     path.write_text(textwrap.dedent(body))
@@ -146,6 +157,7 @@ def test_a_compiled_linear_model_trains(tmp_path, capsys):
     (["--algo", "fast-free", "--memory-budget", "1GiB"], "takes no memory budget"),
     (["--budget-scope", "some", "--algo", "overlap"], "budget scope"),
     (["--timeout", "0"], "--timeout"),
+    (["--compute", "fast"], "unknown compute 'fast'"),
     (["--cost-model", "analytic"], ""),
 ])
 def test_invalid_options_exit_2_before_running(tmp_path, capsys, options, words):

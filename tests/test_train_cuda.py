@@ -49,3 +49,9 @@ def test_nccl_collectives_on_their_streams_train_as_the_local_runtime_does():
         dist.destroy_process_group()
     assert torch.allclose(torch.tensor(nccl["losses"]), torch.tensor(local["losses"]), rtol=1e-6, atol=0)
     _within(nccl["memory"])
+
+
+def test_one_gpu_inductor_compute_trains_as_eager_does():
+    inductor = runs.train_dcsched("gpt", "overlap", STEPS, BATCH, device="cuda", compute="inductor")
+    eager = runs.train_eager("gpt", STEPS, BATCH, device="cuda")
+    assert torch.allclose(torch.tensor(inductor["losses"]), torch.tensor(eager), rtol=1e-5, atol=0)

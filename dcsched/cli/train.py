@@ -46,6 +46,9 @@ def render(result: TrainResult) -> None:
     console.print("measured on this rank: median time of the steps after the first (perf_counter), peak live tensor "
                   "bytes of the first step (memory tracker); simulated: dcsched.simulate of the schedule (its error "
                   "against the measured figure)", highlight=False)
+    if result.compute == "inductor":
+        console.print("peak memory n/a: inductor's kernels allocate outside the memory tracker's sight (--compute "
+                      "eager measures it); the time of the first step, which compiles, is left out", highlight=False)
     if result.caveat:
         console.print(f"[yellow]caveat[/]: {safe_text(result.caveat)}", highlight=False)
     if result.losses:
@@ -97,6 +100,11 @@ def train(
                                         "here at compile time) or analytic (estimated for --gpu, nothing run)."),
     gpu: Optional[str] = typer.Option(None, "--gpu", help="Target GPU (h100, a100, h200): needed by --cost-model "
                                                           "analytic; also the default memory budget."),
+    compute: str = typer.Option("eager", "--compute",
+                                help="How the scheduled graphs run: eager (aten ops one by one in the schedule's "
+                                     "order; measured memory matches the simulator's) or inductor (compiled by "
+                                     "inductor, the ZeRO-3 ops kept in their scheduled places: plain "
+                                     "torch.compile's speed; peak memory not tracked on the CPU)."),
     timeout: float = typer.Option(120.0, "--timeout",
                                   help="Seconds: the process-group timeout under torchrun, and how long a rank "
                                        "may miss heartbeats before the others stop, naming it."),
@@ -117,7 +125,7 @@ def train(
     from ..train.script import ScriptOptions, train_script
 
     options = ScriptOptions(TrainOptions(algo=algo, memory_budget=memory_budget, budget_scope=budget_scope,
-                                         cost_model=cost_model, gpu=gpu),
+                                         cost_model=cost_model, gpu=gpu, compute=compute),
                             measure=report or as_json, timeout_s=timeout)
     options.check()
     show_progress = progress and err_console.is_terminal and _rank_from_env() == 0

@@ -21,7 +21,10 @@ stand-ins :func:`dcsched.shard` installed) and calls the backend, which:
    that take one; by default the target device's memory less 10%, unlimited
    where none is known);
 4. returns a :class:`~dcsched.train.runtime.ScheduledProgram`, which runs
-   every later step.
+   every later step: the scheduled graphs' aten ops one by one
+   (``compute="eager"``, what the simulator models) or compiled by inductor
+   with the ZeRO-3 ops kept in place (``compute="inductor"``,
+   :mod:`dcsched.train.inductor`).
 
 The global random state is left as it was, so training draws the same
 random numbers as it would without the compile.
@@ -45,7 +48,8 @@ from .sharding import ShardingError, sharding_for_inputs
 
 @dataclasses.dataclass(frozen=True)
 class TrainOptions:
-    """How :func:`backend` schedules: the algorithm, its memory budget (bytes or '40GiB') and the cost model."""
+    """How :func:`backend` schedules and runs: the algorithm, its memory budget (bytes or '40GiB'), the cost
+    model, and how the scheduled graphs run (``compute``: ``eager`` or ``inductor``)."""
 
     algo: str = "none"
     memory_budget: float | int | str | None = None
@@ -54,10 +58,14 @@ class TrainOptions:
     gpu: str | None = None
     iters: int = 1
     warmup: int = 1
+    compute: str = "eager"
 
     def check(self) -> None:
         """Raise :class:`DcschedError` (one line) for options no compile can use, before anything runs."""
         accepted = schedulers.get(self.algo).options  # raises for an unknown name
+        from .inductor import COMPUTE_MODES
+        if self.compute not in COMPUTE_MODES:
+            raise DcschedError(f"unknown compute {self.compute!r}: choose one of {', '.join(COMPUTE_MODES)}")
         if self.memory_budget is not None:
             from ..units import parse_budget
             parse_budget(self.memory_budget)
@@ -138,4 +146,5 @@ def compile_program(gm: torch.fx.GraphModule, example_inputs, sharding, options:
                                      backward=schedule(profiled.backward, options.algo, **scheduler_options))
     scheduled.provenance["algo"] = options.algo
     figures, _note = simulated_figures(scheduled)
-    return ScheduledProgram(sharding, scheduled, profiled, captured.mutated_inputs, options.algo, figures)
+    return ScheduledProgram(sharding, scheduled, profiled, captured.mutated_inputs, options.algo, figures,
+                            compute=options.compute)

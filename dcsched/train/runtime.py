@@ -37,6 +37,7 @@ import torch
 from .. import ops
 from ..bundle import Bundle, ParamInfo
 from ..memtrack import LiveBytes
+from ..roles import Role
 from ..step import build_step, graph_placeholder_names, installed, run_backward, run_forward
 from .sharding import Sharding
 
@@ -56,6 +57,30 @@ class LocalZero3Runtime(ops.Zero3Runtime):
 
     def reduce(self, grad, graph_id, ds_id):
         return grad.reshape(-1)
+
+    def gathered_like(self, shard, graph_id, ds_id, dtype):
+        return shard.new_empty(self.shapes[ds_id], dtype=dtype if dtype is not None else shard.dtype)
+
+    def reduced_shard_like(self, grad, graph_id, ds_id):
+        return grad.new_empty(grad.numel())
+
+    def inline_kernels(self) -> dict:
+        """The ops as aten for inductor to trace in (:func:`dcsched.train.inductor.compile_graph`).
+
+        With nothing to communicate, a gather is the flat shard viewed in the
+        parameter's shape (no fresh buffer: nothing is freed at its release,
+        which would free the parameter), a wait and a release pass their
+        input on, a reduce flattens the gradient.
+        """
+        def allgather(shard, graph_id, ds_id, dtype=None):
+            full = shard.view(self.shapes[ds_id])
+            return full if dtype is None or dtype == full.dtype else full.to(dtype)
+
+        def passed_on(value, *_ids):
+            return value
+
+        return {Role.ALLGATHER: allgather, Role.WAIT: passed_on, Role.RELEASE: passed_on,
+                Role.REDUCE: lambda grad, graph_id, ds_id: grad.reshape(-1)}
 
 
 def runtime_for(bundle: Bundle, sharding: Sharding) -> ops.Zero3Runtime:
@@ -93,7 +118,7 @@ class ScheduledProgram:
     """A compiled module's scheduled step, callable as TorchDynamo's compiled function."""
 
     def __init__(self, sharding: Sharding, bundle: Bundle, original: Bundle, mutated_inputs: Sequence[int],
-                 algo: str, simulated: dict | None = None) -> None:
+                 algo: str, simulated: dict | None = None, compute: str = "eager") -> None:
         self.sharding, self.bundle, self.algo = sharding, bundle, algo
         self.simulated = simulated or {}
         device = sharding.specs[0].param.device
@@ -101,6 +126,14 @@ class ScheduledProgram:
         self.step = build_step(bundle, device, placeholder_order=order)
         self.device = device
         self.runtime = runtime_for(bundle, sharding)
+        self.compute = compute
+        if compute == "inductor":
+            from .inductor import compile_graph
+            inline = getattr(self.runtime, "inline_kernels", dict)()
+            orders = self.step.orders  # each compiles on its first run
+            self.step.forward = compile_graph(self.step.forward, inline, orders.get("forward"))
+            if self.step.backward is not None:
+                self.step.backward = compile_graph(self.step.backward, inline, orders.get("backward"))
         self.param_at = {pos: sharding.specs[int(entry["ds_id"])]
                          for pos, entry in enumerate(bundle.forward_placeholders) if entry.get("kind") == "param"}
         self.mutated_inputs = list(mutated_inputs)
@@ -108,7 +141,8 @@ class ScheduledProgram:
         #: Set True to time every graph run and track its peak memory (for --report); stats go to ``stats``.
         self.measure = False
         #: With ``measure``: track memory too (the tracker slows the run; False: time alone, ``peak_bytes`` None).
-        self.track_memory = True
+        #: Inductor's kernels allocate their buffers without a dispatched op, where the tracker cannot see them.
+        self.track_memory = compute == "eager"
         self.stats: list[StepStats] = []
 
     def __call__(self, *args):

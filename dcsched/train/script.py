@@ -92,9 +92,11 @@ class TrainResult:
     losses: list[float] | None
     #: Why the simulated step times are only a rough guide (costs measured on the CPU), or None.
     caveat: str | None = None
+    compute: str = "eager"
 
     def to_json(self) -> dict:
-        out = {"script": self.script, "algo": self.algo, "world_size": self.world_size, "exit_code": self.exit_code,
+        out = {"script": self.script, "algo": self.algo, "compute": self.compute, "world_size": self.world_size,
+               "exit_code": self.exit_code,
                "modules": self.modules, "graphs": [dataclasses.asdict(g) for g in self.graphs]}
         if self.caveat:
             out["caveat"] = self.caveat
@@ -120,7 +122,7 @@ class _RecordingBackend(Backend):
 
         def step(*args):
             # Memory on the first step, time alone on the others (the memory tracker slows a step down).
-            program.track_memory = not program.stats
+            program.track_memory = program.compute == "eager" and not program.stats
             outputs = program(*args)
             first = outputs[0] if outputs else None
             # Only for a report: kept unasked, every step's loss tensor would stay alive for the whole run.
@@ -267,7 +269,7 @@ def _result(path: Path, options: ScriptOptions, backends: list[_RecordingBackend
         caveat = (f"simulated step times are the {options.train.cost_model} cost model's for "
                   f"{options.train.gpu or 'the target'}, measured ones are on {programs[0].device}")
     return TrainResult(str(path), options.train.algo, rank, world_size, exit_code,
-                       [b.name for b in backends], graphs, losses, caveat)
+                       [b.name for b in backends], graphs, losses, caveat, options.train.compute)
 
 
 def _figures(label: str, program) -> list[GraphFigures]:
@@ -275,7 +277,8 @@ def _figures(label: str, program) -> list[GraphFigures]:
     out = []
     for graph in ("forward", "backward"):
         stats = [getattr(s, graph) for s in program.stats if getattr(s, graph) is not None]
-        timed = [s.ms for s in stats if s.peak_bytes is None]
+        # The first step is the memory-tracked one (eager) or the one inductor compiled in: not timed.
+        timed = [s.ms for s in stats[1:] if s.peak_bytes is None]
         out.append(GraphFigures(
             module=label, graph=graph, steps=len(stats), timed_steps=len(timed),
             measured_ms=statistics.median(timed) if timed else None,
