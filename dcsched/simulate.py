@@ -46,123 +46,19 @@ per order over plain integer arrays.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
+import operator
 from typing import Sequence
 
 import networkx as nx
 import torch.fx
 
 from .errors import GraphError
+from .simresult import ParamLifetime, SimResult  # noqa: F401  (simulate's results, imported from here too)
 from .graphform import (ALLGATHER, COMM_KINDS, COMPUTE, CONSTANT, KIND_NAMES, OUTPUT, PLACEHOLDER, REDUCE, RELEASE,
                         GraphForm)
 
-
-
-@dataclasses.dataclass(frozen=True)
-class ParamLifetime:
-    """Where one gathered parameter lives in a simulated order.
-
-    Positions index the simulated order; times are milliseconds from the step's
-    start. The buffer exists from the all-gather's issue (``issued_ms``) until
-    the node that frees it has run (``freed_ms``).
-    """
-
-    ds_id: int | None
-    size_bytes: int
-    gather_node: str
-    gather_index: int
-    free_node: str | None
-    free_index: int | None
-    issued_ms: float
-    ready_ms: float
-    freed_ms: float
-
-    @property
-    def held_nodes(self) -> int:
-        """Nodes run while the buffer exists (the all-gather's own slot excluded)."""
-        return (self.free_index - self.gather_index) if self.free_index is not None else 0
-
-    @property
-    def held_ms(self) -> float:
-        return self.freed_ms - self.issued_ms
-
-    def to_dict(self) -> dict:
-        data = dataclasses.asdict(self)
-        data.update(held_nodes=self.held_nodes, held_ms=self.held_ms)
-        return data
-
-
-@dataclasses.dataclass
-class SimResult:
-    """Figures of one simulated order. Bytes and milliseconds.
-
-    Scalars are always filled. ``order``, the per-node series (``memory`` ...
-    ``end_ms``, indexed by position in ``order``) and ``params`` are filled
-    when the simulation ran with ``detail=True`` (the default of
-    :func:`simulate`); with ``detail=False`` they are empty lists, with
-    ``detail="series"`` (what the schedulers read) ``kinds`` and ``params``.
-    """
-
-    order: list[str]
-    peak_bytes: int
-    peak_node: str | None
-    gathered_peak_bytes: int
-    gathered_peak_node: str | None
-    step_ms: float
-    compute_ms: float
-    comm_ms: float
-    exposed_comm_ms: float
-    overlap_pct: float
-    lower_bound_ms: float
-    tight_lower_bound_ms: float
-    resident_bytes: int
-    #: memory of all tensors while each node runs (after it allocated, before frees)
-    memory: list[int] = dataclasses.field(default_factory=list, repr=False)
-    #: memory of gathered parameters while each node runs
-    gathered_memory: list[int] = dataclasses.field(default_factory=list, repr=False)
-    #: role of each node ('compute', 'allgather', ...; get_attr constants are 'constant')
-    kinds: list[str] = dataclasses.field(default_factory=list, repr=False)
-    #: when the program reaches each node (a comm node's issue time; a compute node's time before it waits)
-    reach_ms: list[float] = dataclasses.field(default_factory=list, repr=False)
-    #: when each node starts and ends on its stream
-    start_ms: list[float] = dataclasses.field(default_factory=list, repr=False)
-    end_ms: list[float] = dataclasses.field(default_factory=list, repr=False)
-    params: list[ParamLifetime] = dataclasses.field(default_factory=list, repr=False)
-
-    def figures(self) -> dict:
-        """The scalar figures as a JSON-able dict."""
-        return {
-            "peak_bytes": self.peak_bytes,
-            "peak_node": self.peak_node,
-            "gathered_peak_bytes": self.gathered_peak_bytes,
-            "gathered_peak_node": self.gathered_peak_node,
-            "step_ms": self.step_ms,
-            "compute_ms": self.compute_ms,
-            "comm_ms": self.comm_ms,
-            "exposed_comm_ms": self.exposed_comm_ms,
-            "overlap_pct": self.overlap_pct,
-            "lower_bound_ms": self.lower_bound_ms,
-            "tight_lower_bound_ms": self.tight_lower_bound_ms,
-            "resident_bytes": self.resident_bytes,
-        }
-
-    def scalars(self) -> SimResult:
-        """This result as ``detail=False`` gives it: the scalars, every list empty."""
-        return dataclasses.replace(self, order=[], memory=[], gathered_memory=[], kinds=[], reach_ms=[], start_ms=[],
-                                   end_ms=[], params=[])
-
-    def memory_timeline(self) -> tuple[list[float], list[int], list[int]]:
-        """``(times_ms, all_bytes, gathered_bytes)``: memory as a step function of simulated time.
-
-        One sample per node, at the time it allocates (a comm node at its issue,
-        a compute node when it starts), then one at the step's end.
-        """
-        if not self.memory:
-            raise ValueError("this result was simulated with detail=False: no series")
-        times = [self.reach_ms[i] if self.kinds[i] in ("allgather", "reduce") else self.start_ms[i]
-                 for i in range(len(self.order))]
-        times.append(self.step_ms)
-        return times, self.memory + [self.memory[-1]], self.gathered_memory + [self.gathered_memory[-1]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -318,6 +214,24 @@ class CompiledGraph(GraphForm):
         self.owners = [i for i in range(n) if root[i] == i and self.owned[i] > 0 and not self.pinned[i]
                        and (self.alloc[i] > 0 or resident[i] or part_of[i] >= 0)]
         self.is_input = resident
+        self._index_for_simulation()
+
+    def _index_for_simulation(self) -> None:
+        """What the simulation loops read per node: ``readers_of`` (per storage root, the nodes reading it),
+        ``gathered_alloc``, ``is_comm``, ``timed`` (the node can move a clock), ``gather_or_release`` and
+        ``integral_sizes`` (every byte figure an int, so sums are exact in any order)."""
+        kind, alloc = self.kind, self.alloc
+        readers_of: list[list[int]] = [[] for _ in kind]
+        for i, r in enumerate(self.reads):
+            for x in r:
+                readers_of[x].append(i)
+        self.readers_of = readers_of
+        self.gathered_alloc = [a if k == ALLGATHER else 0 for k, a in zip(kind, alloc)]
+        self.is_comm = [k in COMM_KINDS for k in kind]
+        self.timed = [c or bool(g) or d != 0 for c, g, d in zip(self.is_comm, self.gates, self.duration)]
+        self.gather_or_release = [k == ALLGATHER or k == RELEASE for k in kind]
+        self.integral_sizes = type(self.resident_bytes) is int and all(type(a) is int for a in alloc) \
+            and all(type(o) is int for o in self.owned)
 
     def __len__(self) -> int:
         return len(self.names)
@@ -404,21 +318,42 @@ class CompiledGraph(GraphForm):
 
         Only storage owners (:attr:`owners`) get a position; others get -1.
         """
-        n = len(idx)
-        kind, reads, ds_id, n_users = self.kind, self.reads, self.ds_id, self.n_users
-        last = [-1] * len(self.names)
+        n_nodes = len(self.names)
+        # Each node's (last) position; a storage root dies after its last reader, found per owner
+        # from its readers' positions.
+        pos_of = [-1] * n_nodes
+        for pos, i in enumerate(idx):
+            pos_of[i] = pos
+        released = self._released(idx)
+        free = [-1] * n_nodes
+        part_of, readers, is_input = self.part_of, self.readers_of, self.is_input
+        at = pos_of.__getitem__
+        for r in self.owners:
+            p = released.get(r)
+            if p is None:
+                rs = readers[r]
+                p = max(map(at, rs)) if rs else -1
+            if part_of[r] >= 0:  # an element of a multi-output op: the tuple holds it too
+                rs = readers[part_of[r]]
+                if rs:
+                    p = max(p, max(map(at, rs)))
+            if p < 0 and not is_input[r]:
+                p = pos_of[r]  # nobody reads it: freed right after it runs
+            free[r] = p
+        return free
+
+    def _released(self, idx: Sequence[int]) -> dict[int, int]:
+        """Position of the release that frees each gathered buffer (its all-gather's number -> position)."""
+        kind, ds_id, n_users, tracked = self.kind, self.ds_id, self.n_users, self.gather_or_release
         released: dict[int, int] = {}
         current: dict = {}
         count: dict = {}
-        for pos in range(n):
+        for pos in itertools.compress(range(len(idx)), map(tracked.__getitem__, idx)):
             i = idx[pos]
-            for r in reads[i]:
-                last[r] = pos
-            k = kind[i]
-            if k == ALLGATHER:
+            if kind[i] == ALLGATHER:
                 current[ds_id[i]] = i
                 count[ds_id[i]] = 0
-            elif k == RELEASE:
+            else:
                 d = ds_id[i]
                 gather = current.get(d)
                 if gather is not None:
@@ -428,29 +363,22 @@ class CompiledGraph(GraphForm):
                         del current[d]
                     else:
                         count[d] = c
-        free = [-1] * len(self.names)
-        pos_of = None
-        part_of = self.part_of
-        for r in self.owners:
-            p = released.get(r, last[r])
-            if part_of[r] >= 0:  # an element of a multi-output op: the tuple holds it too
-                p = max(p, last[part_of[r]])
-            if p < 0 and not self.is_input[r]:
-                if pos_of is None:
-                    pos_of = {i: pos for pos, i in enumerate(idx)}
-                p = pos_of[r]  # nobody reads it: freed right after it runs
-            free[r] = p
-        return free
+        return released
 
     def simulate(self, order: Sequence | None = None, *, detail: bool | str = True, check: bool = True) -> SimResult:
         """Simulate ``order`` (names or node numbers; None = input order). O(N + E).
 
         ``detail``: True (everything), False (scalars only) or ``"series"`` (also the
-        order and the per-node series, without ``kinds`` and ``params``).
+        per-node series and the order as node numbers, ``indices``; no names, ``kinds``
+        or ``params``).
         """
-        idx = self.order_indices(order, check=check)
+        return self.simulate_with_frees(self.order_indices(order, check=check), detail=detail)[0]
+
+    def simulate_with_frees(self, idx: list[int], *, detail: bool | str = "series") -> tuple[SimResult, list[int]]:
+        """:meth:`simulate` of the node numbers ``idx`` (taken as they are, unchecked), and
+        :meth:`free_positions` of them (computed on the way)."""
         n = len(idx)
-        kind, dur, alloc, owned, gates = self.kind, self.duration, self.alloc, self.owned, self.gates
+        kind, owned = self.kind, self.owned
         free = self.free_positions(idx)
         free_all = [0] * n
         free_gathered = [0] * n
@@ -460,64 +388,85 @@ class CompiledGraph(GraphForm):
                 free_all[p] += owned[r]
                 if kind[r] == ALLGATHER:
                     free_gathered[p] += owned[r]
-
-        mem = self.resident_bytes
-        gmem = 0
-        peak = gpeak = -1
-        peak_pos = gpeak_pos = -1
-        tc = tq = 0.0  # compute stream's clock; when the communication stream is next free
-        done = {}
+        memory, gathered = self._memory_series(idx, free_all, free_gathered)
+        peak, peak_pos = _first_peak(memory)
+        gpeak, gpeak_pos = _first_peak(gathered)
         record = bool(detail)
-        memory, gathered, reach, start, end = [], [], [], [], []
-        for pos in range(n):
-            i = idx[pos]
-            k = kind[i]
-            a = alloc[i]
+        step, reach, start, end = self._timeline(idx, record)
+        result = self._result(idx, step, peak, peak_pos, gpeak, gpeak_pos, record and detail != "series")
+        if record:
+            result.memory, result.gathered_memory = memory, gathered
+            result.reach_ms, result.start_ms, result.end_ms = reach, start, end
+            if detail == "series":
+                result.indices = idx
+            else:
+                result.kinds = [KIND_NAMES[kind[i]] for i in idx]
+                result.params = self._lifetimes(idx, free, reach, start, end)
+        return result, free
+
+    def _memory_series(self, idx: list[int], free_all: list, free_gathered: list) -> tuple[list, list]:
+        """Memory of all tensors and of gathered buffers while each position's node runs (after it
+        allocated, before what it frees)."""
+        allocs = list(map(self.alloc.__getitem__, idx))
+        gallocs = list(map(self.gathered_alloc.__getitem__, idx))
+        if self.integral_sizes:  # exact in any summation order: running sums at C speed
+            memory = list(map(operator.sub, itertools.islice(itertools.accumulate(allocs, initial=self.resident_bytes),
+                                                            1, None), itertools.accumulate(free_all, initial=0)))
+            gathered = list(map(operator.sub, itertools.islice(itertools.accumulate(gallocs, initial=0), 1, None),
+                                itertools.accumulate(free_gathered, initial=0)))
+            return memory, gathered
+        memory, gathered = [], []
+        mem, gmem = self.resident_bytes, 0
+        for a, ga, f, gf in zip(allocs, gallocs, free_all, free_gathered):
             if a:
                 mem += a
-                if k == ALLGATHER:
-                    gmem += a
-            if mem > peak:
-                peak, peak_pos = mem, pos
-            if gmem > gpeak:
-                gpeak, gpeak_pos = gmem, pos
-            if k == ALLGATHER or k == REDUCE:
+                if ga:
+                    gmem += ga
+            memory.append(mem)
+            gathered.append(gmem)
+            if f:
+                mem -= f
+                gmem -= gf
+        return memory, gathered
+
+    def _timeline(self, idx: list[int], record: bool) -> tuple[float, list, list, list]:
+        """The two streams' clocks: the step's end and, if ``record``, each position's reach, start and end (ms)."""
+        is_comm, dur, gates = self.is_comm, self.duration, self.gates
+        tc = tq = 0.0  # compute stream's clock; when the communication stream is next free
+        done: list = [None] * len(self.names)
+        reach: list[float] = []
+        start: list[float] = []
+        end: list[float] = []
+        if not record:  # nodes that take no time and wait for nothing leave both clocks as they are
+            for i in itertools.compress(idx, map(self.timed.__getitem__, idx)):
+                if is_comm[i]:
+                    s = tc if tc > tq else tq
+                    tq = done[i] = s + dur[i]
+                else:
+                    for g in gates[i]:
+                        e = done[g]
+                        if e > tc:
+                            tc = e
+                    tc += dur[i]
+            return (tc if tc > tq else tq), reach, start, end
+        add_reach, add_start, add_end = reach.append, start.append, end.append
+        for i in idx:
+            if is_comm[i]:
                 s = tc if tc > tq else tq
-                tq = s + dur[i]
-                done[i] = tq
-                if record:
-                    reach.append(tc)
-                    start.append(s)
-                    end.append(tq)
+                tq = done[i] = s + dur[i]
+                add_reach(tc)
+                add_start(s)
+                add_end(tq)
             else:
-                arrived = tc
+                add_reach(tc)
                 for g in gates[i]:
                     e = done[g]
                     if e > tc:
                         tc = e
-                if record:
-                    reach.append(arrived)
-                    start.append(tc)
+                add_start(tc)
                 tc += dur[i]
-                if record:
-                    end.append(tc)
-            if record:
-                memory.append(mem)
-                gathered.append(gmem)
-            f = free_all[pos]
-            if f:
-                mem -= f
-                gmem -= free_gathered[pos]
-
-        step = tc if tc > tq else tq
-        result = self._result(idx, step, peak, peak_pos, gpeak, gpeak_pos, record)
-        if record:
-            result.memory, result.gathered_memory = memory, gathered
-            result.reach_ms, result.start_ms, result.end_ms = reach, start, end
-            if detail != "series":
-                result.kinds = [KIND_NAMES[kind[i]] for i in idx]
-                result.params = self._lifetimes(idx, free, reach, start, end)
-        return result
+                add_end(tc)
+        return (tc if tc > tq else tq), reach, start, end
 
     def _result(self, idx, step: float, peak: int, peak_pos: int, gpeak: int, gpeak_pos: int,
                 with_order: bool) -> SimResult:
@@ -555,6 +504,12 @@ class CompiledGraph(GraphForm):
                 free_node=names[idx[p]] if p >= 0 else None, free_index=p if p >= 0 else None,
                 issued_ms=reach[pos], ready_ms=end[pos], freed_ms=end[p] if p >= 0 else end[-1]))
         return lifetimes
+
+
+def _first_peak(series: list) -> tuple:
+    """The largest value of ``series`` and its first position; (-1, -1) when no value exceeds -1."""
+    peak = max(series, default=-1)
+    return (peak, series.index(peak)) if peak > -1 else (-1, -1)
 
 
 def _some(names: list[str], limit: int = 8) -> str:

@@ -245,3 +245,65 @@ def list_oracle(view: nx.DiGraph) -> list[str]:
         order.append(best)
         done.add(best)
     return order
+
+
+def simulate_oracle(compiled, idx: list[int]) -> dict:
+    """The simulator's model as one literal loop over ``idx`` (node numbers) of a
+    :class:`~dcsched.simulate.CompiledGraph`: every clock and byte counter advanced node by node,
+    last reads found by scanning. What :meth:`CompiledGraph.simulate_with_frees` must give."""
+    from dcsched.graphform import ALLGATHER, RELEASE, REDUCE
+
+    kind, reads, ds_id, n_users = compiled.kind, compiled.reads, compiled.ds_id, compiled.n_users
+    n = len(idx)
+    last = [-1] * len(compiled.names)
+    released, current, count = {}, {}, {}
+    for pos, i in enumerate(idx):
+        for r in reads[i]:
+            last[r] = pos
+        if kind[i] == ALLGATHER:
+            current[ds_id[i]], count[ds_id[i]] = i, 0
+        elif kind[i] == RELEASE and ds_id[i] in current:
+            count[ds_id[i]] += 1
+            if count[ds_id[i]] >= n_users[i]:
+                released[current.pop(ds_id[i])] = pos
+    free = [-1] * len(compiled.names)
+    for r in compiled.owners:
+        p = released.get(r, last[r])
+        if compiled.part_of[r] >= 0:
+            p = max(p, last[compiled.part_of[r]])
+        if p < 0 and not compiled.is_input[r]:
+            p = max(pos for pos, i in enumerate(idx) if i == r)
+        free[r] = p
+    free_all, free_gathered = [0] * n, [0] * n
+    for r in compiled.owners:
+        if free[r] >= 0:
+            free_all[free[r]] += compiled.owned[r]
+            if kind[r] == ALLGATHER:
+                free_gathered[free[r]] += compiled.owned[r]
+    mem, gmem, tc, tq = compiled.resident_bytes, 0, 0.0, 0.0
+    out = {"memory": [], "gathered": [], "reach": [], "start": [], "end": []}
+    done = {}
+    for pos, i in enumerate(idx):
+        if compiled.alloc[i]:
+            mem += compiled.alloc[i]
+            if kind[i] == ALLGATHER:
+                gmem += compiled.alloc[i]
+        out["memory"].append(mem)
+        out["gathered"].append(gmem)
+        out["reach"].append(tc)
+        if kind[i] in (ALLGATHER, REDUCE):
+            s = max(tc, tq)
+            tq = done[i] = s + compiled.duration[i]
+            out["start"].append(s)
+            out["end"].append(tq)
+        else:
+            tc = max([tc] + [done[g] for g in compiled.gates[i]])
+            out["start"].append(tc)
+            tc += compiled.duration[i]
+            out["end"].append(tc)
+        if free_all[pos]:
+            mem -= free_all[pos]
+            gmem -= free_gathered[pos]
+    out["step"] = max(tc, tq)
+    out["free"] = free
+    return out

@@ -18,36 +18,60 @@ def sink_readers(compiled: CompiledGraph, order: list[int]) -> list[int]:
     reduce) move with it. With no side branch this returns ``order``.
     """
     kind, dur, succs, gates = compiled.kind, compiled.duration, compiled.succs, compiled.gates
-    position = {v: i for i, v in enumerate(order)}
+    n = len(order)
+    position = [0] * len(compiled.names)
+    for i, v in enumerate(order):
+        position[v] = i
     readers = [v for v in order if kind[v] == COMPUTE and dur[v] > 0 and any(kind[g] == ALLGATHER for g in gates[v])]
-    key = {v: (i, 1) for i, v in enumerate(order)}
+    # Moved nodes, by the position they go before: (position of their branch's reader, rank, node).
+    moved: dict[int, list[tuple[int, int, int]]] = {}
+    moved_from = {}
     for v, nxt in zip(readers, readers[1:]):
-        # Is nxt a descendant of v? (a walk bounded by nxt's position)
-        seen, stack, found = {v}, [v], False
-        while stack and not found:
-            for u in succs[stack.pop()]:
-                if u == nxt:
-                    found = True
-                    break
-                if u not in seen and position[u] < position[nxt]:
-                    seen.add(u)
-                    stack.append(u)
-        if found:
+        if _descends(succs, position, v, nxt):
             continue
         group = [v]
         members = {v}
-        for u in order[position[v] + 1:]:
+        start = position[v]
+        for q in range(start + 1, n):
+            u = order[q]
             if _follows(compiled, u, members):
                 group.append(u)
                 members.add(u)
-            elif position[u] > position[v] + 4 * len(group) + 8:
+            elif q > start + 4 * len(group) + 8:
                 break  # followers sit right after their node in fast-free's order
-        target = min((position[u] for w in group for u in succs[w] if u not in members), default=len(order))
-        if target <= position[v] + len(group):
+        target = min((position[u] for w in group for u in succs[w] if u not in members), default=n)
+        if target <= start + len(group):
             continue
         for rank, w in enumerate(group):
-            key[w] = (target, 0, position[v], rank)
-    return sorted(order, key=key.__getitem__)
+            # (a node moved twice keeps its last place, as a later key overwrites an earlier one)
+            moved_from[w] = (target, start, rank)
+    if not moved_from:
+        return list(order)
+    for w, (target, start, rank) in moved_from.items():
+        moved.setdefault(target, []).append((start, rank, w))
+    result = []
+    for i, v in enumerate(order):
+        if i in moved:
+            result.extend(w for _, _, w in sorted(moved[i]))
+        if v not in moved_from:
+            result.append(v)
+    if n in moved:
+        result.extend(w for _, _, w in sorted(moved[n]))
+    return result
+
+
+def _descends(succs: list, position: list[int], v: int, nxt: int) -> bool:
+    """Whether ``nxt`` is a descendant of ``v`` (a walk bounded by ``nxt``'s position)."""
+    seen, stack = {v}, [v]
+    bound = position[nxt]
+    while stack:
+        for u in succs[stack.pop()]:
+            if u == nxt:
+                return True
+            if u not in seen and position[u] < bound:
+                seen.add(u)
+                stack.append(u)
+    return False
 
 
 def _follows(compiled: CompiledGraph, u: int, members: set[int]) -> bool:

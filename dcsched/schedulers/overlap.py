@@ -218,10 +218,10 @@ def _reorder_fifo(planner: OverlapPlanner, budget: float, scope: str, timeline: 
     k_of = {g: k for k, g in enumerate(planner.gathers)}
     gaps = []
     busy_until = 0.0
-    for pos, v in enumerate(timeline.order):
-        if kind[planner.compiled.index[v]] not in COMM_KINDS:
+    for pos, v in enumerate(timeline.indices):
+        if kind[v] not in COMM_KINDS:
             continue
-        k = k_of.get(planner.compiled.index[v])
+        k = k_of.get(v)
         idle = timeline.start_ms[pos] - busy_until
         if k is not None and idle > MIN_GAP * timeline.step_ms and timeline.start_ms[pos] == timeline.reach_ms[pos]:
             gaps.append((-idle, pos, k))

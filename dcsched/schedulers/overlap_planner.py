@@ -8,6 +8,7 @@ compute order and keeps the best placement; the steps and their proofs are in
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 
 import networkx as nx
@@ -162,6 +163,8 @@ class OverlapPlanner:
         for g in self.gathers:
             for w in self.wait_of[g]:
                 self.wait_groups[min(slot_of[r] for r in succs[w])].append(w)
+        self._wait_slots = [j for j, group in enumerate(self.wait_groups) if group]
+        self._is_gather = [k == ALLGATHER for k in kind]
         # The next skeleton slot holding a communication node, from each slot on.
         self._next_comm = [m] * (m + 1)
         nxt = m
@@ -173,23 +176,18 @@ class OverlapPlanner:
     def _measure_jit(self) -> None:
         c = self.compiled
         m = len(self.skeleton)
-        order, _ = self._layout(self.need)
-        res = c.simulate(order, detail="series", check=True)
+        order, issue_pos = self._layout(self.need)
+        c.check(order)
+        res, free_pos = c.simulate_with_frees(order, detail="series")
         self.jit = res
-        free_pos = c.free_positions(order)
-        group_of_pos = []
-        skeleton_pos = [0] * m
-        j = 0
-        for pos, v in enumerate(order):
-            group_of_pos.append(j)
-            if j < m and v == self.skeleton[j]:
-                skeleton_pos[j] = pos
-                j += 1
-        # Last slot each buffer lives: the skeleton node after which the simulator frees it.
+        # Skeleton node j closes slot j's group: it sits just before slot j + 1's group.
+        skeleton_pos = [p - 1 for p in issue_pos[1:]]
+        # Last slot each buffer lives: the skeleton node after which the simulator frees it (the
+        # slot whose group holds the freeing position).
         free = []
         for k, g in enumerate(self.gathers):
             p = free_pos[g]
-            free.append(m if p < 0 else max(group_of_pos[p], self.need[k]))
+            free.append(m if p < 0 else max(bisect.bisect_right(issue_pos, p) - 1, self.need[k]))
         self.free = free
         # Previous gather of the same parameter: this one must follow its free.
         last_free: dict = {}
@@ -248,29 +246,30 @@ class OverlapPlanner:
         skeleton reduces ``behind`` moves there, the waits of its node's inputs,
         then skeleton node ``j`` (unless it is a moved reduce).
         """
-        m = len(self.skeleton)
-        late: list[list[int]] = [[] for _ in range(m + 1)]
-        if behind:
-            for j, v in enumerate(self.skeleton):
-                if v in behind:
-                    late[behind[v]].append(v)
-        groups: list[list[int]] = [[] for _ in range(m + 1)]
-        gathers = self.gathers
+        skeleton, gathers = self.skeleton, self.gathers
+        m = len(skeleton)
+        inserted: dict[int, list[int]] = {}  # slot -> nodes placed before its skeleton node
         for k in (range(len(gathers)) if rank is None else sorted(range(len(gathers)), key=rank.__getitem__)):
-            groups[slots[k]].append(gathers[k])
+            inserted.setdefault(slots[k], []).append(gathers[k])
+        delta = [1] * m + [0]  # nodes each slot's group adds to the order
+        if behind:
+            for j, v in enumerate(skeleton):
+                if v in behind:
+                    inserted.setdefault(behind[v], []).append(v)
+                    delta[j] = 0
+        waits = self.wait_groups
+        for j in self._wait_slots:
+            inserted.setdefault(j, []).extend(waits[j])
         order: list[int] = []
-        issue_pos = [0] * (m + 1)
-        skeleton, waits = self.skeleton, self.wait_groups
-        for j in range(m + 1):
-            issue_pos[j] = len(order)
-            if groups[j]:
-                order.extend(groups[j])
-            if late[j]:
-                order.extend(late[j])
-            if waits[j]:
-                order.extend(waits[j])
-            if j < m and not (behind and skeleton[j] in behind):
-                order.append(skeleton[j])
+        prev = 0
+        for j in sorted(inserted):
+            group = inserted[j]
+            delta[j] += len(group)
+            order.extend(skeleton[prev:j] if not behind else [v for v in skeleton[prev:j] if v not in behind])
+            order.extend(group)
+            prev = j
+        order.extend(skeleton[prev:] if not behind else [v for v in skeleton[prev:] if v not in behind])
+        issue_pos = list(itertools.accumulate(delta[:m], initial=0))
         return order, issue_pos
 
     def timeline(self, slots: list[int], rank: list[int] | None = None) -> tuple[list[int], list[int], SimResult]:
@@ -481,10 +480,9 @@ class OverlapPlanner:
         # Compute clock when the program reaches each slot's all-gathers; when each starts.
         n = len(order)
         clock = [res.reach_ms[p] if p < n else res.step_ms for p in issue_pos]
-        start_of = {}
-        for pos, v in enumerate(order):
-            if self.compiled.kind[v] == ALLGATHER:
-                start_of[v] = res.start_ms[pos]
+        start_ms = res.start_ms
+        is_gather = self._is_gather
+        start_of = {order[pos]: start_ms[pos] for pos in itertools.compress(range(n), map(is_gather.__getitem__, order))}
         rank = rank if rank is not None else list(range(len(self.gathers)))
         program = sorted(range(len(self.gathers)), key=lambda k: (slots[k], rank[k]))
         new = list(slots)
