@@ -172,3 +172,27 @@ def test_invalid_options_exit_2_before_running(tmp_path, capsys, options, words)
 def test_missing_script(tmp_path, capsys):
     assert run(["train", str(tmp_path / "nope.py")]) == 2
     assert "no such script" in capsys.readouterr().err
+
+
+def test_compiles_show_a_transient_progress_display_on_a_terminal(monkeypatch, capsys):
+    from rich.console import Console
+    import dcsched.cli.train as cli_train
+    terminal = io.StringIO()
+    monkeypatch.setattr(cli_train, "err_console", Console(file=terminal, force_terminal=True, width=120))
+    monkeypatch.setattr(cli_train, "PROGRESS_DELAY_S", 0.0)  # every compile takes longer than no time
+    assert run(["train", str(GPT), "--algo", "overlap", "--compute", "inductor", *ANALYTIC, "--", *TINY]) == 0
+    shown = terminal.getvalue()
+    assert "compiling GPT (1): capture, profile, schedule (overlap)" in shown
+    assert "compiling GPT's forward graph with inductor" in shown
+    assert "compiling GPT's backward graph with inductor" in shown
+    assert "step 3: loss" in capsys.readouterr().out  # the script's output is its own
+
+
+def test_the_gpt_example_saves_and_resumes_under_dcsched_train(capsys, tmp_path):
+    # examples/gpt.py --save / --resume (dcsched.save_checkpoint / load_checkpoint) in a sharded run: the
+    # resumed steps equal the uninterrupted run's bit for bit, under another algorithm.
+    checkpoint = str(tmp_path / "ckpt")
+    whole = train_json(capsys, "--algo", "fast-free", args=[*TINY, "--steps", "8"])["losses"]
+    first = train_json(capsys, "--algo", "fast-free", args=[*TINY, "--steps", "4", "--save", checkpoint])["losses"]
+    rest = train_json(capsys, "--algo", "overlap", args=[*TINY, "--steps", "8", "--resume", checkpoint])["losses"]
+    assert len(whole) == 8 and first == whole[:4] and rest == whole[4:]

@@ -67,21 +67,24 @@ def test_torchrun_losses_bit_identical_across_algorithms(gpt_runs):
 
 
 FAILING = """
-    import os, signal, sys, torch
+    import os, signal, sys, time, torch
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     model = torch.compile(model)
     for step in range(50):
         out = model(torch.ones(2, 4))
         if step == 2 and os.environ["RANK"] == "1":   # mid-step: after the forward, before the backward
-            if sys.argv[1] == "kill":
-                os.kill(os.getpid(), signal.SIGKILL)
+            if sys.argv[1] in ("kill", "term"):
+                os.kill(os.getpid(), signal.SIGKILL if sys.argv[1] == "kill" else signal.SIGTERM)
+                time.sleep(60)  # SIGTERM: the watch posts it and exits at once
             raise ValueError("rank 1 gave up")
         out.sum().backward()
         optimizer.step()
         optimizer.zero_grad()
 """
 TIMEOUT_S = 3.0
+#: The SIGTERM run's timeout: long, so a peer named sooner was told, not timed out.
+TERM_TIMEOUT_S = 60.0
 
 
 @pytest.fixture(scope="module")
@@ -93,16 +96,17 @@ def failing_runs(tmp_path_factory):
     script = tmp_path_factory.mktemp("failing") / "failing.py"
     script.write_text(textwrap.dedent(FAILING))
     launched = {}
-    for mode in ("kill", "raise"):
+    for mode in ("kill", "raise", "term"):
         port = free_port()
+        timeout = TERM_TIMEOUT_S if mode == "term" else TIMEOUT_S
         launched[mode] = [subprocess.Popen(
-            [sys.executable, "-m", "dcsched", "train", str(script), *ANALYTIC, "--timeout", str(TIMEOUT_S), "--",
+            [sys.executable, "-m", "dcsched", "train", str(script), *ANALYTIC, "--timeout", str(timeout), "--",
              mode], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env=_env(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                      MASTER_PORT=str(port))) for rank in (0, 1)]
     ended: dict[tuple[str, int], float] = {}
     deadline = time.monotonic() + 300
-    while len(ended) < 4 and time.monotonic() < deadline:
+    while len(ended) < 6 and time.monotonic() < deadline:
         for mode, procs in launched.items():
             for rank, proc in enumerate(procs):
                 if (mode, rank) not in ended and proc.poll() is not None:
@@ -127,6 +131,14 @@ def test_a_killed_rank_is_named_within_the_timeout(failing_runs):
     # Detected after the timeout (counted from the last beat seen, up to one 0.75 s interval before the kill),
     # plus a few intervals and the load of a busy machine.
     assert end0 - end1 <= TIMEOUT_S + 6, end0 - end1
+
+
+def test_a_rank_sent_sigterm_posts_it_and_is_named_at_once(failing_runs):
+    (code0, err0, end0), (code1, err1, end1) = failing_runs["term"]
+    assert code1 == 128 + signal.SIGTERM and err1.strip().splitlines()[-1] == \
+        "dcsched train: rank 1 terminated by SIGTERM", err1
+    assert code0 == 1 and err0.strip().splitlines() == ["dcsched train: rank 1 failed: terminated by SIGTERM"], err0
+    assert end0 - end1 <= 10 < TERM_TIMEOUT_S, end0 - end1  # a few heartbeats, not the timeout
 
 
 def test_a_raising_rank_is_named(failing_runs):

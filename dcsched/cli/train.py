@@ -59,16 +59,14 @@ def render(result: TrainResult) -> None:
 class _CompileProgress:
     """A transient spinner on stderr for compiles that take longer than :data:`PROGRESS_DELAY_S`."""
 
-    def __init__(self, algo: str) -> None:
+    def __init__(self) -> None:
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-        self.algo = algo
         self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                                  console=err_console, transient=True)
 
     @contextlib.contextmanager
-    def __call__(self, name: str):
-        task = self.progress.add_task(f"compiling {safe_text(name)}: capture, profile, schedule ({self.algo})",
-                                      total=None)
+    def __call__(self, what: str):
+        task = self.progress.add_task(f"compiling {safe_text(what)}", total=None)
         timer = threading.Timer(PROGRESS_DELAY_S, self.progress.start)
         timer.daemon = True
         timer.start()
@@ -129,7 +127,7 @@ def train(
                             measure=report or as_json, timeout_s=timeout)
     options.check()
     show_progress = progress and err_console.is_terminal and _rank_from_env() == 0
-    compiling = _CompileProgress(algo) if show_progress else contextlib.nullcontext
+    compiling = _CompileProgress() if show_progress else contextlib.nullcontext
     quiet = contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext()
     with quiet:
         result = train_script(script, list(script_args or []), options, compiling=compiling)

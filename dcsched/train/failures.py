@@ -18,6 +18,12 @@ error follows a peer's failure (a collective that broke because the peer died)
 names the peer, not itself: before reporting its own error it waits until
 every peer is either seen alive after the failure or judged failed.
 
+A rank sent SIGTERM (torchrun's agent stopping its workers, a cluster
+scheduler pre-empting the job) posts ``terminated by SIGTERM`` and exits with
+code 143 at once, even while its main thread is blocked in a collective: the
+signal's arrival is read from a wakeup pipe by a thread of its own, so its
+peers name it within a heartbeat instead of after the timeout.
+
 At the end, every rank posts ``done`` and waits for the others, so a rank that
 finishes first neither reports its finished peers as dead nor takes the store
 away from them. :meth:`Watch.meet` lines the ranks up after each compile, so
@@ -30,6 +36,7 @@ group's rendezvous store).
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import time
@@ -64,7 +71,37 @@ class Watch:
     def start(self) -> "Watch":
         self._beat()
         self._thread.start()
+        self._watch_sigterm()
         return self
+
+    def _watch_sigterm(self) -> None:
+        """Post SIGTERM as this rank's failure and exit 143 when it arrives (see the module docstring).
+
+        Python runs a signal handler only when the main thread next runs
+        Python code, which a blocked collective may never let it do; the C
+        handler's write to the wakeup pipe happens at once. Installed only from
+        the main thread, over the default SIGTERM action and an unused wakeup fd.
+        """
+        if threading.current_thread() is not threading.main_thread() or \
+                signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)
+        if signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False) != -1:  # someone else's (an event loop)
+            signal.set_wakeup_fd(-1)
+            return
+        signal.signal(signal.SIGTERM, lambda *_: None)  # the thread below acts; the main thread goes on
+        threading.Thread(target=self._on_sigterm, args=(read_fd,), name="dcsched-train-sigterm",
+                         daemon=True).start()
+
+    def _on_sigterm(self, read_fd: int) -> None:
+        while signal.SIGTERM not in os.read(read_fd, 64):
+            pass
+        try:
+            self._post("terminated by SIGTERM")
+        except Exception:  # the store is gone: the peers find out by the missing heartbeat
+            pass
+        _exit_with(f"dcsched train: rank {self.rank} terminated by SIGTERM", 128 + signal.SIGTERM)
 
     def stop(self) -> None:
         self._stop.set()
@@ -86,8 +123,7 @@ class Watch:
         process first where a peer failed earlier or has died.
         """
         try:
-            self.own_failure = int(self.store.add("failures", 1))
-            self.store.set(f"failed/{self.rank}", f"{self.own_failure}|{message}")
+            self.own_failure = self._post(message)
             before = {peer: self._read_beat(peer) for peer in self.peers}
             deadline = time.monotonic() + self.timeout_s + 3 * self.interval_s
             while time.monotonic() < deadline and self._thread.is_alive():
@@ -108,6 +144,12 @@ class Watch:
             time.sleep(min(self.interval_s / 2, 0.05))
 
     # -- the watch thread --------------------------------------------------
+    def _post(self, message: str) -> int:
+        """Post ``message`` as this rank's failure, numbered in the order failures are posted; the number."""
+        seq = int(self.store.add("failures", 1))
+        self.store.set(f"failed/{self.rank}", f"{seq}|{message}")
+        return seq
+
     def _beat(self) -> None:
         self._beats += 1
         self.store.set(f"beat/{self.rank}", str(self._beats))
@@ -150,8 +192,7 @@ class Watch:
         (which rank 0 may host) stays up while it reads.
         """
         try:
-            seq = int(self.store.add("failures", 1))
-            self.store.set(f"failed/{self.rank}", f"{seq}|stopped: {verdict}")
+            self._post(f"stopped: {verdict}")
             time.sleep(self.interval_s)
         except Exception:
             pass
@@ -182,10 +223,10 @@ class Watch:
         return None
 
 
-def _exit_with(line: str) -> None:
-    """Print ``line`` on stderr and end the process at once with exit code 1 (after flushing)."""
+def _exit_with(line: str, code: int = 1) -> None:
+    """Print ``line`` on stderr and end the process at once with exit ``code`` (after flushing)."""
     try:
         sys.stdout.flush()
         print(line, file=sys.stderr, flush=True)
     finally:
-        os._exit(1)
+        os._exit(code)

@@ -24,7 +24,8 @@ what the eager graph draws.
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, Sequence
+import contextlib
+from typing import Callable, ContextManager, Mapping, Sequence
 
 import torch
 import torch.fx
@@ -79,7 +80,8 @@ class _Inlining(torch.fx.Interpreter):
 
 
 def compile_graph(module: torch.fx.GraphModule, inline: Mapping[Role, Callable] | None = None,
-                  order: Sequence[str] | None = None) -> "InductorGraph":
+                  order: Sequence[str] | None = None,
+                  compiling: Callable[[], ContextManager] | None = None) -> "InductorGraph":
     """``module`` (a scheduled graph taking one list of inputs, as :mod:`dcsched.step` builds) for inductor.
 
     The result takes the same list (and empties it) and returns the same
@@ -95,8 +97,9 @@ def compile_graph(module: torch.fx.GraphModule, inline: Mapping[Role, Callable] 
     inductor compiles them away; the other ops stay opaque calls. ``order``:
     the placeholder names in the order the list holds them, where the module
     takes them in another than the graph's (:attr:`dcsched.step.Step.orders`).
+    ``compiling()``: a context manager the compile runs in (a progress display).
     """
-    return InductorGraph(module, inline, order)
+    return InductorGraph(module, inline, order, compiling)
 
 
 class InductorGraph:
@@ -108,15 +111,16 @@ class InductorGraph:
     """
 
     def __init__(self, module: torch.fx.GraphModule, inline: Mapping[Role, Callable] | None = None,
-                 order: Sequence[str] | None = None) -> None:
-        self.module, self.inline = module, dict(inline or {})
+                 order: Sequence[str] | None = None, compiling: Callable[[], ContextManager] | None = None) -> None:
+        self.module, self.inline, self.compiling = module, dict(inline or {}), compiling or contextlib.nullcontext
         self.compiled = None
         self.strides: list[tuple | None] = []
         self.lifted, self.constants = _lifted(module, order)
 
     def _compile(self, args: Sequence) -> None:
         try:
-            self._compile_for(args)
+            with self.compiling():
+                self._compile_for(args)
         except DcschedError:
             raise
         except Exception as exc:  # say what to do instead of inductor's page of internals

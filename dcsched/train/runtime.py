@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from typing import Sequence
+from typing import Callable, ContextManager, Sequence
 
 import torch
 
@@ -127,13 +127,18 @@ class ScheduledProgram:
         self.device = device
         self.runtime = runtime_for(bundle, sharding)
         self.compute = compute
+        #: ``compiling(what)`` -> a context manager around inductor's compile of a graph (a progress display).
+        self.compiling: Callable[[str], ContextManager] = lambda _graph: contextlib.nullcontext()
         if compute == "inductor":
             from .inductor import compile_graph
             inline = getattr(self.runtime, "inline_kernels", dict)()
             orders = self.step.orders  # each compiles on its first run
-            self.step.forward = compile_graph(self.step.forward, inline, orders.get("forward"))
+            around = lambda graph: self.compiling(f"{graph} graph with inductor")  # noqa: E731 (read when compiling)
+            self.step.forward = compile_graph(self.step.forward, inline, orders.get("forward"),
+                                              lambda: around("forward"))
             if self.step.backward is not None:
-                self.step.backward = compile_graph(self.step.backward, inline, orders.get("backward"))
+                self.step.backward = compile_graph(self.step.backward, inline, orders.get("backward"),
+                                                   lambda: around("backward"))
         self.param_at = {pos: sharding.specs[int(entry["ds_id"])]
                          for pos, entry in enumerate(bundle.forward_placeholders) if entry.get("kind") == "param"}
         self.mutated_inputs = list(mutated_inputs)

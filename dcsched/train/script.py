@@ -115,9 +115,11 @@ class _RecordingBackend(Backend):
         self.losses: list[torch.Tensor] = []
 
     def __call__(self, gm, example_inputs):
-        with self.compiling(f"{self.name} ({len(self.programs) + 1})"):
+        with self.compiling(f"{self.name} ({len(self.programs) + 1}): capture, profile, schedule "
+                            f"({self.options.algo})"):
             program = super().__call__(gm, example_inputs)
         program.measure = self.measure
+        program.compiling = lambda what: self.compiling(f"{self.name}'s {what}")
         losses = self.losses
 
         def step(*args):
