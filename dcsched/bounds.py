@@ -197,38 +197,48 @@ class _Ends:
         return sum(cost[b] for b in _bits(mask))
 
     def head(self, j: int) -> float:
-        """H of the j-th head candidate."""
+        """H of the j-th head candidate (0 where it cannot be positive)."""
         own = self.canc[self.heads[j]]
         groups: dict[int, float] = {}
         for (ancestors, below), d in self.head_groups.items():
             if not (below >> j) & 1:
                 key = ancestors & ~own
                 groups[key] = groups.get(key, 0.0) + d
-        return self.comm_ms(own) - max_selection(groups, self.cost)
-
-    def tail(self, q: tuple[int, ...]) -> float:
-        """L of the set ``q`` of communication nodes."""
-        mask = 0
-        for x in q:
-            mask |= 1 << self.bit[x]
-        groups = {m: d for m, d in self.tail_groups.items() if not m & mask}
-        return min(self.c.duration[x] for x in q) - max_selection(groups, self.cost)
+        wait = self.comm_ms(own)
+        if wait <= groups.get(0, 0.0):  # the compute that needs no more communication fills it
+            return 0.0
+        return max(0.0, wait - max_selection(groups, self.cost))
 
     def value(self) -> float:
         c = self.c
         if not self.comm:
             return c.compute_ms
         heads = [self.head(j) for j in range(len(self.heads))]
-        tails = self.tails
-        sets = [(q,) for q in tails] + [(a, b) for k, a in enumerate(tails) for b in tails[k + 1:]]
         best = max(heads + [0.0])
-        for q in sets:
-            t = self.tail(q)
-            best = max(best, t)
-            common = -1
+        tails = self.tails
+        items = list(self.tail_groups.items())
+        net = [gain - self.comm_ms(mask) for mask, gain in items]
+        standalone = sorted((k for k in range(len(items)) if net[k] > 0), key=lambda k: (-net[k], k))
+        for q in [(x,) for x in tails] + [(a, b) for k, a in enumerate(tails) for b in tails[k + 1:]]:
+            mask, common = 0, -1
             for x in q:
+                mask |= 1 << self.bit[x]
                 common &= self.below[x]
-            best = max([best] + [h + t for j, h in enumerate(heads) if (common >> j) & 1])
+            before = max([0.0] + [h for j, h in enumerate(heads) if (common >> j) & 1])
+            last = min(c.duration[x] for x in q)
+            # A greedy choice of what can follow q bounds the exact one from below: skip the cut where even
+            # that leaves nothing above the best so far.
+            chosen, union = 0.0, 0
+            for k in standalone:
+                m, gain = items[k]
+                if not m & mask:
+                    extra = gain - self.comm_ms(m & ~union)
+                    if extra > 0:
+                        chosen, union = chosen + extra, union | m
+            if before + last - chosen <= best:
+                continue
+            groups = {m: d for m, d in items if not m & mask}
+            best = max(best, before + last - max_selection(groups, self.cost))
         return c.compute_ms + best
 
 

@@ -342,3 +342,33 @@ def test_passing_lets_the_next_layer_gather_while_two_buffers_fill_the_budget():
     unlimited = scheduler.plan(math.inf)[1]
     assert chosen.gathered_peak_bytes <= budget and chosen.step_ms <= passed.step_ms + 1e-9
     assert chosen.step_ms <= 1.01 * unlimited.step_ms
+
+
+def transpose_late():
+    """A weight gradient reduced through its transpose, which the graph's own order puts after 3 ms of other compute."""
+    b = G(graph_id=1)
+    g, x = b.input("g", 40), b.input("x", 40)
+    w, v = b.input("w", 10), b.input("v", 10)
+    _, wait_w = b.gather(w, 0, 1.0, 100)
+    dx = b.release(b.mm("dx", g, wait_w, 2.0, 40), w, 0, 1)
+    dw = b.mm("dw", g, x, 1.0, 100)
+    _, wait_v = b.gather(v, 1, 1.0, 100)
+    other = b.release(b.mm("other", dx, wait_v, 3.0, 40), v, 1, 1)
+    dv = b.mm("dv", dx, x, 1.0, 100)
+    red_v = b.reduce(dv, "v", 1, 2.0, 100)
+    t = b.node("t", torch.ops.aten.t.default, (dw,), 0.0, 100)
+    red_w = b.reduce(t, "w", 0, 4.0, 100)
+    return b.output(other, red_v, red_w)
+
+
+def test_reduce_issued_as_soon_as_its_gradient_exists_through_views():
+    view = to_networkx(transpose_late())
+    planner = OverlapPlanner(view, base="input")
+    names = planner.names(planner.skeleton)
+    # The transpose and w's reduce follow dw at once (the base order had them after other).
+    assert names[names.index("dw"):names.index("dw") + 3] == ["dw", "t", "reduce_ds_param_w"]
+    # Issued when dw ends, not after other and dv (4 ms more) where the graph's order has t.
+    timeline = compile_view(view).simulate(planner.order(math.inf))
+    at = timeline.order.index
+    assert timeline.reach_ms[at("reduce_ds_param_w")] == timeline.end_ms[at("dw")] == 4.0
+    assert timeline.end_ms[at("dv")] == 8.0

@@ -9,7 +9,8 @@ communication moves (full write-up with guarantees and proofs:
 1. *Skeleton.* Take ``fast-free``'s order without its all-gathers and their
    waits. Every gradient reduce and every parameter release moves up to right
    after its last input (a reduce is issued as soon as its gradient is ready,
-   a gathered buffer is freed as soon as its last reader ran).
+   also through free views such as a transpose, a gathered buffer is freed as
+   soon as its last reader ran).
 2. *Need.* Each all-gather's *need slot* is the skeleton position of its first
    reader; its wait goes right before that reader; its buffer lives until the
    release that frees it (a fixed skeleton position).

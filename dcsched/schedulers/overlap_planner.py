@@ -111,12 +111,19 @@ class OverlapPlanner:
                 attached.add(v)
         skeleton = [v for v in base if v not in movable and v not in attached]
         # Reduces and releases move up to right after their last input (when every input is a
-        # skeleton node): the sort key of a moved node extends its latest input's key.
+        # skeleton node): the sort key of a moved node extends its latest input's key. So do the
+        # free views between a gradient and its reduce (a weight gradient's transpose), or the
+        # reduce would wait for wherever the base order put them.
+        on_way = set()
+        for v in reversed(skeleton):
+            if kind[v] == COMPUTE and c.root[v] != v and not c.duration[v] and succs[v] \
+                    and all(kind[s] == REDUCE or s in on_way for s in succs[v]):
+                on_way.add(v)
         key: dict[int, tuple] = {}
         counter = 0
         for i, v in enumerate(skeleton):
             ins = preds[v]
-            if kind[v] in (REDUCE, RELEASE) and ins and all(p in key for p in ins):
+            if (kind[v] in (REDUCE, RELEASE) or v in on_way) and ins and all(p in key for p in ins):
                 counter += 1
                 key[v] = max(key[p] for p in ins) + (1, counter)
             else:
