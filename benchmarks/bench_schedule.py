@@ -13,7 +13,7 @@ in Llama; ``tied``: the GPT-2 style head that shares the embedding weight),
 up to 1,100 layers (about 100,000 forward and 114,000 backward nodes) in both
 series; ``captured``: chained copies of the captured sample Llama
 (``sample_graphs/llama.pt``, real ops, sizes and profiled times; see
-:mod:`dcsched.stacking`), up to 110 copies (about 53,000 forward and 100,000
+:mod:`dcsched.stacking`), up to 120 copies (57,601 forward and 100,511
 backward nodes).
 Per algorithm, one row per graph: nodes, all-gathers, dcsched seconds for the
 order alone (given the networkx view) and for the whole ``dcsched.schedule``
@@ -23,7 +23,10 @@ RSS MiB``, the graph it was given included) and how much the call added to
 it (``+RSS MiB``), DeepSpeed's seconds (run in a child process and stopped at
 ``--timeout``; graphs at least as large as one it timed out on are skipped;
 'n/a' without DeepSpeed), their ratio, and per series the growth exponent k of t ~ N^k
-fitted over the graphs of at least 1,000 nodes.
+fitted over the graphs of at least 1,000 nodes. Last, memory against size: per
+algorithm and series, what the call added (+RSS) per 1,000 nodes at each size and
+the growth exponent of +RSS fitted over the graphs of at least 10,000 nodes (1:
+linear).
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from dcsched.synthetic import GraphPair, layered_stack  # noqa: E402
 
 LAYERS = (1, 3, 10, 30, 110, 330, 1100)
 #: Copies of the captured sample Llama (forward 480, backward 908 nodes) in the ``captured`` series.
-CAPTURED_COPIES = (1, 3, 11, 33, 110)
+CAPTURED_COPIES = (1, 3, 11, 33, 120)
 CAPTURED = ROOT / "sample_graphs" / "llama.pt"
 DS_FUNCS = {"fast-free": "fast_free_schedule", "simple-prefetch": "simple_prefetch"}
 #: Options per algorithm (overlap needs a budget: unlimited here).
@@ -114,8 +117,8 @@ def reference_seconds(graph, algo: str, timeout: float) -> float | None:
     return result if result is not None and result <= timeout else None
 
 
-def fit_exponent(points: list[tuple[int, float]]) -> float | None:
-    points = [(n, t) for n, t in points if n >= 1000 and t and t > 0]
+def fit_exponent(points: list[tuple[int, float]], min_nodes: int = 1000) -> float | None:
+    points = [(n, t) for n, t in points if n >= min_nodes and t and t > 0]
     if len(points) < 2:
         return None
     xs = [math.log(n) for n, _ in points]
@@ -213,7 +216,24 @@ def main() -> None:
                 if k is not None:
                     print(f"growth exponent ({series} {kind}): dcsched N^{k:.2f}"
                           + (f", reference N^{kr:.2f}" if kr is not None else ""))
+    print_memory_growth(rows, algos, args.series.split(","))
     print(f"\ntotal benchmark time {time.time() - started:.0f} s")
+
+
+def print_memory_growth(rows: dict[str, list], algos: list[str], series_names: list[str]) -> None:
+    """Memory against size: +RSS per 1,000 nodes at each size, and the growth exponent of +RSS."""
+    print("\nmemory vs size (+RSS MiB per 1,000 nodes at each size; growth exponent k of +RSS ~ N^k, N >= 10,000)")
+    for algo in algos:
+        for series in series_names:
+            for kind in ("forward", "backward"):
+                pts = [(n, rss[1]) for s, name, n, _, _, _, rss, _ in rows[algo]
+                       if s == series and kind in name and rss is not None]
+                if not pts:
+                    continue
+                k = fit_exponent(pts, min_nodes=10_000)
+                cells = ", ".join(f"{n:,}: {added / n * 1000:.2f}" for n, added in pts if n >= 1000)
+                print(f"  {algo} {series} {kind}: {cells or 'no graph of 1,000+ nodes'}"
+                      + (f"; k = {k:.2f}" if k is not None else ""))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""What one simulation of an order gives: :class:`SimResult` (figures and per-node series) and
-:class:`ParamLifetime` (one gathered buffer's life). :mod:`dcsched.simulate` computes them."""
+"""What one simulation of an order gives: :class:`SimResult` (figures and per-node series),
+:class:`ParamLifetime` (one gathered buffer's life) and :class:`Clocks` (the streams' clocks alone).
+:mod:`dcsched.simulate` computes them."""
 
 from __future__ import annotations
 
@@ -114,3 +115,18 @@ class SimResult:
                  for i in range(len(self.order))]
         times.append(self.step_ms)
         return times, self.memory + [self.memory[-1]], self.gathered_memory + [self.gathered_memory[-1]]
+
+
+@dataclasses.dataclass
+class Clocks:
+    """The two streams' clocks of one order, without the memory model (what timing searches read).
+
+    ``indices``: the order as node numbers; the series are indexed by position
+    in it and equal :class:`SimResult`'s of the same order, as does ``step_ms``.
+    """
+
+    indices: list[int]
+    step_ms: float
+    reach_ms: list[float]
+    start_ms: list[float]
+    end_ms: list[float]

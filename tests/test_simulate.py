@@ -510,3 +510,6 @@ def test_simulation_equals_the_literal_node_by_node_loop(seed, n_params, n_compu
     assert result.peak_bytes == max([compiled.resident_bytes] + expected["memory"])
     assert result.peak_node == compiled.names[idx[expected["memory"].index(max(expected["memory"]))]]
     assert compiled.simulate_with_frees(idx, detail=False)[0].figures() == result.figures()
+    clocks = compiled.clocks(idx)
+    assert (clocks.step_ms, clocks.reach_ms, clocks.start_ms, clocks.end_ms, clocks.indices) == \
+        (result.step_ms, result.reach_ms, result.start_ms, result.end_ms, idx)

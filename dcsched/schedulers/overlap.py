@@ -60,7 +60,7 @@ from __future__ import annotations
 import networkx as nx
 
 from ..graphform import COMM_KINDS, GraphForm, paused_gc
-from ..simulate import SimResult
+from ..simulate import Clocks, SimResult
 from .. import units
 from ..errors import DcschedError
 from ._sink import sink_readers  # noqa: F401
@@ -107,13 +107,16 @@ class Overlap:
 
     def __init__(self, view: nx.DiGraph | GraphForm, *, name: str | None = None):
         first = OverlapPlanner(view, name=name)
-        shared = dict(compiled=first.compiled, fast_free=first.fast_free_order, fast_free_result=first.fast_free)
-        second = OverlapPlanner(view, base="input", **shared)
-        third = OverlapPlanner(view, base="sunk", **shared)
+        second = OverlapPlanner(view, base="input", shares=first)
+        third = OverlapPlanner(view, base="sunk", shares=first)
         second.guard_floor = third.guard_floor = first.jit_peak
         self.planners = [first, second, third]
         self.compiled = first.compiled
-        self.fast_free = first.fast_free
+
+    @property
+    def fast_free(self) -> SimResult:
+        """The simulation of fast-free's order (run when first asked: a budget over all tensors needs none)."""
+        return self.planners[0].fast_free
 
     @property
     def largest_gather(self) -> int:
@@ -206,7 +209,7 @@ def fifo_ranks(sequence: list[int]) -> list[int]:
     return rank
 
 
-def _reorder_fifo(planner: OverlapPlanner, budget: float, scope: str, timeline: SimResult,
+def _reorder_fifo(planner: OverlapPlanner, budget: float, scope: str, timeline: Clocks,
                   rank: list[int] | None = None):
     """Step 5: where the communication stream idles before an all-gather that memory held back, try
     issuing that all-gather ahead of the few before it in the FIFO (a big one waiting behind a

@@ -15,7 +15,7 @@ import networkx as nx
 
 from ..errors import DcschedError
 from ..graphform import ALLGATHER, COMM_KINDS, COMPUTE, RELEASE, REDUCE, WAIT, GraphForm
-from ..simulate import CompiledGraph, SimResult, compile_view
+from ..simulate import Clocks, CompiledGraph, SimResult, compile_view
 from ..units import format_bytes
 from ._maxtree import MaxTree
 from ._sink import sink_readers
@@ -62,25 +62,28 @@ class OverlapPlanner:
     ``free`` and ``lo`` (per all-gather: first reader's slot, last slot its
     buffer lives, earliest slot its inputs allow), ``jit`` (the simulation of
     just-in-time gathering), ``fast_free`` (the simulation of fast-free's own
-    order).
+    order). ``shares``: a planner of the same graph whose compiled form,
+    fast-free order and fast-free simulation this one reuses.
     """
 
     def __init__(self, view: nx.DiGraph | GraphForm, *, base: str = "fast-free", name: str | None = None,
-                 compiled: CompiledGraph | None = None, fast_free: list[int] | None = None,
-                 fast_free_result: SimResult | None = None):
+                 compiled: CompiledGraph | None = None, shares: OverlapPlanner | None = None):
         if base not in BASES:
             raise ValueError(f"unknown base order {base!r} (choose from {', '.join(BASES)})")
         self.base_name = base
-        if compiled is None:
+        self._shares = shares
+        self._fast_free: SimResult | None = None
+        if shares is not None:
+            compiled = shares.compiled
+        elif compiled is None:
             compiled = view if isinstance(view, CompiledGraph) else compile_view(view, assume_zero=True, name=name)
         self.compiled = compiled
-        if fast_free is None:
+        if shares is not None:
+            ff = shares.fast_free_order
+        else:
             self.compiled.check_input_order()
-            fast_free = fast_free_indices(self.compiled)
-        ff = fast_free
+            ff = fast_free_indices(self.compiled)
         self.fast_free_order = ff
-        self.fast_free: SimResult = fast_free_result if fast_free_result is not None else \
-            self.compiled.simulate(ff, detail=False, check=False)
         if base == "fast-free":
             base = ff
         elif base == "input":
@@ -91,6 +94,16 @@ class OverlapPlanner:
         self._build_needs(base)
         self._measure_jit()
 
+    @property
+    def fast_free(self) -> SimResult:
+        """The simulation of fast-free's own order (run when first asked; shared with the planner this one
+        ``shares`` fast-free's order with)."""
+        if self._shares is not None:
+            return self._shares.fast_free
+        if self._fast_free is None:
+            self._fast_free = self.compiled.simulate(self.fast_free_order, detail=False, check=False)
+        return self._fast_free
+
     # -- construction ----------------------------------------------------------
     def _build_skeleton(self, base: list[int]) -> None:
         c = self.compiled
@@ -98,18 +111,25 @@ class OverlapPlanner:
         # Movable: an all-gather that reads no communication node, and the waits that read it
         # (and no other gather or wait) and have readers. Anything else (ZeRO-3 ops wired
         # unusually, a wait nobody reads) stays in the skeleton where the base order has it.
-        movable = {v for v in base if kind[v] == ALLGATHER
-                   and not any(kind[p] in (ALLGATHER, WAIT) for p in preds[v])}
-        wait_of: dict[int, list[int]] = {g: [] for g in base if g in movable}
+        is_gather = self._is_gather = [k == ALLGATHER for k in kind]
+        gathers = list(itertools.compress(base, map(is_gather.__getitem__, base)))
+        movable = {v for v in gathers if not any(kind[p] in (ALLGATHER, WAIT) for p in preds[v])}
+        wait_of: dict[int, list[int]] = {g: [] for g in gathers if g in movable}
         attached = set()
-        for v in base:
-            if kind[v] != WAIT or not succs[v]:
+        is_wait = [k == WAIT for k in kind]
+        for v in itertools.compress(base, map(is_wait.__getitem__, base)):
+            if not succs[v]:
                 continue
             owners = [p for p in preds[v] if kind[p] in (ALLGATHER, WAIT)]
             if len(owners) == 1 and owners[0] in movable and not any(kind[s] == ALLGATHER for s in succs[v]):
                 wait_of[owners[0]].append(v)
                 attached.add(v)
-        skeleton = [v for v in base if v not in movable and v not in attached]
+        keep = bytearray([1]) * len(kind)
+        for v in movable:
+            keep[v] = 0
+        for v in attached:
+            keep[v] = 0
+        skeleton = list(itertools.compress(base, map(keep.__getitem__, base)))
         # Reduces and releases move up to right after their last input (when every input is a
         # skeleton node): the sort key of a moved node extends its latest input's key. So do the
         # free views between a gradient and its reduce (a weight gradient's transpose), or the
@@ -137,14 +157,14 @@ class OverlapPlanner:
         kind, preds, succs, ds_id = c.kind, c.preds, c.succs, c.ds_id
         skeleton = self.skeleton
         m = len(skeleton)
-        slot_of = {v: j for j, v in enumerate(skeleton)}
+        slot_of = dict(zip(skeleton, range(m)))
         self.slot_of = slot_of
-        base_pos = {v: i for i, v in enumerate(base)}
+        is_gather = self._is_gather
+        base_pos = {base[i]: i for i in itertools.compress(range(len(base)), map(is_gather.__getitem__, base))}
         # Skeleton nodes that count in the simulator's release bookkeeping, per parameter.
         marks: dict = {}
-        for j, v in enumerate(skeleton):
-            if kind[v] in (ALLGATHER, RELEASE):
-                marks.setdefault(ds_id[v], []).append(j)
+        for j in itertools.compress(range(m), map(c.gather_or_release.__getitem__, skeleton)):
+            marks.setdefault(ds_id[skeleton[j]], []).append(j)
 
         entries = []
         for g, waits in self.wait_of.items():
@@ -165,20 +185,21 @@ class OverlapPlanner:
         self.gathers = [g for _, _, g, _ in entries]
         self.need = [need for need, _, _, _ in entries]
         self.lo = [lo for _, _, _, lo in entries]
-        # Waits: right before their own first reader.
-        self.wait_groups: list[list[int]] = [[] for _ in range(m + 1)]
+        # Waits: right before their own first reader (slot -> its waits).
+        wait_groups: dict[int, list[int]] = {}
         for g in self.gathers:
             for w in self.wait_of[g]:
-                self.wait_groups[min(slot_of[r] for r in succs[w])].append(w)
-        self._wait_slots = [j for j, group in enumerate(self.wait_groups) if group]
-        self._is_gather = [k == ALLGATHER for k in kind]
+                wait_groups.setdefault(min(slot_of[r] for r in succs[w]), []).append(w)
+        self.wait_groups = wait_groups
+        self._wait_slots = sorted(wait_groups)
         # The next skeleton slot holding a communication node, from each slot on.
-        self._next_comm = [m] * (m + 1)
-        nxt = m
-        for j in range(m - 1, -1, -1):
-            if kind[skeleton[j]] in COMM_KINDS:
-                nxt = j
-            self._next_comm[j] = nxt
+        next_comm: list[int] = []
+        prev = 0
+        for j in itertools.compress(range(m), map(c.is_comm.__getitem__, skeleton)):
+            next_comm.extend([j] * (j + 1 - prev))
+            prev = j + 1
+        next_comm.extend([m] * (m + 1 - prev))
+        self._next_comm = next_comm
 
     def _measure_jit(self) -> None:
         c = self.compiled
@@ -401,12 +422,7 @@ class OverlapPlanner:
             classes = [[k for k in order if size[self.gathers[k]] <= small_first],
                        [k for k in order if size[self.gathers[k]] > small_first]]
 
-        def fit(k: int, after: int) -> int:
-            lo, hi = max(lo_of[k], after), need[k]
-            if lo >= hi:
-                return hi
-            blocked = tree.last_above(lo, hi, -size[self.gathers[k]])
-            return lo if blocked < 0 else blocked + 1
+        fit = self._fitter(tree)
 
         used: list[int] = []
         for pending in classes:
@@ -441,6 +457,27 @@ class OverlapPlanner:
             used.sort(key=lambda k: (slots[k], k))
         self.last_sequence = used
         return slots
+
+    def _fitter(self, tree):
+        """``fit(k, after)``: all-gather ``k``'s earliest slot, no earlier than ``after``, where its buffer
+        fits ``tree``'s room at every slot up to its need (its need slot when none does)."""
+        lo_of, need, size, gathers = self.lo, self.need, self.compiled.size, self.gathers
+        if tree is _NO_LIMIT:  # nothing is ever blocked: the first slot allowed
+
+            def fit(k: int, after: int) -> int:
+                lo, hi = lo_of[k], need[k]
+                if after > lo:
+                    lo = after
+                return hi if lo >= hi else lo
+            return fit
+
+        def fit(k: int, after: int) -> int:
+            lo, hi = max(lo_of[k], after), need[k]
+            if lo >= hi:
+                return hi
+            blocked = tree.last_above(lo, hi, -size[gathers[k]])
+            return lo if blocked < 0 else blocked + 1
+        return fit
 
     def _pass(self, k, p, prev, pending, passing, fit, tree, slots, used) -> tuple[int, int]:
         """Step 3b's *passing*: all-gather ``k``, held back by memory to slot ``p``, lets the next
@@ -477,13 +514,14 @@ class OverlapPlanner:
             self._work = work
         return self._work
 
-    def delay(self, slots: list[int], rank: list[int] | None = None) -> tuple[list[int], SimResult]:
-        """Step 4: move each all-gather as late as keeps the simulated timeline; returns slots and simulation.
+    def delay(self, slots: list[int], rank: list[int] | None = None) -> tuple[list[int], Clocks]:
+        """Step 4: move each all-gather as late as keeps the simulated timeline; returns slots and the
+        simulated clocks of ``slots`` (before the move).
 
         ``rank``: each all-gather's place in the FIFO sequence (default: need order).
         """
         order, issue_pos = self._layout(slots, rank)
-        res = self.compiled.simulate(order, detail="series", check=False)
+        res = self.compiled.clocks(order)
         # Compute clock when the program reaches each slot's all-gathers; when each starts.
         n = len(order)
         clock = [res.reach_ms[p] if p < n else res.step_ms for p in issue_pos]
