@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+import operator
 
 import networkx as nx
 
@@ -229,12 +230,10 @@ class OverlapPlanner:
         # ``rest`` (every other tensor) and ``fixed`` (gathered buffers that stay in the skeleton).
         # (Exact on DeepCompile-style graphs; where ops are wired so that the model counts a
         # buffer longer than the simulator does, the correction is clamped to stay conservative.)
-        rest, fixed = [], []
-        for j in range(m):
-            pos = skeleton_pos[j]
-            movable = min(used[j], res.gathered_memory[pos])
-            rest.append(res.memory[pos] - movable)
-            fixed.append(res.gathered_memory[pos] - movable)
+        gathered = list(map(res.gathered_memory.__getitem__, skeleton_pos))
+        movable = list(map(min, used, gathered))  # (used has a last entry, for the end slot)
+        rest = list(map(operator.sub, map(res.memory.__getitem__, skeleton_pos), movable))
+        fixed = list(map(operator.sub, gathered, movable))
         rest.append(rest[-1] if rest else c.resident_bytes)
         fixed.append(fixed[-1] if fixed else 0)
         self.rest, self.fixed = rest, fixed
@@ -426,6 +425,9 @@ class OverlapPlanner:
 
         used: list[int] = []
         for pending in classes:
+            if not lookahead and not passing:
+                self._place_in_order(pending, fit, tree, slots, used)
+                continue
             pending = pending[::-1]  # a stack: the next all-gather is last
             prev = 0
             while pending:
@@ -457,6 +459,33 @@ class OverlapPlanner:
             used.sort(key=lambda k: (slots[k], k))
         self.last_sequence = used
         return slots
+
+    def _place_in_order(self, sequence: list[int], fit, tree, slots: list[int], used: list[int]) -> None:
+        """Step 3 for a plain FIFO ``sequence``: each all-gather at ``fit``'s slot, no earlier than the one
+        before it (recorded in ``slots``, ``used`` and ``tree``)."""
+        prev = 0
+        if tree is _NO_LIMIT:  # fit inlined: the first slot allowed
+            lo_of, need = self.lo, self.need
+            for k in sequence:
+                p, hi = lo_of[k], need[k]
+                if prev > p:
+                    p = prev
+                if p >= hi:
+                    p = hi
+                slots[k] = p
+                if p > prev:
+                    prev = p
+        else:
+            size, gathers, free, add = self.compiled.size, self.gathers, self.free, tree.add
+            for k in sequence:
+                p = fit(k, prev)
+                z = size[gathers[k]]
+                if z:
+                    add(p, free[k] + 1, z)
+                slots[k] = p
+                if p > prev:
+                    prev = p
+        used.extend(sequence)
 
     def _fitter(self, tree):
         """``fit(k, after)``: all-gather ``k``'s earliest slot, no earlier than ``after``, where its buffer
