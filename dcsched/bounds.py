@@ -1,4 +1,4 @@
-"""Lower bounds on the step time beside the simulator's: through each communication node, and within a budget.
+"""Lower bounds on the step time beside the simulator's: through each communication node, at both ends of the step, and within a budget.
 
 :mod:`dcsched.simulate` reports ``lower_bound_ms`` = max(total compute, total
 communication) and ``tight_lower_bound_ms`` (critical path; first
@@ -27,6 +27,12 @@ Computing it for every communication node costs O(C (N + E)); the bound uses
 the ``limit`` nodes with the shortest chains before them and the ``limit``
 with the shortest chains after them (those where it can bind), in one pass of
 bitsets over the graph.
+
+:func:`ends_bound` adds to the total compute the idle time the compute stream
+cannot avoid before the first parameters arrive and the communication that
+must follow the last compute (proof in its docstring); :func:`tight_bound` is
+the largest of these and the simulator's. :func:`budget_bound` holds only for
+orders within a memory budget.
 
 >>> from dcsched.synthetic import layered_stack
 >>> from dcsched.simulate import compile_view
