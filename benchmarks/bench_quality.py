@@ -29,6 +29,7 @@ first, which takes minutes on 2 cores).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 import time
@@ -58,32 +59,45 @@ def _tolerance(layers: int | None, at_32: float, at_8: float) -> float | None:
     return at_32 if layers >= 32 else at_8
 
 
-def evaluate(name: str, graph, layers: int | None) -> tuple[list[dict], list[tuple[str, str, str]]]:
-    """Rows (one per algorithm) and target verdicts (target, PASS/FAIL/n/a, detail) for one graph."""
+@dataclasses.dataclass
+class Runs:
+    """One graph's orders by every algorithm at its budgets, simulated: what the targets are checked on."""
+
+    scheduler: Overlap
+    tight: float
+    budget_b: float
+    bound_b: float
+    rows: list = dataclasses.field(default_factory=list)
+    results: dict = dataclasses.field(default_factory=dict)
+    #: DeepCompile pipeline label -> (its step, overlap's at its all-tensor peak), as check_targets found them.
+    vs_pipeline: dict = dataclasses.field(default_factory=dict)
+
+    def add(self, label: str, order_indices=None, names=None, seconds=None, budget=None):
+        compiled = self.scheduler.compiled
+        result = compiled.simulate(names if names is not None else order_indices, detail=False)
+        self.results[label] = result
+        self.rows.append(dict(algo=label, peak=result.peak_bytes, gathered=result.gathered_peak_bytes,
+                              step=result.step_ms, overlap=result.overlap_pct,
+                              vs_simple=result.step_ms / compiled.bounds.simple, vs_tight=result.step_ms / self.tight,
+                              seconds=seconds, budget=budget))
+        return result
+
+
+def run_algorithms(name: str, graph) -> Runs:
+    """Every baseline, DeepCompile's pipeline at three budgets, prefetch-ahead(k) and overlap at B, ff and unlimited."""
     view = to_networkx(graph)
     started = time.process_time()
     with paused_gc():  # as the registered scheduler runs
         scheduler = Overlap(view, name=name)
     setup_s = time.process_time() - started
     compiled = scheduler.compiled
-    simple, tight = compiled.bounds.simple, tight_bound(compiled)
-    rows: list[dict] = []
-    results = {}
-
-    def add(label: str, order_indices=None, names=None, seconds=None, budget=None):
-        result = compiled.simulate(names if names is not None else order_indices, detail=False)
-        results[label] = result
-        rows.append(dict(algo=label, peak=result.peak_bytes, gathered=result.gathered_peak_bytes,
-                         step=result.step_ms, overlap=result.overlap_pct, vs_simple=result.step_ms / simple,
-                         vs_tight=result.step_ms / tight, seconds=seconds, budget=budget))
-        return result
-
+    runs = Runs(scheduler, tight_bound(compiled), 0.0, 0.0)
     for algo in BASELINES:
         t = time.process_time()
         order = get(algo)(view)
-        add(algo, names=order, seconds=time.process_time() - t)
-    ff = results["fast-free"]
-    budget_b = max(ff.gathered_peak_bytes, 2 * scheduler.largest_gather)
+        runs.add(algo, names=order, seconds=time.process_time() - t)
+    ff = runs.results["fast-free"]
+    runs.budget_b = budget_b = max(ff.gathered_peak_bytes, 2 * scheduler.largest_gather)
     # DeepCompile's pipeline: with DeepSpeed's budget (the device, unlimited for these graphs: only its
     # 4e9-byte buffer cap holds prefetches back), at fast-free's all-tensor peak plus what B adds over
     # fast-free's gathered peak, and at fast-free's all-tensor peak.
@@ -93,27 +107,32 @@ def evaluate(name: str, graph, layers: int | None) -> tuple[list[dict], list[tup
     for label, budget in (("deepcompile", None), ("deepcompile @B", ff.peak_bytes + budget_b - ff.gathered_peak_bytes),
                           ("deepcompile @ff", ff.peak_bytes)):
         t = time.process_time()
-        add(label, names=pipeline.plan(budget).order, seconds=time.process_time() - t + setup, budget=budget)
+        runs.add(label, names=pipeline.plan(budget).order, seconds=time.process_time() - t + setup, budget=budget)
     planner = scheduler.planners[0]
     for k in AHEAD:
-        add(f"prefetch-ahead k={k}", order_indices=planner.assemble(planner.ahead_slots(k)))
-    bound_b = max(tight, budget_bound(compiled, budget_b))
+        runs.add(f"prefetch-ahead k={k}", order_indices=planner.assemble(planner.ahead_slots(k)))
+    runs.bound_b = max(runs.tight, budget_bound(compiled, budget_b))
     for label, budget in (("overlap @B", budget_b), ("overlap @ff", ff.gathered_peak_bytes),
                           ("overlap unlimited", UNLIMITED)):
         t = time.process_time()
         if budget >= scheduler.min_budget():
             with paused_gc():
                 order, _ = scheduler.plan(budget)
-            add(label, order_indices=order, seconds=time.process_time() - t + setup_s, budget=budget)
+            runs.add(label, order_indices=order, seconds=time.process_time() - t + setup_s, budget=budget)
         else:
-            rows.append(dict(algo=label, budget=budget, infeasible=True))
+            runs.rows.append(dict(algo=label, budget=budget, infeasible=True))
+    return runs
 
+
+def check_targets(runs: Runs, layers: int | None) -> list[tuple[str, str, str]]:
+    """The targets' verdicts on ``runs``: (target, PASS/FAIL/OUT OF REACH/n/a, detail)."""
+    scheduler, results, budget_b, tight = runs.scheduler, runs.results, runs.budget_b, runs.tight
+    ff = results["fast-free"]
     verdicts: list[tuple[str, str, str]] = []
 
     def verdict(target: str, ok: bool | None, detail: str, out_of_reach: bool = False):
         status = "n/a" if ok is None else ("PASS" if ok else ("OUT OF REACH" if out_of_reach else "FAIL"))
         verdicts.append((target, status, detail))
-
     at_b, at_ff, unlimited = results.get("overlap @B"), results.get("overlap @ff"), results.get("overlap unlimited")
     # 1. At B.
     if at_b is None:
@@ -127,7 +146,7 @@ def evaluate(name: str, graph, layers: int | None) -> tuple[list[dict], list[tup
         tol = _tolerance(layers, 0.01, 0.03)
         ratio = at_b.step_ms / unlimited.step_ms
         # No order at all can beat budget_bound within B: past 1 + tol, the target is out of reach.
-        floor = bound_b / unlimited.step_ms
+        floor = runs.bound_b / unlimited.step_ms
         verdict(f"B: step within {'n/a' if tol is None else f'{tol:.0%}'} of unlimited",
                 None if tol is None else ratio <= 1 + tol + EPS,
                 f"{ratio:.4f}x; no order within B can be under {floor:.4f}x (budget bound)",
@@ -159,7 +178,7 @@ def evaluate(name: str, graph, layers: int | None) -> tuple[list[dict], list[tup
                 f"{mine.step_ms:.3f} vs {theirs.step_ms:.3f} ms at {format_bytes(budget)}")
     # 5. At the all-tensor peak of DeepCompile's pipeline (scope all): within it, no slower than it.
     tol = _tolerance(layers, 0.01, 0.03)
-    vs_pipeline = {}
+    vs_pipeline = runs.vs_pipeline
     for other in PIPELINES:
         theirs = results[other]
         budget = theirs.peak_bytes
@@ -179,18 +198,34 @@ def evaluate(name: str, graph, layers: int | None) -> tuple[list[dict], list[tup
         best = min((results[o].step_ms for o in fitting), default=math.inf)
         verdict("B: <= every prefetch-ahead(k) fitting B", at_b.step_ms <= best + EPS,
                 f"{at_b.step_ms:.3f} vs best {best:.3f} ms ({len(fitting)} of {len(AHEAD)} fit)")
+    return verdicts
+
+
+def summary(name: str, runs: Runs, verdicts) -> dict:
+    """The graph's header row: its size, bounds, and the compact figures of the summary tables."""
+    scheduler, results, budget_b, tight = runs.scheduler, runs.results, runs.budget_b, runs.tight
+    compiled, ff = scheduler.compiled, results["fast-free"]
+    at_b, at_ff, unlimited = results.get("overlap @B"), results.get("overlap @ff"), results.get("overlap unlimited")
+    vs_pipeline = runs.vs_pipeline
     fitting_b = [results[f"prefetch-ahead k={k}"].step_ms for k in AHEAD
                  if results[f"prefetch-ahead k={k}"].gathered_peak_bytes <= budget_b]
     compact = dict(graph=name, tight=tight, ff=ff.step_ms, sp=results["simple-prefetch"].step_ms,
                    ahead=min(fitting_b, default=math.inf), at_b=at_b.step_ms if at_b else math.inf,
-                   at_b_gathered=at_b.gathered_peak_bytes if at_b else None, budget_b=budget_b, bound_b=bound_b,
+                   at_b_gathered=at_b.gathered_peak_bytes if at_b else None, budget_b=budget_b, bound_b=runs.bound_b,
                    at_ff=at_ff.step_ms if at_ff else math.inf, unlimited=unlimited.step_ms,
-                   seconds=next(r["seconds"] for r in rows if r["algo"] == "overlap @B"), vs_pipeline=vs_pipeline,
+                   seconds=next(r["seconds"] for r in runs.rows if r["algo"] == "overlap @B"), vs_pipeline=vs_pipeline,
                    verdict="FAIL" if any(v[1] == "FAIL" for v in verdicts) else
                    ("PASS*" if any(v[1] == "OUT OF REACH" for v in verdicts) else "PASS"))
-    header = dict(graph=name, nodes=len(compiled), compact=compact, gathers=compiled.num_allgathers, simple=simple, tight=tight,
+    header = dict(graph=name, nodes=len(compiled), compact=compact, gathers=compiled.num_allgathers, simple=compiled.bounds.simple, tight=tight,
                   sim_tight=compiled.bounds.tight, budget_b=budget_b, min_budget=scheduler.min_budget())
-    return [header] + rows, verdicts
+    return header
+
+
+def evaluate(name: str, graph, layers: int | None) -> tuple[list[dict], list[tuple[str, str, str]]]:
+    """Rows (one per algorithm, after the graph's header) and target verdicts (target, status, detail) for one graph."""
+    runs = run_algorithms(name, graph)
+    verdicts = check_targets(runs, layers)
+    return [summary(name, runs, verdicts)] + runs.rows, verdicts
 
 
 def render(rows: list[dict], verdicts) -> str:
