@@ -216,7 +216,8 @@ def test_collectives_are_measured_under_torchrun(tmp_path):
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("needs torch.distributed with gloo")
     out = tmp_path / "d.pt"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29517",
+    from train_runs import free_port  # a fixed port collides with any other run of this test on the machine
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
            "-m", "dcsched", "profile", str(ROOT / "examples" / "gpt.py"), "-o", str(out), "--iters", "1",
            "--warmup", "0", "--no-progress", "--", "--layers", "1", "--d-model", "16", "--vocab", "32",
            "--seq", "4", "--batch", "1"]
