@@ -218,7 +218,8 @@ class CompiledGraph(GraphForm):
 
     def _index_for_simulation(self) -> None:
         """What the simulation loops read per node: ``readers_of`` (per storage root, the nodes reading it),
-        ``gathered_alloc``, ``is_comm``, ``timed`` (the node can move a clock), ``gather_or_release`` and
+        ``gathered_alloc``, ``is_comm``, ``timed`` (the node can move a clock), ``gather_or_release``,
+        ``reduce_or_release`` and
         ``integral_sizes`` (every byte figure an int, so sums are exact in any order)."""
         kind, alloc = self.kind, self.alloc
         readers_of: list[list[int]] = [[] for _ in kind]
@@ -230,6 +231,7 @@ class CompiledGraph(GraphForm):
         self.is_comm = [k in COMM_KINDS for k in kind]
         self.timed = [c or bool(g) or d != 0 for c, g, d in zip(self.is_comm, self.gates, self.duration)]
         self.gather_or_release = [k == ALLGATHER or k == RELEASE for k in kind]
+        self.reduce_or_release = [k == REDUCE or k == RELEASE for k in kind]
         self.integral_sizes = type(self.resident_bytes) is int and all(type(a) is int for a in alloc) \
             and all(type(o) is int for o in self.owned)
 

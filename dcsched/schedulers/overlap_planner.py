@@ -140,15 +140,19 @@ class OverlapPlanner:
             if kind[v] == COMPUTE and c.root[v] != v and not c.duration[v] and succs[v] \
                     and all(kind[s] == REDUCE or s in on_way for s in succs[v]):
                 on_way.add(v)
-        key: dict[int, tuple] = {}
+        m = len(skeleton)
+        key: dict[int, tuple] = dict(zip(skeleton, zip(range(m), itertools.repeat(0), itertools.repeat(0))))
+        slot = dict(zip(skeleton, range(m)))
+        may_move = bytearray(len(kind))
+        for v in itertools.chain(itertools.compress(skeleton, map(c.reduce_or_release.__getitem__, skeleton)), on_way):
+            may_move[v] = 1
         counter = 0
-        for i, v in enumerate(skeleton):
+        for i in itertools.compress(range(m), map(may_move.__getitem__, skeleton)):
+            v = skeleton[i]
             ins = preds[v]
-            if (kind[v] in (REDUCE, RELEASE) or v in on_way) and ins and all(p in key for p in ins):
+            if ins and all(slot.get(p, m) < i for p in ins):  # every input an earlier skeleton node
                 counter += 1
                 key[v] = max(key[p] for p in ins) + (1, counter)
-            else:
-                key[v] = (i, 0, 0)
         skeleton.sort(key=key.__getitem__)
         self.skeleton = skeleton
         self.wait_of = wait_of
