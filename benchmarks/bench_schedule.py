@@ -18,9 +18,10 @@ backward nodes).
 Per algorithm, one row per graph: nodes, all-gathers, dcsched seconds for the
 order alone (given the networkx view) and for the whole ``dcsched.schedule``
 call (graph form or view, order, rebuilt FX graph; best of ``--repeat``), the
-peak resident memory of a forked child running the whole call once (``peak
-RSS MiB``, the graph it was given included) and how much the call added to
-it (``+RSS MiB``), DeepSpeed's seconds (run in a child process and stopped at
+peak resident memory of a fresh (spawned) process that builds the graph and
+runs the whole call once (``peak RSS MiB``, the graph included) and how much
+the call added to what it held before the call (``+RSS MiB``, from the peak
+reset at the call's start), DeepSpeed's seconds (run in a child process and stopped at
 ``--timeout``; graphs at least as large as one it timed out on are skipped;
 'n/a' without DeepSpeed), their ratio, and per series the growth exponent k of t ~ N^k
 fitted over the graphs of at least 1,000 nodes. Last, memory against size: per
@@ -57,23 +58,47 @@ DS_FUNCS = {"fast-free": "fast_free_schedule", "simple-prefetch": "simple_prefet
 OPTIONS = {"overlap": {"memory_budget": math.inf}}
 
 
-def _peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+def _status_mib(field: str) -> float | None:
+    """``VmRSS`` / ``VmHWM`` of this process from /proc (Linux), in MiB; None elsewhere."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    return None
 
 
-def _run_whole_call(graph, algo, conn) -> None:
-    before = _peak_rss_mib()
+def _reset_peak_rss() -> bool:
+    """Set the peak resident memory (VmHWM) back to the current one (Linux 4.0+); whether it could."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def _run_whole_call(spec, algo, conn) -> None:
+    series, n_layers, kind = spec
+    pair = captured_stack(n_layers) if series == "captured" else layered_stack(n_layers, tied=series == "tied")
+    graph = getattr(pair, kind)
+    del pair
+    before = _status_mib("VmRSS")
+    if before is None or not _reset_peak_rss():  # no /proc: the peak since the start, graph building included
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     dcsched.schedule(graph, algo, **OPTIONS.get(algo, {}))
-    after = _peak_rss_mib()
+    after = _status_mib("VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     conn.send((after, after - before))
 
 
-def whole_call_rss_mib(graph, algo: str) -> tuple[float, float] | None:
-    """(peak RSS, what the call added to it) in MiB of a forked child that runs the whole ``dcsched.schedule``
-    call once (the child starts with the parent's pages, the graph among them)."""
-    ctx = multiprocessing.get_context("fork")
+def whole_call_rss_mib(spec: tuple[str, int, str], algo: str) -> tuple[float, float] | None:
+    """(peak RSS, what the call added to it) in MiB of a fresh (spawned) process that builds the graph
+    ``spec`` = (series, layers or copies, 'forward'/'backward') and runs the whole ``dcsched.schedule`` call
+    once. Fresh, so the call's memory is its own: a forked child starts with the parent's freed-but-resident
+    heap and fills that first, undercounting what the call adds."""
+    ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_run_whole_call, args=(graph, algo, child))
+    proc = ctx.Process(target=_run_whole_call, args=(spec, algo, child))
     proc.start()
     peak = parent.recv() if parent.poll(600) else None
     proc.join()
@@ -181,7 +206,7 @@ def main() -> None:
                     options = OPTIONS.get(algo, {})
                     order_s, _ = timed(lambda: scheduler(view, **options), repeat=repeat)
                     whole_s, _ = timed(lambda: dcsched.schedule(graph, algo, **options), repeat=args.repeat)
-                    rss = whole_call_rss_mib(graph, algo)
+                    rss = whole_call_rss_mib((series, n_layers, kind), algo)
                     ref = None
                     if with_reference and algo in DS_FUNCS and n < reference_gave_up_at[algo]:
                         ref = reference_seconds(graph, algo, args.timeout)
