@@ -26,3 +26,12 @@ class ResultMismatch(Exception):
     """Two orders of one graph computed different results (exit code 1)."""
 
     exit_code = 1
+
+
+def first_line(exc: BaseException, limit: int = 300) -> str:
+    """The first line of ``exc``'s message (its type's name where it has none), cut at ``limit`` characters.
+
+    >>> first_line(ValueError("bad shape\\nand more")), first_line(KeyError())
+    ('bad shape', 'KeyError')
+    """
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:limit]

@@ -58,7 +58,7 @@ import torch.fx
 
 from . import ops
 from .bundle import Bundle, InputInfo, ParamInfo
-from .errors import DcschedError, GraphError
+from .errors import DcschedError, GraphError, first_line
 
 
 DEFAULT_SEED = 0
@@ -347,7 +347,7 @@ def failing_node(exc: BaseException) -> str | None:
 
 def _graph_failed(graph_name: str, node: str | None, exc: Exception) -> GraphError:
     where = f"node {node}" if node else "a node"
-    detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+    detail = first_line(exc)
     return GraphError(f"the {graph_name} graph failed to run at {where}: {type(exc).__name__}: {detail}")
 
 

@@ -30,7 +30,7 @@ from typing import Callable, ContextManager, Mapping, Sequence
 import torch
 import torch.fx
 
-from ..errors import DcschedError
+from ..errors import DcschedError, first_line
 from ..roles import Role, role_of_target
 
 #: inductor settings for a scheduled graph (see the module docstring).
@@ -112,7 +112,7 @@ class InductorGraph:
 
     def __init__(self, module: torch.fx.GraphModule, inline: Mapping[Role, Callable] | None = None,
                  order: Sequence[str] | None = None, compiling: Callable[[], ContextManager] | None = None) -> None:
-        self.module, self.inline, self.compiling = module, dict(inline or {}), compiling or contextlib.nullcontext
+        self.inline, self.compiling = dict(inline or {}), compiling or contextlib.nullcontext
         self.compiled = None
         self.strides: list[tuple | None] = []
         self.lifted, self.constants = _lifted(module, order)
@@ -124,8 +124,8 @@ class InductorGraph:
         except DcschedError:
             raise
         except Exception as exc:  # say what to do instead of inductor's page of internals
-            detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-            raise DcschedError(f"inductor could not compile a scheduled graph ({type(exc).__name__}: {detail}); "
+            raise DcschedError(f"inductor could not compile a scheduled graph ({type(exc).__name__}: "
+                               f"{first_line(exc, 200)}); "
                                "run it with compute='eager' (dcsched train --compute eager)") from exc
 
     def _compile_for(self, args: Sequence) -> None:
