@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,8 +64,9 @@ class SimResult:
     comm_ms: float
     exposed_comm_ms: float
     overlap_pct: float
-    lower_bound_ms: float
-    tight_lower_bound_ms: float
+    #: the graph's order-independent lower bounds (:class:`dcsched.simulate.Bounds`), or a function giving
+    #: them: computed when first read, so the simulations inside a scheduler never pay for them
+    bounds: object = dataclasses.field(repr=False, compare=False)
     resident_bytes: int
     #: memory of all tensors while each node runs (after it allocated, before frees)
     memory: list[int] = dataclasses.field(default_factory=list, repr=False)
@@ -80,6 +82,21 @@ class SimResult:
     params: list[ParamLifetime] = dataclasses.field(default_factory=list, repr=False)
     #: the order as node numbers of the compiled graph (``detail="series"`` only)
     indices: list[int] = dataclasses.field(default_factory=list, repr=False)
+
+    @property
+    def lower_bound_ms(self) -> float:
+        """max(total compute, total communication): no order is faster."""
+        return self._bounds().simple
+
+    @property
+    def tight_lower_bound_ms(self) -> float:
+        """The tightest order-independent lower bound dcsched proves (``docs/overlap.md``)."""
+        return self._bounds().tight
+
+    def _bounds(self):
+        if callable(self.bounds):
+            self.bounds = self.bounds()
+        return self.bounds
 
     def figures(self) -> dict:
         """The scalar figures as a JSON-able dict."""

@@ -379,18 +379,8 @@ class CompiledGraph(GraphForm):
     def simulate_with_frees(self, idx: list[int], *, detail: bool | str = "series") -> tuple[SimResult, list[int]]:
         """:meth:`simulate` of the node numbers ``idx`` (taken as they are, unchecked), and
         :meth:`free_positions` of them (computed on the way)."""
-        n = len(idx)
-        kind, owned = self.kind, self.owned
-        free = self.free_positions(idx)
-        free_all = [0] * n
-        free_gathered = [0] * n
-        for r in self.owners:
-            p = free[r]
-            if p >= 0:
-                free_all[p] += owned[r]
-                if kind[r] == ALLGATHER:
-                    free_gathered[p] += owned[r]
-        memory, gathered = self._memory_series(idx, free_all, free_gathered)
+        kind = self.kind
+        memory, gathered, free = self.memory_with_frees(idx)
         peak, peak_pos = _first_peak(memory)
         gpeak, gpeak_pos = _first_peak(gathered)
         record = bool(detail)
@@ -405,6 +395,22 @@ class CompiledGraph(GraphForm):
                 result.kinds = [KIND_NAMES[kind[i]] for i in idx]
                 result.params = self._lifetimes(idx, free, reach, start, end)
         return result, free
+
+    def memory_with_frees(self, idx: list[int]) -> tuple[list, list, list[int]]:
+        """The memory of all tensors and of gathered buffers while each position of the node numbers
+        ``idx`` (unchecked) runs, and :meth:`free_positions`: :meth:`simulate`'s memory model without
+        its clocks."""
+        kind, owned = self.kind, self.owned
+        free = self.free_positions(idx)
+        free_all = [0] * len(idx)
+        free_gathered = [0] * len(idx)
+        for r in self.owners:
+            p = free[r]
+            if p >= 0:
+                free_all[p] += owned[r]
+                if kind[r] == ALLGATHER:
+                    free_gathered[p] += owned[r]
+        return (*self._memory_series(idx, free_all, free_gathered), free)
 
     def clocks(self, idx: list[int]) -> Clocks:
         """The step time and each position's reach, start and end (ms) for the node numbers ``idx``
@@ -482,7 +488,6 @@ class CompiledGraph(GraphForm):
         n = len(idx)
         exposed = max(0.0, step - self.compute_ms)
         overlap = 100.0 if self.comm_ms <= 0 else min(100.0, max(0.0, 100.0 * (self.comm_ms - exposed) / self.comm_ms))
-        bounds = self.bounds
         names = self.names
         return SimResult(
             order=[names[i] for i in idx] if with_order else [],
@@ -495,8 +500,7 @@ class CompiledGraph(GraphForm):
             comm_ms=self.comm_ms,
             exposed_comm_ms=exposed,
             overlap_pct=overlap,
-            lower_bound_ms=bounds.simple,
-            tight_lower_bound_ms=bounds.tight,
+            bounds=self._bounds if self._bounds is not None else (lambda: self.bounds),
             resident_bytes=self.resident_bytes,
         )
 

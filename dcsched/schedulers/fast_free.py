@@ -24,8 +24,13 @@ not the size of the graph: a scheduled-mark array instead of rebuilt sets; the
 pending all-gathers as one bitset (a Python int) and each last use's
 all-gather ancestors as another, so a tier count is one ``&`` and a popcount;
 a lazily updated heap of lower bounds on the counts (a count can fall by at
-most the number of all-gathers scheduled since it was taken); candidate paths
-cached until one of their nodes is scheduled; a reduce or output waits on one
+most the number of all-gathers scheduled since it was taken); the all-gathers
+at count 1 (their count stays 1 until they run) in a second such heap, keyed
+by a lower bound on their score, so a parallel branch's all-gather that loses
+round after round (an expert beside its siblings, a copy of a stacked graph)
+is not scored again each round; candidate paths
+cached until one of their nodes is scheduled, and kept for the candidates that
+lost a tie (they usually tie again); a reduce or output waits on one
 pending all-gather of its set at a time. Candidates tied on the integer parts
 of their scores are told apart by the exact difference of their device-time
 sums, from a backward search that stops where their paths merge; only a
@@ -137,6 +142,13 @@ class FastFreeRun:
         self.pending = (1 << len(ags)) - 1
         self.heap = [((anc[last[ag]]).bit_count(), ag) for ag in ags]
         heapq.heapify(self.heap)
+        # The all-gathers whose count is 1 (only their own bit: it stays so until they run), with lower
+        # bounds on their number of all-gathers scheduled (see _one_tier).
+        self.one: list[tuple[int, int, int]] = []
+        self.support: dict[int, int] = {}
+        self.in_one = bytearray(len(g))
+        self.lost_tie = bytearray(len(g))
+        self.n_one = 0
         # Reduces and outputs wait on one pending all-gather of their set at a time.
         self.waiting: dict[int, list[int]] = {}
         self.ready_now: list[int] = []
@@ -152,7 +164,8 @@ class FastFreeRun:
     def run(self) -> list[int]:
         """The order: rounds until every all-gather ran, then the rest in input order."""
         while self.n_scheduled_ags < len(self.ags):
-            chosen_ag, freeing = self._choose(self._tier())
+            tier = self._tier()
+            chosen_ag, freeing = (self._choose_one(), True) if tier is None else self._choose(tier)
             if freeing:
                 task = self.tasks.get(chosen_ag)
                 if task is None or not task.valid:
@@ -168,30 +181,82 @@ class FastFreeRun:
         return self.order
 
     # -- one round ---------------------------------------------------------------
-    def _tier(self) -> list[int]:
-        """The pending all-gathers of the smallest count (all-gathers their last use waits for).
+    def _tier(self) -> list[int] | None:
+        """The pending all-gathers of the smallest count (all-gathers their last use waits for); None
+        when that count is 1: the tier is then :attr:`one`'s pending entries.
 
         A heap entry's key minus the all-gathers scheduled so far is a lower
-        bound on its current count.
+        bound on its current count. An all-gather found at count 1 moves to
+        :attr:`one` for good (its own bit stays pending until it runs), so a
+        candidate that loses round after round (a parallel branch's
+        all-gather, an expert beside its siblings) is not counted again.
         """
         heap, scheduled, anc, last, pending = self.heap, self.scheduled, self.anc, self.last, self.pending
         done = self.n_scheduled_ags
+        limit = 1 if self.n_one else None  # no count above it is in the tier
         best = None
         tier: list[int] = []
         evaluated = []
-        while heap and (best is None or heap[0][0] - done <= best):
+        while heap and (limit is None or heap[0][0] - done <= limit):
             _, ag = heapq.heappop(heap)
             if scheduled[ag]:  # no longer pending
                 continue
             count = (anc[last[ag]] & pending).bit_count()
+            if count == 1:
+                self._join_one(ag)
+                if limit is None:
+                    limit = 1
+                continue
             evaluated.append((count + done, ag))
             if best is None or count < best:
                 best, tier = count, [ag]
             elif count == best:
                 tier.append(ag)
+            if limit is None or count < limit:
+                limit = count
         for entry in evaluated:
             heapq.heappush(heap, entry)
+        if self.n_one and (best is None or best > 1):
+            return None
         return tier
+
+    def _join_one(self, ag: int) -> None:
+        """Move ``ag`` (count 1) to :attr:`one`, keyed by a lower bound on its score."""
+        support = self.anc[self.last[ag]] | self.release_mask.get(self.g.ds_id[ag], 0)
+        self.support[ag] = support
+        n_ags = (support & self.pending).bit_count()
+        heapq.heappush(self.one, (n_ags + self.n_scheduled_ags, self.g.size[ag], ag))
+        self.in_one[ag] = 1
+        self.n_one += 1
+
+    def _choose_one(self) -> int:
+        """:meth:`_choose` of the count-1 tier: every candidate frees, the score is (all-gathers the path
+        schedules, the all-gather's bytes), then the device time and the name.
+
+        The first part falls by at most one per all-gather scheduled, so
+        :attr:`one`'s keys (the part plus the all-gathers scheduled when it was
+        taken) are lower bounds as :meth:`_tier`'s are, and only the candidates
+        that can still tie the best are scored again.
+        """
+        heap, scheduled, support, pending = self.one, self.scheduled, self.support, self.pending
+        done = self.n_scheduled_ags
+        best = None
+        tied: list[int] = []
+        evaluated = []
+        while heap and (best is None or (heap[0][0] - done, heap[0][1]) <= best):
+            _, size, ag = heapq.heappop(heap)
+            if scheduled[ag]:
+                continue
+            n_ags = (support[ag] & pending).bit_count()
+            evaluated.append((n_ags + done, size, ag))
+            score = (n_ags, size)
+            if best is None or score < best:
+                best, tied = score, [ag]
+            elif score == best:
+                tied.append(ag)
+        for entry in evaluated:
+            heapq.heappush(heap, entry)
+        return self._break_tie(tied)
 
     def _choose(self, tier: list[int]) -> tuple[int, bool]:
         """The tier's best candidate, and whether it frees (needs no other all-gather before its last use).
@@ -217,18 +282,25 @@ class FastFreeRun:
         if freeing:
             scored = [(n_ags, ag_acc, ag) for free_acc, n_ags, ag_acc, ag in scored if free_acc == 0]
         best_int = min(t[:-1] for t in scored)
-        tied = [t[-1] for t in scored if t[:-1] == best_int]
+        return self._break_tie([t[-1] for t in scored if t[:-1] == best_int]), freeing
+
+    def _break_tie(self, tied: list[int]) -> int:
+        """Of candidates tied on the integer parts of their scores, the one of least device time from the
+        all-gather to its last use, then of least name (in any order of ``tied``: a total order)."""
         if len(tied) == 1:
-            return tied[0], freeing
-        names = g.names
-        if _equal_free_costs(tied, g, last, self.scheduled, anc, self.bit_of):
-            return min(tied, key=names.__getitem__), freeing
+            return tied[0]
+        g, names = self.g, self.g.names
+        if _equal_free_costs(tied, g, self.last, self.scheduled, self.anc, self.bit_of):
+            return min(tied, key=names.__getitem__)
         chosen_ag = tied[0]
         for ag in tied[1:]:
             sign = self._compare_free_costs(ag, chosen_ag)
             if sign < 0 or (sign == 0 and names[ag] < names[chosen_ag]):
+                self.lost_tie[chosen_ag] = 1
                 chosen_ag = ag
-        return chosen_ag, freeing
+            else:
+                self.lost_tie[ag] = 1
+        return chosen_ag
 
     def _commit(self, nodes) -> None:
         """Run ``nodes``: mark them, drop the paths they invalidate, wake what waited on their all-gathers."""
@@ -244,6 +316,8 @@ class FastFreeRun:
                 b = self.bit_of[v]
                 self.pending &= ~(1 << b)
                 self.n_scheduled_ags += 1
+                if self.in_one[v]:
+                    self.n_one -= 1
                 for t in self.waiting.pop(b, ()):
                     mask = self.anc[t] & self.pending
                     if mask:
@@ -332,6 +406,10 @@ class FastFreeRun:
             task = self.tasks[ag] = self._make_task(ag)
         return task
 
+    def _has_task(self, ag: int) -> bool:
+        task = self.tasks.get(ag)
+        return task is not None and task.valid
+
     def _compare_free_costs(self, a: int, b: int) -> int:
         """Sign of free_cost(a) - free_cost(b), as DeepSpeed's float sums compare.
 
@@ -340,6 +418,12 @@ class FastFreeRun:
         merge; only when that difference is within rounding error are the two
         paths built and summed in DeepSpeed's order.
         """
+        # A candidate that lost a tie before usually ties again (a parallel branch waiting its turn): its
+        # path is cached until one of its nodes runs, and two cached sums compare as DeepSpeed's floats do.
+        lost = self.lost_tie
+        if lost[a] and lost[b] or lost[a] and self._has_task(b) or lost[b] and self._has_task(a):
+            fa, fb = self._task_of(a).key[-2], self._task_of(b).key[-2]
+            return -1 if fa < fb else (1 if fa > fb else 0)
         if self.sum_error != math.inf:
             time = self.g.time
             terms = self._exclusive_times(a, b)

@@ -61,9 +61,9 @@ class OverlapPlanner:
     Attributes: ``compiled`` (the simulator's form of the graph), ``skeleton``
     (node numbers), ``gathers`` (all-gathers in need order), ``need``,
     ``free`` and ``lo`` (per all-gather: first reader's slot, last slot its
-    buffer lives, earliest slot its inputs allow), ``jit`` (the simulation of
-    just-in-time gathering), ``fast_free`` (the simulation of fast-free's own
-    order). ``shares``: a planner of the same graph whose compiled form,
+    buffer lives, earliest slot its inputs allow), ``jit_peak`` and
+    ``jit_gathered_peak`` (just-in-time gathering's peaks), ``fast_free`` (the
+    simulation of fast-free's own order). ``shares``: a planner of the same graph whose compiled form,
     fast-free order and fast-free simulation this one reuses.
     """
 
@@ -106,54 +106,78 @@ class OverlapPlanner:
         return self._fast_free
 
     # -- construction ----------------------------------------------------------
+    def _movable_parts(self) -> tuple:
+        """What step 1 takes from the graph alone, the same for every base order (computed once per graph,
+        shared with the planner this one ``shares``): ``(is_gather, wait_of, keep, may_move)``.
+
+        Movable: an all-gather that reads no communication node, and the waits
+        that read it (and no other gather or wait) and have readers; ``wait_of``
+        maps each movable all-gather to its waits (node order), ``keep`` marks
+        the skeleton's nodes. Anything else (ZeRO-3 ops wired unusually, a wait
+        nobody reads) stays in the skeleton where the base order has it.
+        ``may_move``: the reduces and releases, and the free views between a
+        gradient and its reduce (a weight gradient's transpose), which move up
+        to right after their last input.
+        """
+        if self._shares is not None:
+            return self._shares._movable_parts()
+        if getattr(self, "_parts", None) is None:
+            c = self.compiled
+            kind, preds, succs = c.kind, c.preds, c.succs
+            n = len(kind)
+            is_gather = [k == ALLGATHER for k in kind]
+            wait_of: dict[int, list[int]] = {
+                v: [] for v in itertools.compress(range(n), is_gather)
+                if not any(kind[p] in (ALLGATHER, WAIT) for p in preds[v])}
+            keep = bytearray([1]) * n
+            for v in wait_of:
+                keep[v] = 0
+            for v in itertools.compress(range(n), [k == WAIT for k in kind]):
+                if not succs[v]:
+                    continue
+                owners = [p for p in preds[v] if kind[p] in (ALLGATHER, WAIT)]
+                if len(owners) == 1 and owners[0] in wait_of and not any(kind[s] == ALLGATHER for s in succs[v]):
+                    wait_of[owners[0]].append(v)
+                    keep[v] = 0
+            # A view is on the way to a reduce when every reader is a reduce or such a view. Readers come
+            # later in the input order (the planner checks it is topological), so one backward pass decides.
+            may_move = bytearray(c.reduce_or_release)
+            on_way = bytearray(n)
+            root, duration = c.root, c.duration
+            for v in reversed(range(n)):
+                if keep[v] and kind[v] == COMPUTE and root[v] != v and not duration[v] and succs[v] \
+                        and all(kind[s] == REDUCE or on_way[s] for s in succs[v]):
+                    on_way[v] = may_move[v] = 1
+            self._parts = (is_gather, wait_of, keep, may_move)
+        return self._parts
+
     def _build_skeleton(self, base: list[int]) -> None:
         c = self.compiled
-        kind, preds, succs = c.kind, c.preds, c.succs
-        # Movable: an all-gather that reads no communication node, and the waits that read it
-        # (and no other gather or wait) and have readers. Anything else (ZeRO-3 ops wired
-        # unusually, a wait nobody reads) stays in the skeleton where the base order has it.
-        is_gather = self._is_gather = [k == ALLGATHER for k in kind]
-        gathers = list(itertools.compress(base, map(is_gather.__getitem__, base)))
-        movable = {v for v in gathers if not any(kind[p] in (ALLGATHER, WAIT) for p in preds[v])}
-        wait_of: dict[int, list[int]] = {g: [] for g in gathers if g in movable}
-        attached = set()
-        is_wait = [k == WAIT for k in kind]
-        for v in itertools.compress(base, map(is_wait.__getitem__, base)):
-            if not succs[v]:
-                continue
-            owners = [p for p in preds[v] if kind[p] in (ALLGATHER, WAIT)]
-            if len(owners) == 1 and owners[0] in movable and not any(kind[s] == ALLGATHER for s in succs[v]):
-                wait_of[owners[0]].append(v)
-                attached.add(v)
-        keep = bytearray([1]) * len(kind)
-        for v in movable:
-            keep[v] = 0
-        for v in attached:
-            keep[v] = 0
+        preds = c.preds
+        is_gather, wait_of, keep, may_move = self._movable_parts()
+        self._is_gather = is_gather
+        if any(len(waits) > 1 for waits in wait_of.values()):  # several waits: in base order
+            position = {v: i for i, v in enumerate(base)}
+            wait_of = {g: sorted(waits, key=position.__getitem__) if len(waits) > 1 else waits
+                       for g, waits in wait_of.items()}
         skeleton = list(itertools.compress(base, map(keep.__getitem__, base)))
         # Reduces and releases move up to right after their last input (when every input is a
         # skeleton node): the sort key of a moved node extends its latest input's key. So do the
-        # free views between a gradient and its reduce (a weight gradient's transpose), or the
-        # reduce would wait for wherever the base order put them.
-        on_way = set()
-        for v in reversed(skeleton):
-            if kind[v] == COMPUTE and c.root[v] != v and not c.duration[v] and succs[v] \
-                    and all(kind[s] == REDUCE or s in on_way for s in succs[v]):
-                on_way.add(v)
+        # free views between a gradient and its reduce, or the reduce would wait for wherever the
+        # base order put them.
         m = len(skeleton)
-        key: dict[int, tuple] = dict(zip(skeleton, zip(range(m), itertools.repeat(0), itertools.repeat(0))))
         slot = dict(zip(skeleton, range(m)))
-        may_move = bytearray(len(kind))
-        for v in itertools.chain(itertools.compress(skeleton, map(c.reduce_or_release.__getitem__, skeleton)), on_way):
-            may_move[v] = 1
+        key: dict[int, tuple] = {}  # of the moved nodes; a node that stays at slot j sorts as (j, 0, 0)
         counter = 0
         for i in itertools.compress(range(m), map(may_move.__getitem__, skeleton)):
-            v = skeleton[i]
-            ins = preds[v]
+            ins = preds[skeleton[i]]
             if ins and all(slot.get(p, m) < i for p in ins):  # every input an earlier skeleton node
                 counter += 1
-                key[v] = max(key[p] for p in ins) + (1, counter)
-        skeleton.sort(key=key.__getitem__)
+                key[skeleton[i]] = max(key.get(p) or (slot[p], 0, 0) for p in ins) + (1, counter)
+        if key:
+            keys = dict(zip(skeleton, zip(range(m), itertools.repeat(0), itertools.repeat(0))))
+            keys.update(key)
+            skeleton.sort(key=keys.__getitem__)
         self.skeleton = skeleton
         self.wait_of = wait_of
 
@@ -211,8 +235,8 @@ class OverlapPlanner:
         m = len(self.skeleton)
         order, issue_pos = self._layout(self.need)
         c.check(order)
-        res, free_pos = c.simulate_with_frees(order, detail="series")
-        self.jit = res
+        # Only the memory model: placement reads how long each buffer lives and what else is in memory.
+        memory, gathered_memory, free_pos = c.memory_with_frees(order)
         # Skeleton node j closes slot j's group: it sits just before slot j + 1's group.
         skeleton_pos = [p - 1 for p in issue_pos[1:]]
         # Last slot each buffer lives: the skeleton node after which the simulator frees it (the
@@ -234,15 +258,16 @@ class OverlapPlanner:
         # ``rest`` (every other tensor) and ``fixed`` (gathered buffers that stay in the skeleton).
         # (Exact on DeepCompile-style graphs; where ops are wired so that the model counts a
         # buffer longer than the simulator does, the correction is clamped to stay conservative.)
-        gathered = list(map(res.gathered_memory.__getitem__, skeleton_pos))
+        gathered = list(map(gathered_memory.__getitem__, skeleton_pos))
         movable = list(map(min, used, gathered))  # (used has a last entry, for the end slot)
-        rest = list(map(operator.sub, map(res.memory.__getitem__, skeleton_pos), movable))
+        rest = list(map(operator.sub, map(memory.__getitem__, skeleton_pos), movable))
         fixed = list(map(operator.sub, gathered, movable))
         rest.append(rest[-1] if rest else c.resident_bytes)
         fixed.append(fixed[-1] if fixed else 0)
         self.rest, self.fixed = rest, fixed
-        self.jit_gathered_peak = res.gathered_peak_bytes
-        self.jit_peak = res.peak_bytes
+        # (the peaks as the simulator reports them: no peak below what is resident, none below 0)
+        self.jit_gathered_peak = max(max(gathered_memory, default=0), 0)
+        self.jit_peak = max(max(memory, default=c.resident_bytes), c.resident_bytes)
         self.guard_floor = self.jit_peak
         self.largest_gather = max((c.size[g] for g in self.gathers), default=0)
 
