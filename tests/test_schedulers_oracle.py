@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from dcsched.bundle import load as load_bundle
 from dcsched.nxview import to_networkx
 from dcsched.schedulers import get
-from dcsched.synthetic import layered_stack, random_graph
+from dcsched.stacking import stack_copies
+from dcsched.synthetic import layered_stack, moe_graph, random_graph
 
 import oracle  # tests/oracle.py: the literal, slow statements of the rules
 
+SAMPLES = Path(__file__).resolve().parent.parent / "sample_graphs"
 ORACLES = {"fast-free": oracle.fast_free_oracle, "simple-prefetch": oracle.simple_prefetch_oracle,
            "list": oracle.list_oracle}
 
@@ -37,3 +42,20 @@ def test_deep_layered_stack(kind):
     assert view.number_of_nodes() > 2000
     for algo in ("fast-free", "simple-prefetch"):
         assert get(algo)(view) == ORACLES[algo](view), algo
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("kind", ["forward", "backward"])
+def test_moe_graphs(seed, kind):
+    # Many parallel same-size experts: the count-1 candidates that lose round after round, and their ties.
+    view = to_networkx(moe_graph(seed, kind=kind))
+    for algo in ("fast-free", "simple-prefetch"):
+        assert get(algo)(view) == ORACLES[algo](view), algo
+
+
+@pytest.mark.parametrize("kind", ["forward", "backward"])
+def test_stacked_captured_copies(kind):
+    # Each copy's inputs-only branches (embedding, rotary tables) wait beside the other copies' rounds.
+    graph = getattr(load_bundle(SAMPLES / "llama.pt"), kind)
+    view = to_networkx(stack_copies(graph, 3))
+    assert get("fast-free")(view) == ORACLES["fast-free"](view)
