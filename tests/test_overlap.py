@@ -227,10 +227,10 @@ def test_max_tree():
     values = [-5, -1, -7, -3, -2]
     tree = MaxTree(values)
     assert tree.last_above(0, 5, -2) == 1
-    tree.add(2, 4, 6)  # [-5, -1, -1, 3, -2]
+    tree.add_below(4, 6)  # [1, 5, -1, 3, -2]
     assert tree.last_above(0, 5, 0) == 3
-    assert tree.last_above(0, 3, -1) == -1
-    assert tree.last_above(0, 3, -2) == 2
+    assert tree.last_above(2, 3, -1) == -1
+    assert tree.last_above(0, 3, 4) == 1
 
 
 def test_replay_same_results():
@@ -373,3 +373,25 @@ def test_reduce_issued_as_soon_as_its_gradient_exists_through_views():
     at = timeline.order.index
     assert timeline.reach_ms[at("reduce_ds_param_w")] == timeline.end_ms[at("dw")] == 4.0
     assert timeline.end_ms[at("dv")] == 8.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(-50, 50), min_size=1, max_size=40), st.data())
+def test_max_tree_matches_a_list(values, data):
+    """Adds below an index and "last index above" agree with the same operations on a plain list, copies too."""
+    tree, plain = MaxTree(values), list(values)
+    for _ in range(data.draw(st.integers(1, 25))):
+        lo = data.draw(st.integers(0, len(plain)))
+        hi = data.draw(st.integers(lo, len(plain) + 2))
+        if data.draw(st.booleans()):
+            value = data.draw(st.integers(-20, 20))
+            tree.add_below(hi, value)
+            for i in range(min(hi, len(plain))):
+                plain[i] += value
+        else:
+            threshold = data.draw(st.integers(-60, 60))
+            hi = min(hi, len(plain))
+            expected = max((i for i in range(lo, hi) if plain[i] > threshold), default=-1)
+            assert tree.last_above(lo, hi, threshold) == expected
+        if data.draw(st.booleans()):
+            tree = tree.copy()

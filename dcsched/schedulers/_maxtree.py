@@ -1,4 +1,10 @@
-"""A max segment tree for ``overlap``'s placement: range add, and the last index above a threshold."""
+"""A max segment tree for ``overlap``'s placement: add below an index, and the last index above a threshold.
+
+Step 3 adds each placed buffer's size over the slots from its all-gather to
+its free, and only ever asks about slots at or after the last all-gather
+placed; so adding over every slot before the free instead answers every
+question the same, at half a range add's cost.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,8 @@ import math
 
 
 class MaxTree:
-    """Range add, range max, and "last index above a threshold" over a fixed array (lazy, no push-down)."""
+    """Add below an index, and "last index above a threshold" in a range, over a fixed array (lazy, no
+    push-down)."""
 
     def __init__(self, values: list[float]):
         n = max(1, len(values))
@@ -22,30 +29,30 @@ class MaxTree:
         self.mx = mx
         self.lz = [0] * (2 * size)
 
-    def add(self, lo: int, hi: int, value: float) -> None:
-        """Add ``value`` to every index in ``[lo, hi)`` (bottom-up, then the two boundary paths)."""
-        if lo >= hi:
+    def copy(self) -> MaxTree:
+        """A tree of the same values (a placement starts from the same capacities several times)."""
+        tree = MaxTree.__new__(MaxTree)
+        tree.size, tree.mx, tree.lz = self.size, self.mx[:], self.lz[:]
+        return tree
+
+    def add_below(self, hi: int, value: float) -> None:
+        """Add ``value`` to every index in ``[0, hi)``: one leaf-to-root path (the left sibling of each
+        right child on the path of leaf ``hi`` is covered whole)."""
+        if hi <= 0:
             return
         mx, lz = self.mx, self.lz
-        lo += self.size
-        hi += self.size
-        left, right = lo, hi - 1
-        while lo < hi:
-            if lo & 1:
-                mx[lo] += value
-                lz[lo] += value
-                lo += 1
-            if hi & 1:
-                hi -= 1
-                mx[hi] += value
-                lz[hi] += value
-            lo >>= 1
-            hi >>= 1
-        for i in (left >> 1, right >> 1):
-            while i:
-                a, b = mx[2 * i], mx[2 * i + 1]
-                mx[i] = (a if a > b else b) + lz[i]
-                i >>= 1
+        if hi >= self.size:
+            mx[1] += value
+            lz[1] += value
+            return
+        i = hi + self.size
+        while i > 1:
+            if i & 1:
+                mx[i - 1] += value
+                lz[i - 1] += value
+            i >>= 1
+            a, b = mx[2 * i], mx[2 * i + 1]
+            mx[i] = (a if a > b else b) + lz[i]
 
     def last_above(self, lo: int, hi: int, threshold: float) -> int:
         """The largest index in ``[lo, hi)`` whose value exceeds ``threshold``, or -1."""

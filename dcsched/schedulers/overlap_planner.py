@@ -40,7 +40,7 @@ def check_scope(scope: str) -> str:
 class _NoLimit:
     """The segment tree of an unlimited budget: nothing is ever over it."""
 
-    def add(self, lo: int, hi: int, value: float) -> None:
+    def add_below(self, hi: int, value: float) -> None:
         pass
 
     def last_above(self, lo: int, hi: int, threshold: float) -> int:
@@ -441,7 +441,7 @@ class OverlapPlanner:
         self.check_budget(budget, scope)
         check_scope(scope)
         # Unlimited, every slot fits every buffer: no tree to keep (the placement rules are unchanged).
-        tree = MaxTree([-c for c in self.capacity(budget, scope)]) if budget != UNLIMITED else _NO_LIMIT
+        tree = self._capacity_tree(budget, scope) if budget != UNLIMITED else _NO_LIMIT
         size, lo_of, need, free = self.compiled.size, self.lo, self.need, self.free
         slots = [0] * len(self.gathers)
         order = list(sequence if sequence is not None else range(len(self.gathers)))
@@ -468,9 +468,9 @@ class OverlapPlanner:
                     if size[self.gathers[j]] <= JUMP_RATIO * z:
                         continue
                     alone = fit(j, prev)
-                    tree.add(p, free[k] + 1, z)
+                    tree.add_below(free[k] + 1, z)
                     behind = fit(j, max(prev, p))
-                    tree.add(p, free[k] + 1, -z)
+                    tree.add_below(free[k] + 1, -z)
                     if alone < behind:
                         del pending[-back]
                         pending.append(j)
@@ -480,7 +480,7 @@ class OverlapPlanner:
                 if passing and p > max(lo_of[k], prev):
                     p, prev = self._pass(k, p, prev, pending, passing, fit, tree, slots, used)
                 if z:
-                    tree.add(p, free[k] + 1, z)
+                    tree.add_below(free[k] + 1, z)
                 slots[k] = p
                 used.append(k)
                 prev = max(prev, p)
@@ -488,6 +488,14 @@ class OverlapPlanner:
             used.sort(key=lambda k: (slots[k], k))
         self.last_sequence = used
         return slots
+
+    def _capacity_tree(self, budget: float, scope: str) -> MaxTree:
+        """A fresh segment tree of each slot's room (negated) under ``budget``: the last one built is kept
+        and copied, as step 3's placements for one budget all start from it."""
+        cached = getattr(self, "_tree", None)
+        if cached is None or cached[:2] != (budget, scope):
+            cached = self._tree = (budget, scope, MaxTree([-c for c in self.capacity(budget, scope)]))
+        return cached[2].copy()
 
     def _place_in_order(self, sequence: list[int], fit, tree, slots: list[int], used: list[int]) -> None:
         """Step 3 for a plain FIFO ``sequence``: each all-gather at ``fit``'s slot, no earlier than the one
@@ -505,12 +513,12 @@ class OverlapPlanner:
                 if p > prev:
                     prev = p
         else:
-            size, gathers, free, add = self.compiled.size, self.gathers, self.free, tree.add
+            size, gathers, free, add = self.compiled.size, self.gathers, self.free, tree.add_below
             for k in sequence:
                 p = fit(k, prev)
                 z = size[gathers[k]]
                 if z:
-                    add(p, free[k] + 1, z)
+                    add(free[k] + 1, z)
                 slots[k] = p
                 if p > prev:
                     prev = p
@@ -548,10 +556,10 @@ class OverlapPlanner:
             if work[pj] >= work[p]:
                 continue
             zj = size[self.gathers[j]]
-            tree.add(pj, free[j] + 1, zj)
+            tree.add_below(free[j] + 1, zj)
             after = fit(k, max(prev, pj))
             if work[after] > work[p] + 1e-12:
-                tree.add(pj, free[j] + 1, -zj)
+                tree.add_below(free[j] + 1, -zj)
                 continue
             pending.remove(j)
             slots[j] = pj
