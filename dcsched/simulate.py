@@ -315,10 +315,11 @@ class CompiledGraph(GraphForm):
                     raise GraphError(f"order runs {self.names[i]!r} before its input {self.names[p]!r}")
             placed[i] = True
 
-    def free_positions(self, idx: Sequence[int]) -> list[int]:
+    def free_positions(self, idx: Sequence[int], owners: Sequence[int] | None = None) -> list[int]:
         """For each node number, the position in ``idx`` after which its storage is freed (-1: never).
 
-        Only storage owners (:attr:`owners`) get a position; others get -1.
+        Only storage owners (:attr:`owners`, or those of them given as ``owners``) get a position;
+        others get -1.
         """
         n_nodes = len(self.names)
         # Each node's (last) position; a storage root dies after its last reader, found per owner
@@ -330,7 +331,7 @@ class CompiledGraph(GraphForm):
         free = [-1] * n_nodes
         part_of, readers, is_input = self.part_of, self.readers_of, self.is_input
         at = pos_of.__getitem__
-        for r in self.owners:
+        for r in self.owners if owners is None else owners:
             p = released.get(r)
             if p is None:
                 rs = readers[r]
@@ -343,6 +344,14 @@ class CompiledGraph(GraphForm):
                 p = pos_of[r]  # nobody reads it: freed right after it runs
             free[r] = p
         return free
+
+    @property
+    def gather_owners(self) -> list[int]:
+        """The all-gathers among the storage :attr:`owners` (what a placement needs the frees of)."""
+        if getattr(self, "_gather_owners", None) is None:
+            kind = self.kind
+            self._gather_owners = [r for r in self.owners if kind[r] == ALLGATHER]
+        return self._gather_owners
 
     def _released(self, idx: Sequence[int]) -> dict[int, int]:
         """Position of the release that frees each gathered buffer (its all-gather's number -> position)."""

@@ -109,7 +109,7 @@ class Overlap:
         first = OverlapPlanner(view, name=name)
         second = OverlapPlanner(view, base="input", shares=first)
         third = OverlapPlanner(view, base="sunk", shares=first)
-        second.guard_floor = third.guard_floor = first.jit_peak
+        second.guard_from = third.guard_from = first
         self.planners = [first, second, third]
         self.compiled = first.compiled
 
@@ -129,10 +129,49 @@ class Overlap:
 
     def plan(self, budget: float, scope: str = "gathered") -> tuple[list[int], SimResult]:
         """The chosen order (node numbers) and its simulation for ``budget`` bytes in ``scope``."""
+        order, result = self._select(budget, scope)
+        return order, result if result is not None else self.compiled.simulate(order, detail=False, check=False)
+
+    def _select(self, budget: float, scope: str) -> tuple[list[int], SimResult | None]:
+        """:meth:`plan`'s order, and its simulation where choosing it needed one (None where it did not:
+        at an unlimited budget every order fits, so only the streams' clocks are simulated)."""
         check_scope(scope)
         feasible = [p for p in self.planners if p.feasible(budget, scope)]
         if not feasible:  # raises, naming the smallest budget that works
             self.planners[0].check_budget(budget, scope, self.min_budget(scope))
+        candidates = self._candidates(feasible, budget, scope)
+        step, index, slots, rank, timeline = candidates[0]
+        improved = _reorder_fifo(feasible[index], budget, scope, timeline, rank)
+        if improved is not None:
+            step, slots, rank = improved
+            candidates.insert(0, (step, index, slots, rank, None))
+        # Step 6: the same placement with waiting reduces queued behind the next all-gather.
+        planner = feasible[index]
+        order, issue_pos = planner._layout(slots, rank)
+        clocks = self.compiled.clocks(order)  # step 6 reads it, and it is the first order checked
+        behind = planner.reduces_behind(slots, rank, (order, issue_pos, clocks))
+        if behind:
+            moved = planner._layout(slots, rank, behind)[0]
+            moved_clocks = self.compiled.clocks(moved)
+            if moved_clocks.step_ms < step - 1e-9:
+                fits, result = self._check_fit(planner, moved, budget, scope)
+                if fits:
+                    return moved, result
+        for number, (_, index, slots, rank, _) in enumerate(candidates):
+            if number:
+                order = feasible[index].assemble(slots, rank)
+            fits, result = self._check_fit(feasible[index], order, budget, scope)
+            if fits:
+                return order, result
+        # The placement model is exact on DeepCompile-style graphs; should oddly wired ZeRO-3 ops
+        # defeat it, gathering just in time always fits (the budget is at least its peak).
+        order = feasible[0].assemble(feasible[0].need)
+        return order, None
+
+    @staticmethod
+    def _candidates(feasible: list[OverlapPlanner], budget: float, scope: str) -> list[tuple]:
+        """Steps 3, 3b and 4 on every feasible skeleton: ``(step_ms, planner index, slots, FIFO rank or
+        None, clocks)`` per distinct placement, shortest simulated step first (ties: planner order)."""
         candidates = []
         for index, planner in enumerate(feasible):
             slots, timeline = planner.delay(planner.earliest(budget, scope))
@@ -150,32 +189,16 @@ class Overlap:
                 slots, timeline = planner.delay(first, rank)
                 candidates.append((timeline.step_ms, index, slots, rank, timeline))
         candidates.sort(key=lambda c: c[:2])
-        step, index, slots, rank, timeline = candidates[0]
-        improved = _reorder_fifo(feasible[index], budget, scope, timeline, rank)
-        if improved is not None:
-            step, slots, rank = improved
-            candidates.insert(0, (step, index, slots, rank, None))
-        # Step 6: the same placement with waiting reduces queued behind the next all-gather.
-        planner = feasible[index]
-        winner = planner.timeline(slots, rank)  # simulated once: step 6 reads it, and it is the first checked
-        behind = planner.reduces_behind(slots, rank, winner)
-        if behind:
-            order = planner._layout(slots, rank, behind)[0]
-            result = self.compiled.simulate(order, detail=False, check=False)
-            if result.step_ms < step - 1e-9 and self._fits(planner, result, budget, scope):
-                return order, result
-        for number, (_, index, slots, rank, _) in enumerate(candidates):
-            if number == 0:
-                order, result = winner[0], winner[2].scalars()
-            else:
-                order = feasible[index].assemble(slots, rank)
-                result = self.compiled.simulate(order, detail=False, check=False)
-            if self._fits(feasible[index], result, budget, scope):
-                return order, result
-        # The placement model is exact on DeepCompile-style graphs; should oddly wired ZeRO-3 ops
-        # defeat it, gathering just in time always fits (the budget is at least its peak).
-        order = feasible[0].assemble(feasible[0].need)
-        return order, self.compiled.simulate(order, detail=False, check=False)
+        return candidates
+
+    def _check_fit(self, planner: OverlapPlanner, order: list[int], budget: float,
+                   scope: str) -> tuple[bool, SimResult | None]:
+        """Whether ``order`` fits ``budget``, and its simulation if that took one (an unlimited budget
+        takes none)."""
+        if budget == UNLIMITED:
+            return True, None
+        result = self.compiled.simulate(order, detail=False, check=False)
+        return self._fits(planner, result, budget, scope), result
 
     @staticmethod
     def _fits(planner: OverlapPlanner, result: SimResult, budget: float, scope: str) -> bool:
@@ -186,7 +209,7 @@ class Overlap:
     def order(self, budget: float, scope: str = "gathered") -> list[str]:
         """The overlap order (node names) for ``budget`` bytes in ``scope``."""
         names = self.compiled.names
-        return [names[i] for i in self.plan(budget, scope)[0]]
+        return [names[i] for i in self._select(budget, scope)[0]]
 
 
 #: Step 5's effort: at most this many re-placements, each moving one all-gather at most WINDOW places,

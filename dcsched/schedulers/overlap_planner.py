@@ -73,6 +73,7 @@ class OverlapPlanner:
             raise ValueError(f"unknown base order {base!r} (choose from {', '.join(BASES)})")
         self.base_name = base
         self._shares = shares
+        self.guard_from: OverlapPlanner | None = None
         self._fast_free: SimResult | None = None
         if shares is not None:
             compiled = shares.compiled
@@ -108,7 +109,7 @@ class OverlapPlanner:
     # -- construction ----------------------------------------------------------
     def _movable_parts(self) -> tuple:
         """What step 1 takes from the graph alone, the same for every base order (computed once per graph,
-        shared with the planner this one ``shares``): ``(is_gather, wait_of, keep, may_move)``.
+        shared with the planner this one ``shares``): ``(is_gather, wait_of, keep, may_move, readers_of)``.
 
         Movable: an all-gather that reads no communication node, and the waits
         that read it (and no other gather or wait) and have readers; ``wait_of``
@@ -117,7 +118,8 @@ class OverlapPlanner:
         nobody reads) stays in the skeleton where the base order has it.
         ``may_move``: the reduces and releases, and the free views between a
         gradient and its reduce (a weight gradient's transpose), which move up
-        to right after their last input.
+        to right after their last input. ``readers_of``: each movable
+        all-gather's readers in the skeleton (its own and its waits').
         """
         if self._shares is not None:
             return self._shares._movable_parts()
@@ -148,13 +150,16 @@ class OverlapPlanner:
                 if keep[v] and kind[v] == COMPUTE and root[v] != v and not duration[v] and succs[v] \
                         and all(kind[s] == REDUCE or on_way[s] for s in succs[v]):
                     on_way[v] = may_move[v] = 1
-            self._parts = (is_gather, wait_of, keep, may_move)
+            # Each movable all-gather's readers in the skeleton: its own and its waits'.
+            readers_of = {g: [r for r in succs[g] if keep[r]] + [r for w in waits for r in succs[w]]
+                          for g, waits in wait_of.items()}
+            self._parts = (is_gather, wait_of, keep, may_move, readers_of)
         return self._parts
 
     def _build_skeleton(self, base: list[int]) -> None:
         c = self.compiled
         preds = c.preds
-        is_gather, wait_of, keep, may_move = self._movable_parts()
+        is_gather, wait_of, keep, may_move, _ = self._movable_parts()
         self._is_gather = is_gather
         if any(len(waits) > 1 for waits in wait_of.values()):  # several waits: in base order
             position = {v: i for i, v in enumerate(base)}
@@ -196,13 +201,13 @@ class OverlapPlanner:
             marks.setdefault(ds_id[skeleton[j]], []).append(j)
 
         entries = []
-        for g, waits in self.wait_of.items():
-            readers = [slot_of[r] for r in succs[g] if r in slot_of]
-            readers += [slot_of[r] for w in waits for r in succs[w]]
+        slot = slot_of.__getitem__
+        readers_of = self._movable_parts()[4]
+        for g in self.wait_of:
+            readers = readers_of[g]
+            lo = max(map(slot, preds[g])) + 1 if preds[g] else 0
             # Read by nobody at all: it stays at the skeleton node that followed it in the base.
-            lo = max((slot_of[p] + 1 for p in preds[g]), default=0)
-            # Read by nobody at all: it stays at the skeleton node that followed it in the base.
-            need = min(readers) if readers else max(lo, next(
+            need = min(map(slot, readers)) if readers else max(lo, next(
                 (slot_of[v] for v in base[base_pos[g]:] if v in slot_of), m))
             # Never cross a release or all-gather of the same parameter: the buffer is freed at
             # the n-th release after its all-gather, so that count must not change.
@@ -218,7 +223,7 @@ class OverlapPlanner:
         wait_groups: dict[int, list[int]] = {}
         for g in self.gathers:
             for w in self.wait_of[g]:
-                wait_groups.setdefault(min(slot_of[r] for r in succs[w]), []).append(w)
+                wait_groups.setdefault(min(map(slot, succs[w])), []).append(w)
         self.wait_groups = wait_groups
         self._wait_slots = sorted(wait_groups)
         # The next skeleton slot holding a communication node, from each slot on.
@@ -231,14 +236,15 @@ class OverlapPlanner:
         self._next_comm = next_comm
 
     def _measure_jit(self) -> None:
+        """Just-in-time gathering (every all-gather at its need slot): where each buffer is freed, and so
+        how late the next all-gather of its parameter may start. Its memory profile, which only a
+        finite budget reads, is simulated when first asked for (:meth:`_jit_memory`)."""
         c = self.compiled
         m = len(self.skeleton)
         order, issue_pos = self._layout(self.need)
         c.check(order)
-        # Only the memory model: placement reads how long each buffer lives and what else is in memory.
-        memory, gathered_memory, free_pos = c.memory_with_frees(order)
-        # Skeleton node j closes slot j's group: it sits just before slot j + 1's group.
-        skeleton_pos = [p - 1 for p in issue_pos[1:]]
+        self._jit_layout = order, issue_pos
+        free_pos = c.free_positions(order, c.gather_owners)
         # Last slot each buffer lives: the skeleton node after which the simulator frees it (the
         # slot whose group holds the freeing position).
         free = []
@@ -253,23 +259,58 @@ class OverlapPlanner:
             if d in last_free:
                 self.lo[k] = min(self.need[k], max(self.lo[k], last_free[d] + 1))
             last_free[d] = max(last_free.get(d, -1), free[k])
-        used = self.gathered_usage(self.need)
-        # What the model of movable buffers does not cover, while each skeleton node runs:
-        # ``rest`` (every other tensor) and ``fixed`` (gathered buffers that stay in the skeleton).
-        # (Exact on DeepCompile-style graphs; where ops are wired so that the model counts a
-        # buffer longer than the simulator does, the correction is clamped to stay conservative.)
-        gathered = list(map(gathered_memory.__getitem__, skeleton_pos))
-        movable = list(map(min, used, gathered))  # (used has a last entry, for the end slot)
-        rest = list(map(operator.sub, map(memory.__getitem__, skeleton_pos), movable))
-        fixed = list(map(operator.sub, gathered, movable))
-        rest.append(rest[-1] if rest else c.resident_bytes)
-        fixed.append(fixed[-1] if fixed else 0)
-        self.rest, self.fixed = rest, fixed
-        # (the peaks as the simulator reports them: no peak below what is resident, none below 0)
-        self.jit_gathered_peak = max(max(gathered_memory, default=0), 0)
-        self.jit_peak = max(max(memory, default=c.resident_bytes), c.resident_bytes)
-        self.guard_floor = self.jit_peak
         self.largest_gather = max((c.size[g] for g in self.gathers), default=0)
+        self._memory = None
+
+    def _jit_memory(self) -> tuple[list, list, int, int]:
+        """``(rest, fixed, jit_peak, jit_gathered_peak)``: what the model of movable buffers does not cover
+        while each skeleton node runs under just-in-time gathering (``rest``: every other tensor;
+        ``fixed``: gathered buffers that stay in the skeleton), and its peaks."""
+        if self._memory is None:
+            c = self.compiled
+            order, issue_pos = self._jit_layout
+            memory, gathered_memory, _ = c.memory_with_frees(order)
+            # Skeleton node j closes slot j's group: it sits just before slot j + 1's group.
+            skeleton_pos = [p - 1 for p in issue_pos[1:]]
+            used = self.gathered_usage(self.need)
+            # (Exact on DeepCompile-style graphs; where ops are wired so that the model counts a
+            # buffer longer than the simulator does, the correction is clamped to stay conservative.)
+            gathered = list(map(gathered_memory.__getitem__, skeleton_pos))
+            movable = list(map(min, used, gathered))  # (used has a last entry, for the end slot)
+            rest = list(map(operator.sub, map(memory.__getitem__, skeleton_pos), movable))
+            fixed = list(map(operator.sub, gathered, movable))
+            rest.append(rest[-1] if rest else c.resident_bytes)
+            fixed.append(fixed[-1] if fixed else 0)
+            # (the peaks as the simulator reports them: no peak below what is resident, none below 0)
+            self._memory = (rest, fixed, max(max(memory, default=c.resident_bytes), c.resident_bytes),
+                            max(max(gathered_memory, default=0), 0))
+            self._jit_layout = None
+        return self._memory
+
+    @property
+    def rest(self) -> list:
+        return self._jit_memory()[0]
+
+    @property
+    def fixed(self) -> list:
+        return self._jit_memory()[1]
+
+    @property
+    def jit_peak(self) -> int:
+        """Just-in-time gathering's all-tensor peak."""
+        return self._jit_memory()[2]
+
+    @property
+    def jit_gathered_peak(self) -> int:
+        """Just-in-time gathering's gathered peak."""
+        return self._jit_memory()[3]
+
+    @property
+    def guard_floor(self) -> int:
+        """The all-tensor floor of :meth:`all_tensor_cap`: just-in-time gathering's peak on the skeleton
+        of ``guard_from`` (fast-free's, which :class:`~dcsched.schedulers.overlap.Overlap` gives every
+        planner of a graph; by default this one)."""
+        return (self.guard_from or self).jit_peak
 
     # -- budget-independent queries -------------------------------------------
     def gathered_usage(self, slots: list[int]) -> list[int]:
@@ -334,11 +375,11 @@ class OverlapPlanner:
         return order, issue_pos, self.compiled.simulate(order, detail="series", check=False)
 
     def reduces_behind(self, slots: list[int], rank: list[int] | None = None,
-                       timeline: tuple[list[int], list[int], SimResult] | None = None) -> dict[int, int]:
+                       timeline: tuple[list[int], list[int], SimResult | Clocks] | None = None) -> dict[int, int]:
         """Step 6's variant: reduces that had not started when the next all-gather was issued, moved
         right behind that all-gather in the FIFO (the all-gather gates compute; a reduce gates
         nothing but the step's end). Returns {reduce node: slot}; empty when nothing would move.
-        ``timeline``: :meth:`timeline` of these slots, if already simulated.
+        ``timeline``: :meth:`timeline` of these slots, if already simulated (its clocks suffice).
         """
         c = self.compiled
         order, issue_pos, res = timeline if timeline is not None else self.timeline(slots, rank)
@@ -399,11 +440,15 @@ class OverlapPlanner:
 
     def feasible(self, budget: float, scope: str) -> bool:
         """Whether this skeleton can meet ``budget`` (in the gathered scope: also the all-tensor cap)."""
+        if budget == UNLIMITED:  # (without simulating just-in-time gathering's memory)
+            return True
         if budget < self.min_budget(scope):
             return False
         return scope == "all" or self.jit_peak <= self.all_tensor_cap(budget)
 
     def check_budget(self, budget: float, scope: str, need: int | None = None) -> None:
+        if budget == UNLIMITED:
+            return
         need = self.min_budget(scope) if need is None else need
         if budget < need:
             what = "gathered parameters" if scope == "gathered" else "all tensors"
