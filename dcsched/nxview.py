@@ -52,7 +52,7 @@ import torch.fx
 from .errors import GraphError
 from .fxbuild import rebuild
 from .specs import input_size
-from .roles import (COMM_ROLES, Role, ds_id_of, graph_id_of, is_aliasing, is_random, is_view_like, n_users_of,
+from .roles import (COMM_ROLES, Role, comm_ids, is_aliasing, is_random, is_view_like, n_users_of,
                     qualified_name, role_of)
 
 
@@ -111,7 +111,7 @@ class FxColumns:
     def _read_own(self, i: int, role: Role, seeded: bool) -> None:
         node = self.nodes[i]
         if role in COMM_ROLES:  # only comm nodes carry ids
-            self.ds_id[i], self.graph_id[i] = ds_id_of(node), graph_id_of(node)
+            self.graph_id[i], self.ds_id[i] = comm_ids(node)
             if role is Role.RELEASE:
                 self.n_users[i] = n_users_of(node)
         elif role is Role.OUTPUT:

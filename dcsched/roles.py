@@ -103,15 +103,18 @@ def role_of(node: torch.fx.Node) -> Role:
 
 def ds_id_of(node: torch.fx.Node) -> int | None:
     """The parameter id of a comm node (its ``id`` argument), else None."""
-    if role_of(node) in COMM_ROLES:
-        return int(node.args[2]) if len(node.args) > 2 else int(node.kwargs["id"])
-    return None
+    return comm_ids(node)[1] if role_of(node) in COMM_ROLES else None
 
 
 def graph_id_of(node: torch.fx.Node) -> int | None:
-    if role_of(node) in COMM_ROLES:
-        return int(node.args[1]) if len(node.args) > 1 else int(node.kwargs["graph_id"])
-    return None
+    return comm_ids(node)[0] if role_of(node) in COMM_ROLES else None
+
+
+def comm_ids(node: torch.fx.Node) -> tuple[int, int]:
+    """``(graph_id, ds_id)`` of a node known to be a comm node (its ``graph_id`` and ``id`` arguments)."""
+    args = node.args
+    return (int(args[1]) if len(args) > 1 else int(node.kwargs["graph_id"]),
+            int(args[2]) if len(args) > 2 else int(node.kwargs["id"]))
 
 
 def n_users_of(node: torch.fx.Node) -> int | None:

@@ -127,6 +127,8 @@ class CompiledGraph(GraphForm):
     # -- construction helpers ------------------------------------------------
     def _check_figures(self, label: str, assume_zero: bool) -> dict[str, list[str]]:
         """The nodes missing a figure, by figure; raises for bad figures (and missing ones unless assumed 0)."""
+        if all(_plain_figures(column) for column in (self.device_time, self.tensor_size)):
+            return {}  # the usual profiled graph: every figure a non-negative int or float (checked at C speed)
         missing: dict[str, list[str]] = {"device_time": [], "tensor_size": []}
         bad: list[str] = []
         needs_none = (PLACEHOLDER, OUTPUT, CONSTANT)
@@ -525,6 +527,12 @@ class CompiledGraph(GraphForm):
                 free_node=names[idx[p]] if p >= 0 else None, free_index=p if p >= 0 else None,
                 issued_ms=reach[pos], ready_ms=end[pos], freed_ms=end[p] if p >= 0 else end[-1]))
         return lifetimes
+
+
+def _plain_figures(values: list) -> bool:
+    """Whether every value is an int or a float (not a bool), none negative and none NaN."""
+    return not values or (set(map(type, values)) <= {int, float} and min(values) >= 0
+                          and not any(map(math.isnan, values)))
 
 
 def _first_peak(series: list) -> tuple:

@@ -390,6 +390,15 @@ def test_non_numeric_cost_is_refused():
         simulate(g)
 
 
+@pytest.mark.parametrize("value", [float("nan"), True, -0.5])
+def test_nan_bool_and_negative_figures_are_refused(value):
+    # Every other figure is a plain number: the check's fast path must still see the one bad value.
+    g = two_layer_forward()
+    next(n for n in g.nodes if n.name == "mm1").meta["device_time"] = value
+    with pytest.raises(GraphError, match=r"mm1 device_time="):
+        simulate(g)
+
+
 def test_cycle_is_refused():
     view = to_networkx(two_layer_forward())
     view.add_edge("mm1", "mm0")
