@@ -15,11 +15,12 @@ import operator
 import networkx as nx
 
 from ..errors import DcschedError
-from ..graphform import ALLGATHER, COMM_KINDS, COMPUTE, RELEASE, REDUCE, WAIT, GraphForm
+from ..graphform import COMPUTE, REDUCE, GraphForm
 from ..simulate import Clocks, CompiledGraph, SimResult, compile_view
 from ..units import format_bytes
 from ._maxtree import MaxTree
 from ._sink import sink_readers
+from ._skeleton import MovableParts, build_skeleton, gather_windows, movable_parts
 from .fast_free import fast_free_indices
 
 SCOPES = ("gathered", "all")
@@ -75,6 +76,7 @@ class OverlapPlanner:
         self._shares = shares
         self.guard_from: OverlapPlanner | None = None
         self._fast_free: SimResult | None = None
+        self._movable: MovableParts | None = None
         if shares is not None:
             compiled = shares.compiled
         elif compiled is None:
@@ -93,7 +95,6 @@ class OverlapPlanner:
         else:
             base = sink_readers(self.compiled, ff)
         self._build_skeleton(base)
-        self._build_needs(base)
         self._measure_jit()
 
     @property
@@ -107,133 +108,25 @@ class OverlapPlanner:
         return self._fast_free
 
     # -- construction ----------------------------------------------------------
-    def _movable_parts(self) -> tuple:
-        """What step 1 takes from the graph alone, the same for every base order (computed once per graph,
-        shared with the planner this one ``shares``): ``(is_gather, wait_of, keep, may_move, readers_of)``.
-
-        Movable: an all-gather that reads no communication node, and the waits
-        that read it (and no other gather or wait) and have readers; ``wait_of``
-        maps each movable all-gather to its waits (node order), ``keep`` marks
-        the skeleton's nodes. Anything else (ZeRO-3 ops wired unusually, a wait
-        nobody reads) stays in the skeleton where the base order has it.
-        ``may_move``: the reduces and releases, and the free views between a
-        gradient and its reduce (a weight gradient's transpose), which move up
-        to right after their last input. ``readers_of``: each movable
-        all-gather's readers in the skeleton (its own and its waits').
-        """
+    @property
+    def movable(self) -> MovableParts:
+        """Step 1's graph-only half (:func:`movable_parts`), computed once per graph: shared with the
+        planner this one ``shares``."""
         if self._shares is not None:
-            return self._shares._movable_parts()
-        if getattr(self, "_parts", None) is None:
-            c = self.compiled
-            kind, preds, succs = c.kind, c.preds, c.succs
-            n = len(kind)
-            is_gather = [k == ALLGATHER for k in kind]
-            wait_of: dict[int, list[int]] = {
-                v: [] for v in itertools.compress(range(n), is_gather)
-                if not any(kind[p] in (ALLGATHER, WAIT) for p in preds[v])}
-            keep = bytearray([1]) * n
-            for v in wait_of:
-                keep[v] = 0
-            for v in itertools.compress(range(n), [k == WAIT for k in kind]):
-                if not succs[v]:
-                    continue
-                owners = [p for p in preds[v] if kind[p] in (ALLGATHER, WAIT)]
-                if len(owners) == 1 and owners[0] in wait_of and not any(kind[s] == ALLGATHER for s in succs[v]):
-                    wait_of[owners[0]].append(v)
-                    keep[v] = 0
-            # A view is on the way to a reduce when every reader is a reduce or such a view. Readers come
-            # later in the input order (the planner checks it is topological), so one backward pass decides.
-            may_move = bytearray(c.reduce_or_release)
-            on_way = bytearray(n)
-            root, duration = c.root, c.duration
-            for v in reversed(range(n)):
-                if keep[v] and kind[v] == COMPUTE and root[v] != v and not duration[v] and succs[v] \
-                        and all(kind[s] == REDUCE or on_way[s] for s in succs[v]):
-                    on_way[v] = may_move[v] = 1
-            # Each movable all-gather's readers in the skeleton: its own and its waits'.
-            readers_of = {g: [r for r in succs[g] if keep[r]] + [r for w in waits for r in succs[w]]
-                          for g, waits in wait_of.items()}
-            self._parts = (is_gather, wait_of, keep, may_move, readers_of)
-        return self._parts
+            return self._shares.movable
+        if self._movable is None:
+            self._movable = movable_parts(self.compiled)
+        return self._movable
 
     def _build_skeleton(self, base: list[int]) -> None:
-        c = self.compiled
-        preds = c.preds
-        is_gather, wait_of, keep, may_move, _ = self._movable_parts()
-        self._is_gather = is_gather
-        if any(len(waits) > 1 for waits in wait_of.values()):  # several waits: in base order
-            position = {v: i for i, v in enumerate(base)}
-            wait_of = {g: sorted(waits, key=position.__getitem__) if len(waits) > 1 else waits
-                       for g, waits in wait_of.items()}
-        skeleton = list(itertools.compress(base, map(keep.__getitem__, base)))
-        # Reduces and releases move up to right after their last input (when every input is a
-        # skeleton node): the sort key of a moved node extends its latest input's key. So do the
-        # free views between a gradient and its reduce, or the reduce would wait for wherever the
-        # base order put them.
-        m = len(skeleton)
-        slot = dict(zip(skeleton, range(m)))
-        key: dict[int, tuple] = {}  # of the moved nodes; a node that stays at slot j sorts as (j, 0, 0)
-        counter = 0
-        for i in itertools.compress(range(m), map(may_move.__getitem__, skeleton)):
-            ins = preds[skeleton[i]]
-            if ins and all(slot.get(p, m) < i for p in ins):  # every input an earlier skeleton node
-                counter += 1
-                key[skeleton[i]] = max(key.get(p) or (slot[p], 0, 0) for p in ins) + (1, counter)
-        if key:
-            keys = dict(zip(skeleton, zip(range(m), itertools.repeat(0), itertools.repeat(0))))
-            keys.update(key)
-            skeleton.sort(key=keys.__getitem__)
-        self.skeleton = skeleton
-        self.wait_of = wait_of
-
-    def _build_needs(self, base: list[int]) -> None:
-        c = self.compiled
-        kind, preds, succs, ds_id = c.kind, c.preds, c.succs, c.ds_id
-        skeleton = self.skeleton
-        m = len(skeleton)
-        slot_of = dict(zip(skeleton, range(m)))
-        self.slot_of = slot_of
-        is_gather = self._is_gather
-        base_pos = {base[i]: i for i in itertools.compress(range(len(base)), map(is_gather.__getitem__, base))}
-        # Skeleton nodes that count in the simulator's release bookkeeping, per parameter.
-        marks: dict = {}
-        for j in itertools.compress(range(m), map(c.gather_or_release.__getitem__, skeleton)):
-            marks.setdefault(ds_id[skeleton[j]], []).append(j)
-
-        entries = []
-        slot = slot_of.__getitem__
-        readers_of = self._movable_parts()[4]
-        for g in self.wait_of:
-            readers = readers_of[g]
-            lo = max(map(slot, preds[g])) + 1 if preds[g] else 0
-            # Read by nobody at all: it stays at the skeleton node that followed it in the base.
-            need = min(map(slot, readers)) if readers else max(lo, next(
-                (slot_of[v] for v in base[base_pos[g]:] if v in slot_of), m))
-            # Never cross a release or all-gather of the same parameter: the buffer is freed at
-            # the n-th release after its all-gather, so that count must not change.
-            before = [j for j in marks.get(ds_id[g], ()) if j < need]
-            if before:
-                lo = max(lo, before[-1] + 1)
-            entries.append((need, base_pos[g], g, min(lo, need)))
-        entries.sort()
-        self.gathers = [g for _, _, g, _ in entries]
-        self.need = [need for need, _, _, _ in entries]
-        self.lo = [lo for _, _, _, lo in entries]
-        # Waits: right before their own first reader (slot -> its waits).
-        wait_groups: dict[int, list[int]] = {}
-        for g in self.gathers:
-            for w in self.wait_of[g]:
-                wait_groups.setdefault(min(map(slot, succs[w])), []).append(w)
-        self.wait_groups = wait_groups
-        self._wait_slots = sorted(wait_groups)
-        # The next skeleton slot holding a communication node, from each slot on.
-        next_comm: list[int] = []
-        prev = 0
-        for j in itertools.compress(range(m), map(c.is_comm.__getitem__, skeleton)):
-            next_comm.extend([j] * (j + 1 - prev))
-            prev = j + 1
-        next_comm.extend([m] * (m + 1 - prev))
-        self._next_comm = next_comm
+        """Step 1 on ``base``: the skeleton, and each all-gather's window on it (``_skeleton``)."""
+        parts = self.movable
+        self._is_gather = parts.is_gather
+        self.skeleton, self.wait_of = build_skeleton(self.compiled, parts, base)
+        windows = gather_windows(self.compiled, parts, self.skeleton, self.wait_of, base)
+        self.gathers, self.need, self.lo = windows.gathers, windows.need, windows.lo
+        self.slot_of, self.wait_groups = windows.slot_of, windows.wait_groups
+        self._wait_slots, self._next_comm = windows.wait_slots, windows.next_comm
 
     def _measure_jit(self) -> None:
         """Just-in-time gathering (every all-gather at its need slot): where each buffer is freed, and so
@@ -487,7 +380,7 @@ class OverlapPlanner:
         check_scope(scope)
         # Unlimited, every slot fits every buffer: no tree to keep (the placement rules are unchanged).
         tree = self._capacity_tree(budget, scope) if budget != UNLIMITED else _NO_LIMIT
-        size, lo_of, need, free = self.compiled.size, self.lo, self.need, self.free
+        size, lo_of, free = self.compiled.size, self.lo, self.free
         slots = [0] * len(self.gathers)
         order = list(sequence if sequence is not None else range(len(self.gathers)))
         classes = [order]
