@@ -172,21 +172,21 @@ class Overlap:
     def _candidates(feasible: list[OverlapPlanner], budget: float, scope: str) -> list[tuple]:
         """Steps 3, 3b and 4 on every feasible skeleton: ``(step_ms, planner index, slots, FIFO rank or
         None, clocks)`` per distinct placement, shortest simulated step first (ties: planner order)."""
-        candidates = []
+        candidates, variants = [], []
         for index, planner in enumerate(feasible):
-            slots, timeline = planner.delay(planner.earliest(budget, scope))
+            asked = [(lookahead, max(1, planner.largest_gather // SMALL_FRACTION) if small else 0, passing)
+                     for lookahead, small, passing in FIFO_VARIANTS]
+            first, placed = planner.earliest_variants(budget, scope, asked)
+            slots, timeline = planner.delay(first)
             candidates.append((timeline.step_ms, index, slots, None, timeline))
-        # Step 3b: other FIFO sequences (large before small, small first).
+            variants.append(placed)
+        # Step 3b: other FIFO sequences (large before small, small first), planner by planner.
         for index, planner in enumerate(feasible):
-            for lookahead, small, passing in FIFO_VARIANTS:
-                small_first = max(1, planner.largest_gather // SMALL_FRACTION) if small else 0
-                first = planner.earliest(budget, scope, lookahead=lookahead, small_first=small_first,
-                                         passing=passing)
-                sequence = planner.last_sequence
-                if sequence == sorted(sequence):
+            for found in variants[index]:
+                if found is None or found[1] == sorted(found[1]):
                     continue
-                rank = fifo_ranks(sequence)
-                slots, timeline = planner.delay(first, rank)
+                rank = fifo_ranks(found[1])
+                slots, timeline = planner.delay(found[0], rank)
                 candidates.append((timeline.step_ms, index, slots, rank, timeline))
         candidates.sort(key=lambda c: c[:2])
         return candidates

@@ -19,6 +19,7 @@ from ..graphform import COMPUTE, REDUCE, GraphForm
 from ..simulate import Clocks, CompiledGraph, SimResult, compile_view
 from ..units import format_bytes
 from ._maxtree import MaxTree
+from ._placement import JUMP_RATIO, NO_LIMIT, Placement  # noqa: F401
 from ._sink import sink_readers
 from ._skeleton import MovableParts, build_skeleton, gather_windows, movable_parts
 from .fast_free import fast_free_indices
@@ -28,27 +29,12 @@ UNLIMITED = math.inf
 #: Compute orders the skeleton can come from: fast-free's, the graph's own (input) order, or
 #: fast-free's with each reader of a gathered parameter sunk to just before its first user.
 BASES = ("fast-free", "input", "sunk")
-#: Step 3b: a large all-gather may pass smaller ones (each at most 1/JUMP_RATIO of its size).
-JUMP_RATIO = 4
 
 
 def check_scope(scope: str) -> str:
     if scope not in SCOPES:
         raise DcschedError(f"unknown budget scope {scope!r} (choose from {', '.join(SCOPES)})")
     return scope
-
-
-class _NoLimit:
-    """The segment tree of an unlimited budget: nothing is ever over it."""
-
-    def add_below(self, hi: int, value: float) -> None:
-        pass
-
-    def last_above(self, lo: int, hi: int, threshold: float) -> int:
-        return -1
-
-
-_NO_LIMIT = _NoLimit()
 
 
 class OverlapPlanner:
@@ -125,6 +111,7 @@ class OverlapPlanner:
         self.skeleton, self.wait_of = build_skeleton(self.compiled, parts, base)
         windows = gather_windows(self.compiled, parts, self.skeleton, self.wait_of, base)
         self.gathers, self.need, self.lo = windows.gathers, windows.need, windows.lo
+        self.gather_sizes = [self.compiled.size[g] for g in self.gathers]
         self.slot_of, self.wait_groups = windows.slot_of, windows.wait_groups
         self._wait_slots, self._next_comm = windows.wait_slots, windows.next_comm
 
@@ -376,134 +363,61 @@ class OverlapPlanner:
         while the first is still in use). :attr:`last_sequence` records the
         resulting FIFO sequence.
         """
-        self.check_budget(budget, scope)
-        check_scope(scope)
-        # Unlimited, every slot fits every buffer: no tree to keep (the placement rules are unchanged).
-        tree = self._capacity_tree(budget, scope) if budget != UNLIMITED else _NO_LIMIT
-        size, lo_of, free = self.compiled.size, self.lo, self.free
+        placement = self._placement(budget, scope)
+        size = self.gather_sizes
         slots = [0] * len(self.gathers)
         order = list(sequence if sequence is not None else range(len(self.gathers)))
         classes = [order]
         if small_first:
-            classes = [[k for k in order if size[self.gathers[k]] <= small_first],
-                       [k for k in order if size[self.gathers[k]] > small_first]]
-
-        fit = self._fitter(tree)
-
+            classes = [[k for k in order if size[k] <= small_first], [k for k in order if size[k] > small_first]]
         used: list[int] = []
         for pending in classes:
-            if not lookahead and not passing:
-                self._place_in_order(pending, fit, tree, slots, used)
-                continue
-            pending = pending[::-1]  # a stack: the next all-gather is last
-            prev = 0
-            while pending:
-                k = pending[-1]
-                p = fit(k, prev)
-                z = size[self.gathers[k]]
-                for back in range(2, min(lookahead, len(pending) - 1) + 2):
-                    j = pending[-back]
-                    if size[self.gathers[j]] <= JUMP_RATIO * z:
-                        continue
-                    alone = fit(j, prev)
-                    tree.add_below(free[k] + 1, z)
-                    behind = fit(j, max(prev, p))
-                    tree.add_below(free[k] + 1, -z)
-                    if alone < behind:
-                        del pending[-back]
-                        pending.append(j)
-                        k, p, z = j, alone, size[self.gathers[j]]
-                        break
-                pending.pop()
-                if passing and p > max(lo_of[k], prev):
-                    p, prev = self._pass(k, p, prev, pending, passing, fit, tree, slots, used)
-                if z:
-                    tree.add_below(free[k] + 1, z)
-                slots[k] = p
-                used.append(k)
-                prev = max(prev, p)
+            if lookahead or passing:
+                placement.moving(pending[::-1], 0, slots, used, lookahead, passing)
+            else:
+                placement.in_order(pending, slots)
+                used.extend(pending)
         if small_first:  # the FIFO sequence is program order: by slot, then by need
             used.sort(key=lambda k: (slots[k], k))
         self.last_sequence = used
         return slots
+
+    def earliest_variants(self, budget: float, scope: str, variants) -> tuple[list[int], list]:
+        """Need order's :meth:`earliest` slots, and per step 3b variant ``(lookahead, small_first,
+        passing)`` its ``(slots, FIFO sequence)``, or None where its sequence is need order.
+
+        The moving variants (lookahead, passing) share need order's placement up
+        to their first move (:meth:`Placement.with_variants`).
+        """
+        shared = [v for v in variants if not v[1] and (v[0] or v[2])]
+        plain, moved = self._placement(budget, scope).with_variants([(v[0], v[2]) for v in shared])
+        placed_by = dict(zip(shared, moved))
+        placed = []
+        for lookahead, small_first, passing in variants:
+            if (lookahead, small_first, passing) in placed_by:
+                placed.append(placed_by[(lookahead, small_first, passing)])
+                continue
+            slots = self.earliest(budget, scope, lookahead=lookahead, small_first=small_first, passing=passing)
+            sequence = self.last_sequence
+            placed.append(None if sequence == sorted(sequence) else (slots, sequence))
+        return plain, placed
+
+    def _placement(self, budget: float, scope: str) -> Placement:
+        """Step 3's placer against a fresh room for ``budget`` (unlimited: no room to keep, as every slot
+        fits every buffer and the placement rules are unchanged)."""
+        self.check_budget(budget, scope)
+        check_scope(scope)
+        return Placement(self, self._capacity_tree(budget, scope) if budget != UNLIMITED else NO_LIMIT)
 
     def _capacity_tree(self, budget: float, scope: str) -> MaxTree:
         """A fresh segment tree of each slot's room (negated) under ``budget``: the last one built is kept
         and copied, as step 3's placements for one budget all start from it."""
         cached = getattr(self, "_tree", None)
         if cached is None or cached[:2] != (budget, scope):
-            cached = self._tree = (budget, scope, MaxTree([-c for c in self.capacity(budget, scope)]))
+            # Whole bytes: memory is counted in them, and integer rooms keep every add and its undo exact.
+            room = self.capacity(math.floor(budget), scope)
+            cached = self._tree = (budget, scope, MaxTree([-c for c in room]))
         return cached[2].copy()
-
-    def _place_in_order(self, sequence: list[int], fit, tree, slots: list[int], used: list[int]) -> None:
-        """Step 3 for a plain FIFO ``sequence``: each all-gather at ``fit``'s slot, no earlier than the one
-        before it (recorded in ``slots``, ``used`` and ``tree``)."""
-        prev = 0
-        if tree is _NO_LIMIT:  # fit inlined: the first slot allowed
-            lo_of, need = self.lo, self.need
-            for k in sequence:
-                p, hi = lo_of[k], need[k]
-                if prev > p:
-                    p = prev
-                if p >= hi:
-                    p = hi
-                slots[k] = p
-                if p > prev:
-                    prev = p
-        else:
-            size, gathers, free, add = self.compiled.size, self.gathers, self.free, tree.add_below
-            for k in sequence:
-                p = fit(k, prev)
-                z = size[gathers[k]]
-                if z:
-                    add(free[k] + 1, z)
-                slots[k] = p
-                if p > prev:
-                    prev = p
-        used.extend(sequence)
-
-    def _fitter(self, tree):
-        """``fit(k, after)``: all-gather ``k``'s earliest slot, no earlier than ``after``, where its buffer
-        fits ``tree``'s room at every slot up to its need (its need slot when none does)."""
-        lo_of, need, size, gathers = self.lo, self.need, self.compiled.size, self.gathers
-        if tree is _NO_LIMIT:  # nothing is ever blocked: the first slot allowed
-
-            def fit(k: int, after: int) -> int:
-                lo, hi = lo_of[k], need[k]
-                if after > lo:
-                    lo = after
-                return hi if lo >= hi else lo
-            return fit
-
-        def fit(k: int, after: int) -> int:
-            lo, hi = max(lo_of[k], after), need[k]
-            if lo >= hi:
-                return hi
-            blocked = tree.last_above(lo, hi, -size[gathers[k]])
-            return lo if blocked < 0 else blocked + 1
-        return fit
-
-    def _pass(self, k, p, prev, pending, passing, fit, tree, slots, used) -> tuple[int, int]:
-        """Step 3b's *passing*: all-gather ``k``, held back by memory to slot ``p``, lets the next
-        ``passing`` pending ones go first where each fits before ``p`` and leaves ``k`` waiting for
-        no more compute (``work``: compute on the skeleton before a slot). Returns ``k``'s slot and
-        the FIFO's last slot so far; the passers are placed (``slots``, ``used``, the tree)."""
-        size, free, work = self.compiled.size, self.free, self.slot_work
-        for j in [pending[-back] for back in range(1, min(passing, len(pending)) + 1)]:
-            pj = fit(j, prev)
-            if work[pj] >= work[p]:
-                continue
-            zj = size[self.gathers[j]]
-            tree.add_below(free[j] + 1, zj)
-            after = fit(k, max(prev, pj))
-            if work[after] > work[p] + 1e-12:
-                tree.add_below(free[j] + 1, -zj)
-                continue
-            pending.remove(j)
-            slots[j] = pj
-            used.append(j)
-            prev, p = max(prev, pj), after
-        return p, prev
 
     @property
     def slot_work(self) -> list[float]:
