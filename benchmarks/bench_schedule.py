@@ -6,6 +6,7 @@ reference figures side by side::
 
     python benchmarks/bench_schedule.py                 # up to ~100,000 nodes
     python benchmarks/bench_schedule.py --max-nodes 20000 --timeout 30
+    python benchmarks/bench_schedule.py --algos overlap --budget-factor 1.1   # a finite budget
 
 Graphs: :func:`dcsched.synthetic.layered_stack` forward and backward graphs
 (transformer-like layers of 16 parameters; ``untied``: a separate LM head as
@@ -17,11 +18,11 @@ series; ``captured``: chained copies of the captured sample Llama
 backward nodes).
 Per algorithm, one row per graph: nodes, all-gathers, dcsched seconds for the
 order alone (given the networkx view) and for the whole ``dcsched.schedule``
-call (graph form or view, order, rebuilt FX graph; best of ``--repeat``), the
-peak resident memory of a fresh (spawned) process that builds the graph and
-runs the whole call once (``peak RSS MiB``, the graph included) and how much
-the call added to what it held before the call (``+RSS MiB``, from the peak
-reset at the call's start), DeepSpeed's seconds (run in a child process and stopped at
+call (graph form or view, order, rebuilt FX graph; best of ``--repeat`` in a
+fresh (spawned) process that builds the graph, as the CLI runs it), that
+process's peak resident memory over the first call (``peak RSS MiB``, the graph
+included) and how much the call added to what it held before the call
+(``+RSS MiB``, from the peak reset at the call's start), DeepSpeed's seconds (run in a child process and stopped at
 ``--timeout``; graphs at least as large as one it timed out on are skipped;
 'n/a' without DeepSpeed), their ratio, and per series the growth exponent k of t ~ N^k
 fitted over the graphs of at least 1,000 nodes. Last, memory against size: per
@@ -46,6 +47,7 @@ sys.path.insert(0, str(ROOT))
 import dcsched  # noqa: E402
 from dcsched.nxview import to_networkx  # noqa: E402
 from dcsched.schedulers import get  # noqa: E402
+from dcsched.schedulers.overlap import Overlap  # noqa: E402
 from dcsched.stacking import stack_copies  # noqa: E402
 from dcsched.synthetic import GraphPair, layered_stack  # noqa: E402
 
@@ -78,7 +80,7 @@ def _reset_peak_rss() -> bool:
         return False
 
 
-def _run_whole_call(spec, algo, conn) -> None:
+def _run_whole_call(spec, algo, options, repeat, conn) -> None:
     series, n_layers, kind = spec
     pair = captured_stack(n_layers) if series == "captured" else layered_stack(n_layers, tied=series == "tied")
     graph = getattr(pair, kind)
@@ -86,23 +88,36 @@ def _run_whole_call(spec, algo, conn) -> None:
     before = _status_mib("VmRSS")
     if before is None or not _reset_peak_rss():  # no /proc: the peak since the start, graph building included
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    dcsched.schedule(graph, algo, **OPTIONS.get(algo, {}))
+    seconds, _ = timed(lambda: dcsched.schedule(graph, algo, **options))
     after = _status_mib("VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    conn.send((after, after - before))
+    if repeat > 1:
+        seconds = min(seconds, timed(lambda: dcsched.schedule(graph, algo, **options), repeat=repeat - 1)[0])
+    conn.send((seconds, after, after - before))
 
 
-def whole_call_rss_mib(spec: tuple[str, int, str], algo: str) -> tuple[float, float] | None:
-    """(peak RSS, what the call added to it) in MiB of a fresh (spawned) process that builds the graph
-    ``spec`` = (series, layers or copies, 'forward'/'backward') and runs the whole ``dcsched.schedule`` call
-    once. Fresh, so the call's memory is its own: a forked child starts with the parent's freed-but-resident
-    heap and fills that first, undercounting what the call adds."""
+def fresh_whole_call(spec: tuple[str, int, str], algo: str, options: dict,
+                     repeat: int) -> tuple[float, float, float] | None:
+    """The whole ``dcsched.schedule`` call with ``options`` on the graph ``spec`` = (series, layers or copies,
+    'forward'/'backward'), in a fresh (spawned) process that builds the graph and runs it ``repeat`` times:
+    (least seconds, peak RSS MiB, MiB the first call added to it). Fresh, as the CLI runs it: a process
+    that has built and dropped earlier 10^5-node graphs allocates more slowly (0.5 s more per call seen
+    here), and a forked child starts with the parent's freed-but-resident heap and fills that first,
+    undercounting what the call adds."""
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_run_whole_call, args=(spec, algo, child))
+    proc = ctx.Process(target=_run_whole_call, args=(spec, algo, options, repeat, child))
     proc.start()
-    peak = parent.recv() if parent.poll(600) else None
+    measured = parent.recv() if parent.poll(600) else None
     proc.join()
-    return peak
+    return measured
+
+
+def overlap_options(view, budget_factor: float | None) -> dict:
+    """overlap's options: unlimited, or ``budget_factor`` times the smallest budget over all tensors it can
+    meet on ``view`` (the default scope; found before, and outside, the timed calls)."""
+    if budget_factor is None:
+        return OPTIONS["overlap"]
+    return {"memory_budget": math.floor(budget_factor * Overlap(view).min_budget("all"))}
 
 
 def captured_stack(copies: int) -> GraphPair:
@@ -172,6 +187,9 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds allowed to DeepSpeed per run")
     parser.add_argument("--series", default="untied,tied,captured", help="comma-separated: untied, tied, captured")
     parser.add_argument("--algos", default="fast-free,simple-prefetch,list,overlap")
+    parser.add_argument("--budget-factor", type=float, default=None,
+                        help="run overlap at this multiple of its smallest all-tensor budget on each graph "
+                             "(default: unlimited)")
     parser.add_argument("--tied-max-nodes", type=int, default=None,
                         help="largest tied-head graph (default: --max-nodes)")
     args = parser.parse_args()
@@ -179,10 +197,21 @@ def main() -> None:
     with_reference = deepspeed_available()
     print(f"dcsched {dcsched.__version__}; reference: "
           f"{'DeepSpeed 0.19.8' if with_reference else 'n/a (deepspeed 0.19.8 not importable)'}; "
-          f"timeout {args.timeout:.0f} s")
+          f"timeout {args.timeout:.0f} s; overlap's budget: "
+          + ("unlimited" if args.budget_factor is None else f"{args.budget_factor:g} x its smallest over all tensors"))
 
-    rows: dict[str, list] = {a: [] for a in algos}
     started = time.time()
+    rows = measure(args, algos, with_reference)
+    print_tables(rows, algos, args, with_reference)
+    print_memory_growth(rows, algos, args.series.split(","))
+    print(f"\ntotal benchmark time {time.time() - started:.0f} s")
+
+
+def measure(args, algos: list[str], with_reference: bool) -> dict[str, list]:
+    """Per algorithm, one row per graph of the asked series and sizes: (series, graph name, nodes,
+    all-gathers, order seconds, whole-call seconds, (peak RSS, +RSS) MiB or None, reference seconds
+    or None)."""
+    rows: dict[str, list] = {a: [] for a in algos}
     reference_gave_up_at = {a: math.inf for a in algos}  # DeepSpeed timed out at this many nodes
     for series in args.series.split(","):
         limit = args.max_nodes if series == "untied" or args.tied_max_nodes is None \
@@ -203,10 +232,11 @@ def main() -> None:
                     # Best of a few runs: the machine may be shared, and the least time is the
                     # least disturbed one.
                     repeat = 3 if n < 20_000 else 2
-                    options = OPTIONS.get(algo, {})
+                    options = overlap_options(view, args.budget_factor) if algo == "overlap" \
+                        else OPTIONS.get(algo, {})
                     order_s, _ = timed(lambda: scheduler(view, **options), repeat=repeat)
-                    whole_s, _ = timed(lambda: dcsched.schedule(graph, algo, **options), repeat=args.repeat)
-                    rss = whole_call_rss_mib((series, n_layers, kind), algo)
+                    measured = fresh_whole_call((series, n_layers, kind), algo, options, args.repeat)
+                    whole_s, rss = (math.nan, None) if measured is None else (measured[0], measured[1:])
                     ref = None
                     if with_reference and algo in DS_FUNCS and n < reference_gave_up_at[algo]:
                         ref = reference_seconds(graph, algo, args.timeout)
@@ -215,7 +245,11 @@ def main() -> None:
                     rows[algo].append((series, f"{series} {kind} x{n_layers}", n, n_ags, order_s, whole_s, rss, ref))
                     print(f"  ... {algo:15s} {series} {kind:8s} {n:7d} nodes: {order_s:.3f} s"
                           + (f", DeepSpeed {ref:.2f} s" if ref else ""), flush=True)
+    return rows
 
+
+def print_tables(rows: dict[str, list], algos: list[str], args, with_reference: bool) -> None:
+    """One table per algorithm, then the growth exponent of the order time per series."""
     for algo in algos:
         print()
         print(f"{algo}")
@@ -241,8 +275,6 @@ def main() -> None:
                 if k is not None:
                     print(f"growth exponent ({series} {kind}): dcsched N^{k:.2f}"
                           + (f", reference N^{kr:.2f}" if kr is not None else ""))
-    print_memory_growth(rows, algos, args.series.split(","))
-    print(f"\ntotal benchmark time {time.time() - started:.0f} s")
 
 
 def print_memory_growth(rows: dict[str, list], algos: list[str], series_names: list[str]) -> None:
