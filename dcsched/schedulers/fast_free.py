@@ -147,7 +147,9 @@ class FastFreeRun:
         self.one: list[tuple[int, int, int]] = []
         self.support: dict[int, int] = {}
         self.in_one = bytearray(len(g))
+        # Candidates that lost a tie to a rival whose path shares none of theirs (see _break_tie).
         self.lost_tie = bytearray(len(g))
+        self.last_tie_disjoint = False
         self.n_one = 0
         # Reduces and outputs wait on one pending all-gather of their set at a time.
         self.waiting: dict[int, list[int]] = {}
@@ -295,11 +297,14 @@ class FastFreeRun:
         chosen_ag = tied[0]
         for ag in tied[1:]:
             sign = self._compare_free_costs(ag, chosen_ag)
+            loser = ag
             if sign < 0 or (sign == 0 and names[ag] < names[chosen_ag]):
-                self.lost_tie[chosen_ag] = 1
-                chosen_ag = ag
-            else:
-                self.lost_tie[ag] = 1
+                loser, chosen_ag = chosen_ag, ag
+            # A loser on a parallel branch (its path disjoint from the winner's) usually ties again: its path
+            # stays valid until it runs, so it is worth caching. Where the paths share nodes (a tied
+            # embedding's path holds all the compute not yet run), the winner's run invalidates it.
+            if self.last_tie_disjoint:
+                self.lost_tie[loser] = 1
         return chosen_ag
 
     def _commit(self, nodes) -> None:
@@ -312,6 +317,7 @@ class FastFreeRun:
             if stale:
                 for task in stale:
                     task.valid = False
+                    self.lost_tie[task.ag] = 0  # not a parallel branch after all
             if is_ag[v]:
                 b = self.bit_of[v]
                 self.pending &= ~(1 << b)
@@ -416,17 +422,21 @@ class FastFreeRun:
         Decided from the exact difference of the two free paths, found by a
         backward search from both last uses that stops where their ancestors
         merge; only when that difference is within rounding error are the two
-        paths built and summed in DeepSpeed's order.
+        paths built and summed in DeepSpeed's order. Sets :attr:`last_tie_disjoint` when the search
+        found the two paths disjoint (it then walked both whole, as building them would).
         """
-        # A candidate that lost a tie before usually ties again (a parallel branch waiting its turn): its
-        # path is cached until one of its nodes runs, and two cached sums compare as DeepSpeed's floats do.
+        self.last_tie_disjoint = False
+        # A candidate that lost a tie on a parallel branch usually ties again: its path is cached until
+        # one of its nodes runs, and two cached sums compare as DeepSpeed's floats do. (Each such loss
+        # came from a search that walked the whole path, so building it once costs no more.)
         lost = self.lost_tie
         if lost[a] and lost[b] or lost[a] and self._has_task(b) or lost[b] and self._has_task(a):
+            self.last_tie_disjoint = True
             fa, fb = self._task_of(a).key[-2], self._task_of(b).key[-2]
             return -1 if fa < fb else (1 if fa > fb else 0)
         if self.sum_error != math.inf:
             time = self.g.time
-            terms = self._exclusive_times(a, b)
+            terms, self.last_tie_disjoint = self._exclusive_times(a, b)
             for ag, sign in ((a, -1), (b, 1)):
                 terms.extend(sign * time[v] for v in self._requirements_of(ag))
             diff = math.fsum(terms)
@@ -435,9 +445,10 @@ class FastFreeRun:
         fa, fb = self._task_of(a).key[-2], self._task_of(b).key[-2]
         return -1 if fa < fb else (1 if fa > fb else 0)
 
-    def _exclusive_times(self, a: int, b: int) -> list:
+    def _exclusive_times(self, a: int, b: int) -> tuple[list, bool]:
         """Device times of the unscheduled ancestors of a's last use that are not
-        ancestors of b's (positive), and the other way round (negative).
+        ancestors of b's (positive), and the other way round (negative); and
+        whether the two sets of ancestors are disjoint (the searches never met).
 
         The search pops nodes in reverse of a topological order that puts each
         node as late as it can go (depth-first post-order from the sinks), so a
@@ -447,13 +458,14 @@ class FastFreeRun:
         la, lb = self.last[a], self.last[b]
         terms: list = []
         if la == lb:
-            return terms
+            return terms, False
         rank, time, preds, scheduled = self.rank, self.g.time, self.g.preds, self.scheduled
         if not rank:
             rank.extend(_late_topological_rank(self.g))
         label = {la: 1, lb: 2}
         heap = sorted([(-rank[la], la), (-rank[lb], lb)])
         open_count = 2  # entries in the heap reached from one side only
+        disjoint = True
         while open_count:
             v = heapq.heappop(heap)[1]
             lab = label[v]
@@ -472,7 +484,8 @@ class FastFreeRun:
                 elif old | lab != old:
                     label[p] = 3
                     open_count -= 1
-        return terms
+                    disjoint = False
+        return terms, disjoint
 
 
 def _union(masks) -> int:
