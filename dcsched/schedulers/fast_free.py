@@ -134,18 +134,18 @@ class FastFreeRun:
         targets = set(last.values()) | set(reduces) | set(outputs) | set(ags)
         targets.update(r for rels in releases.values() for r in rels)
         targets.update(p for ag in ags for p in preds[last[ag]])
+        # Packed sets (see _pack): read through _unpack.
         self.anc = anc = _allgather_ancestors(g, bit_of, targets)
         # All-gathers among the ancestors of a parameter's releases (static).
-        self.release_mask = {d: _union(anc[r] for r in rels) for d, rels in releases.items()}
+        self.release_mask = {d: _pack(_union(_unpack(anc[r]) for r in rels)) for d, rels in releases.items()}
         self.size_of_bit = [g.size[ag] for ag in by_last]
-        self.own_bit = {ag: 1 << b for ag, b in bit_of.items()}
         self.pending = (1 << len(ags)) - 1
-        self.heap = [((anc[last[ag]]).bit_count(), ag) for ag in ags]
+        self.heap = [(_packed_count(anc[last[ag]]), ag) for ag in ags]
         heapq.heapify(self.heap)
         # The all-gathers whose count is 1 (only their own bit: it stays so until they run), with lower
         # bounds on their number of all-gathers scheduled (see _one_tier).
         self.one: list[tuple[int, int, int]] = []
-        self.support: dict[int, int] = {}
+        self.support: dict[int, Packed] = {}
         self.in_one = bytearray(len(g))
         # Candidates that lost a tie to a rival whose path shares none of theirs (see _break_tie).
         self.lost_tie = bytearray(len(g))
@@ -155,7 +155,7 @@ class FastFreeRun:
         self.waiting: dict[int, list[int]] = {}
         self.ready_now: list[int] = []
         for t in reduces + outputs:
-            mask = anc[t]
+            mask = _unpack(anc[t])
             if mask:
                 self.waiting.setdefault(mask.bit_length() - 1, []).append(t)
             else:
@@ -203,7 +203,7 @@ class FastFreeRun:
             _, ag = heapq.heappop(heap)
             if scheduled[ag]:  # no longer pending
                 continue
-            count = (anc[last[ag]] & pending).bit_count()
+            count = (_unpack(anc[last[ag]]) & pending).bit_count()
             if count == 1:
                 self._join_one(ag)
                 if limit is None:
@@ -224,8 +224,8 @@ class FastFreeRun:
 
     def _join_one(self, ag: int) -> None:
         """Move ``ag`` (count 1) to :attr:`one`, keyed by a lower bound on its score."""
-        support = self.anc[self.last[ag]] | self.release_mask.get(self.g.ds_id[ag], 0)
-        self.support[ag] = support
+        support = _unpack(self.anc[self.last[ag]]) | _unpack(self.release_mask.get(self.g.ds_id[ag], EMPTY))
+        self.support[ag] = _pack(support)
         n_ags = (support & self.pending).bit_count()
         heapq.heappush(self.one, (n_ags + self.n_scheduled_ags, self.g.size[ag], ag))
         self.in_one[ag] = 1
@@ -249,7 +249,7 @@ class FastFreeRun:
             _, size, ag = heapq.heappop(heap)
             if scheduled[ag]:
                 continue
-            n_ags = (support[ag] & pending).bit_count()
+            n_ags = (_unpack(support[ag]) & pending).bit_count()
             evaluated.append((n_ags + done, size, ag))
             score = (n_ags, size)
             if best is None or score < best:
@@ -266,19 +266,19 @@ class FastFreeRun:
         Integer parts of the scores from the bitsets; the device-time sum
         (which needs the path) only when they tie.
         """
-        g, anc, last, pending, own_bit, size = self.g, self.anc, self.last, self.pending, self.own_bit, self.g.size
+        g, anc, last, pending, bit_of, size = self.g, self.anc, self.last, self.pending, self.bit_of, self.g.size
         scored = []
         for ag in tier:
-            at_last = anc[last[ag]] & pending  # holds the all-gather's own bit
-            if anc[ag] == own_bit[ag]:  # the usual case: no all-gather before this one
-                before = at_last ^ own_bit[ag]
+            at_last = _unpack(anc[last[ag]]) & pending  # holds the all-gather's own bit
+            if _packed_count(anc[ag]) == 1:  # the usual case: no all-gather before this one
+                before = at_last ^ (1 << bit_of[ag])
                 ag_acc = size[ag]
             else:
-                own = anc[ag] & pending
+                own = _unpack(anc[ag]) & pending
                 before = at_last & ~own
                 ag_acc = _bytes(own, self.size_of_bit)
             free_acc = _bytes(before, self.size_of_bit) if before else 0
-            n_ags = ((at_last | self.release_mask.get(g.ds_id[ag], 0)) & pending).bit_count()
+            n_ags = ((at_last | _unpack(self.release_mask.get(g.ds_id[ag], EMPTY))) & pending).bit_count()
             scored.append((free_acc, n_ags, ag_acc, ag))
         freeing = any(t[0] == 0 for t in scored)
         if freeing:
@@ -325,7 +325,7 @@ class FastFreeRun:
                 if self.in_one[v]:
                     self.n_one -= 1
                 for t in self.waiting.pop(b, ()):
-                    mask = self.anc[t] & self.pending
+                    mask = _unpack(self.anc[t]) & self.pending
                     if mask:
                         self.waiting.setdefault(mask.bit_length() - 1, []).append(t)
                     else:
@@ -526,7 +526,7 @@ def _equal_free_costs(tied, g: GraphForm, last, scheduled, anc, bit_of) -> bool:
     mask = 0
     for ag in tied:
         mask |= 1 << bit_of[ag]
-    return not any(anc[p] & mask for c, p in enumerate(inputs) if c not in own)
+    return not any(_unpack(anc[p]) & mask for c, p in enumerate(inputs) if c not in own)
 
 
 def _bytes(mask: int, size_of_bit: list) -> int:
@@ -539,31 +539,113 @@ def _bytes(mask: int, size_of_bit: list) -> int:
     return total
 
 
-def _allgather_ancestors(g: GraphForm, bit_of: dict[int, int], targets: set[int]) -> dict[int, int]:
-    """For each target node, the bitset of all-gathers among it and its ancestors."""
+#: A packed bitset (see _pack), and the empty one.
+Packed = tuple  # (k, z, rest, outliers): int, int, int, tuple[int, ...]
+EMPTY = (0, 0, 0, ())
+#: Sets of up to this many bits stay as they are; a gap at least this wide under a set's top bit makes
+#: that bit an outlier (at most MAX_OUTLIERS of them).
+SMALL_SET = 1024
+MAX_OUTLIERS = 4
+
+
+def _pack(bits: int) -> Packed:
+    """A bitset as ``(k, z, rest, outliers)``: bits 0 to k-1 all set, ``rest`` shifted up by ``z`` (its
+    lowest bit set, z >= k; 0 for none), and a few lone high bits.
+
+    Bits go by the position of their all-gather's last use, so a node's ancestor
+    all-gathers are mostly every all-gather used up before it (a run of ones from
+    bit 0), an all-gather's own set is one high bit, and a tied embedding, used
+    last at the very end, is one high bit in almost every set: a plain int
+    stores each of these in full, all the way up to its highest bit. Kept for
+    every target, plain ints take O(targets x all-gathers) bits (96 MiB on a
+    10^5-node layered stack); packed, each takes about the span of its
+    irregular part.
+
+    >>> _pack(0b1011), _pack(0b10000), _pack(0), _unpack(_pack(0b1101101))
+    ((2, 3, 1, ()), (0, 4, 1, ()), (0, 0, 0, ()), 109)
+    >>> _pack((1 << 5000) | (0b101 << 10) | 0b111)  # a tied embedding's bit far above the rest
+    (3, 10, 5, (5000,))
+    """
+    # the trailing ones (none, often: an all-gather's own bit, a node before any all-gather)
+    k = (~bits & (bits + 1)).bit_length() - 1 if bits & 1 else 0
+    rest = bits >> k if k else bits
+    if not rest:
+        return k, 0, 0, ()
+    z = (rest & -rest).bit_length() - 1  # then the zeros up to the next one
+    rest >>= z
+    outliers = ()
+    while rest.bit_length() > SMALL_SET and len(outliers) < MAX_OUTLIERS:
+        top = rest.bit_length() - 1
+        below = rest ^ (1 << top)
+        if top - below.bit_length() < SMALL_SET:
+            break
+        outliers += (k + z + top,)
+        rest = below
+    return k, k + z, rest, outliers
+
+
+def _unpack(packed: Packed) -> int:
+    k, z, rest, outliers = packed
+    bits = ((1 << k) - 1) | (rest << z) if k else rest << z
+    for bit in outliers:
+        bits |= 1 << bit
+    return bits
+
+
+def _packed_count(packed: Packed) -> int:
+    return packed[0] + packed[2].bit_count() + len(packed[3])
+
+
+#: A node whose last reader comes more than this many positions later keeps its set packed meanwhile,
+#: unless the plain int is no larger than a packed one would be (up to SMALL_SET bits).
+NEAR_READERS = 64
+
+
+def _allgather_ancestors(g: GraphForm, bit_of: dict[int, int], targets: set[int]) -> dict[int, Packed]:
+    """For each target node, the bitset of all-gathers among it and its ancestors, packed (:func:`_pack`).
+
+    A node's set lives only until its last reader has read it, as a plain int
+    while that reader is near and packed while it is far (a forward graph's
+    saved activations are all read by its output, at the very end); a node
+    that passes its one input's set on unchanged (a wait, a view) shares that
+    input's packed form.
+    """
     n = len(g)
     preds, succs = g.preds, g.succs
     remaining = [len(s) for s in succs]
-    bits = [0] * n
-    found: dict[int, int] = {}
+    bits: list = [0] * n  # the plain set while a near reader is left; None where only packed is kept
+    packed: list = [None] * n  # the packed set, where a target or a far reader needed it
+    found: dict[int, Packed] = {}
     for i in range(n):
         ins = preds[i]
-        if len(ins) == 1:
-            b = bits[ins[0]]
-        else:
-            b = 0
-            for p in ins:
-                b |= bits[p]
         own = bit_of.get(i)
-        if own is not None:
-            b |= 1 << own
-        bits[i] = b
+        if not remaining[i] and i not in targets:
+            pass  # nobody asks for this set (the graph's output)
+        elif len(ins) == 1 and own is None:
+            p = ins[0]
+            b, pk = bits[p], packed[p]
+            if b is None:
+                b = _unpack(pk)
+        else:
+            b, pk = 0, None
+            for p in ins:
+                bp = bits[p]
+                b |= bp if bp is not None else _unpack(packed[p])
+            if own is not None:
+                b |= 1 << own
         if i in targets:
-            found[i] = b
+            if pk is None:
+                pk = _pack(b)
+            found[i] = pk
+        if remaining[i]:
+            if b.bit_length() > SMALL_SET and max(succs[i]) - i > NEAR_READERS:
+                bits[i], packed[i] = None, (pk if pk is not None else _pack(b))
+            else:
+                bits[i], packed[i] = b, pk
         for p in ins:
             remaining[p] -= 1
             if not remaining[p]:
-                bits[p] = 0  # no reader left: let the int go
+                bits[p] = packed[p] = None  # no reader left: let the set go
     return found
 
 
