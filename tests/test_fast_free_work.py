@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given, strategies as st
 
 from dcsched.graphform import GraphForm
-from dcsched.schedulers.fast_free import FastFreeRun, _pack, _packed_count, _unpack, fast_free_indices
+from dcsched.schedulers._gather_sets import pack, packed_count, unpack
+from dcsched.schedulers.fast_free import FastFreeRun, fast_free_indices
 from dcsched.stacking import stack_copies
 from dcsched.synthetic import layered_stack, moe_graph
 
@@ -59,9 +60,9 @@ def test_packed_sets_round_trip(bits, prefix):
     value = (1 << prefix) - 1
     for b in bits:
         value |= 1 << b
-    packed = _pack(value)
-    assert _unpack(packed) == value
-    assert _packed_count(packed) == value.bit_count()
+    packed = pack(value)
+    assert unpack(packed) == value
+    assert packed_count(packed) == value.bit_count()
 
 
 @pytest.mark.parametrize("tied", [True, False])

@@ -22,7 +22,8 @@ What remains runs in input order at the end.
 The implementation is incremental, so a round costs about what it changes,
 not the size of the graph: a scheduled-mark array instead of rebuilt sets; the
 pending all-gathers as one bitset (a Python int) and each last use's
-all-gather ancestors as another, so a tier count is one ``&`` and a popcount;
+all-gather ancestors as another, so a tier count is one ``&`` and a popcount
+(kept packed, :mod:`dcsched.schedulers._gather_sets`, so they take memory linear in the graph);
 a lazily updated heap of lower bounds on the counts (a count can fall by at
 most the number of all-gathers scheduled since it was taken); the all-gathers
 at count 1 (their count stays 1 until they run) in a second such heap, keyed
@@ -53,6 +54,7 @@ import networkx as nx
 
 from ..lastuse import last_use_indices
 from ..graphform import PLACEHOLDER, REDUCE, GraphForm, schedule_indexed
+from ._gather_sets import EMPTY, Packed, allgather_ancestors, pack, packed_count, total_size, union, unpack
 from .registry import register
 
 
@@ -134,13 +136,13 @@ class FastFreeRun:
         targets = set(last.values()) | set(reduces) | set(outputs) | set(ags)
         targets.update(r for rels in releases.values() for r in rels)
         targets.update(p for ag in ags for p in preds[last[ag]])
-        # Packed sets (see _pack): read through _unpack.
-        self.anc = anc = _allgather_ancestors(g, bit_of, targets)
+        # Packed sets (see pack): read through unpack.
+        self.anc = anc = allgather_ancestors(g, bit_of, targets)
         # All-gathers among the ancestors of a parameter's releases (static).
-        self.release_mask = {d: _pack(_union(_unpack(anc[r]) for r in rels)) for d, rels in releases.items()}
+        self.release_mask = {d: pack(union(unpack(anc[r]) for r in rels)) for d, rels in releases.items()}
         self.size_of_bit = [g.size[ag] for ag in by_last]
         self.pending = (1 << len(ags)) - 1
-        self.heap = [(_packed_count(anc[last[ag]]), ag) for ag in ags]
+        self.heap = [(packed_count(anc[last[ag]]), ag) for ag in ags]
         heapq.heapify(self.heap)
         # The all-gathers whose count is 1 (only their own bit: it stays so until they run), with lower
         # bounds on their number of all-gathers scheduled (see _one_tier).
@@ -155,7 +157,7 @@ class FastFreeRun:
         self.waiting: dict[int, list[int]] = {}
         self.ready_now: list[int] = []
         for t in reduces + outputs:
-            mask = _unpack(anc[t])
+            mask = unpack(anc[t])
             if mask:
                 self.waiting.setdefault(mask.bit_length() - 1, []).append(t)
             else:
@@ -203,7 +205,7 @@ class FastFreeRun:
             _, ag = heapq.heappop(heap)
             if scheduled[ag]:  # no longer pending
                 continue
-            count = (_unpack(anc[last[ag]]) & pending).bit_count()
+            count = (unpack(anc[last[ag]]) & pending).bit_count()
             if count == 1:
                 self._join_one(ag)
                 if limit is None:
@@ -224,8 +226,8 @@ class FastFreeRun:
 
     def _join_one(self, ag: int) -> None:
         """Move ``ag`` (count 1) to :attr:`one`, keyed by a lower bound on its score."""
-        support = _unpack(self.anc[self.last[ag]]) | _unpack(self.release_mask.get(self.g.ds_id[ag], EMPTY))
-        self.support[ag] = _pack(support)
+        support = unpack(self.anc[self.last[ag]]) | unpack(self.release_mask.get(self.g.ds_id[ag], EMPTY))
+        self.support[ag] = pack(support)
         n_ags = (support & self.pending).bit_count()
         heapq.heappush(self.one, (n_ags + self.n_scheduled_ags, self.g.size[ag], ag))
         self.in_one[ag] = 1
@@ -249,7 +251,7 @@ class FastFreeRun:
             _, size, ag = heapq.heappop(heap)
             if scheduled[ag]:
                 continue
-            n_ags = (_unpack(support[ag]) & pending).bit_count()
+            n_ags = (unpack(support[ag]) & pending).bit_count()
             evaluated.append((n_ags + done, size, ag))
             score = (n_ags, size)
             if best is None or score < best:
@@ -269,16 +271,16 @@ class FastFreeRun:
         g, anc, last, pending, bit_of, size = self.g, self.anc, self.last, self.pending, self.bit_of, self.g.size
         scored = []
         for ag in tier:
-            at_last = _unpack(anc[last[ag]]) & pending  # holds the all-gather's own bit
-            if _packed_count(anc[ag]) == 1:  # the usual case: no all-gather before this one
+            at_last = unpack(anc[last[ag]]) & pending  # holds the all-gather's own bit
+            if packed_count(anc[ag]) == 1:  # the usual case: no all-gather before this one
                 before = at_last ^ (1 << bit_of[ag])
                 ag_acc = size[ag]
             else:
-                own = _unpack(anc[ag]) & pending
+                own = unpack(anc[ag]) & pending
                 before = at_last & ~own
-                ag_acc = _bytes(own, self.size_of_bit)
-            free_acc = _bytes(before, self.size_of_bit) if before else 0
-            n_ags = ((at_last | _unpack(self.release_mask.get(g.ds_id[ag], EMPTY))) & pending).bit_count()
+                ag_acc = total_size(own, self.size_of_bit)
+            free_acc = total_size(before, self.size_of_bit) if before else 0
+            n_ags = ((at_last | unpack(self.release_mask.get(g.ds_id[ag], EMPTY))) & pending).bit_count()
             scored.append((free_acc, n_ags, ag_acc, ag))
         freeing = any(t[0] == 0 for t in scored)
         if freeing:
@@ -325,7 +327,7 @@ class FastFreeRun:
                 if self.in_one[v]:
                     self.n_one -= 1
                 for t in self.waiting.pop(b, ()):
-                    mask = _unpack(self.anc[t]) & self.pending
+                    mask = unpack(self.anc[t]) & self.pending
                     if mask:
                         self.waiting.setdefault(mask.bit_length() - 1, []).append(t)
                     else:
@@ -488,13 +490,6 @@ class FastFreeRun:
         return terms, disjoint
 
 
-def _union(masks) -> int:
-    total = 0
-    for mask in masks:
-        total |= mask
-    return total
-
-
 def _equal_free_costs(tied, g: GraphForm, last, scheduled, anc, bit_of) -> bool:
     """Whether the tied candidates' device-time sums are provably equal, without their paths.
 
@@ -526,127 +521,7 @@ def _equal_free_costs(tied, g: GraphForm, last, scheduled, anc, bit_of) -> bool:
     mask = 0
     for ag in tied:
         mask |= 1 << bit_of[ag]
-    return not any(_unpack(anc[p]) & mask for c, p in enumerate(inputs) if c not in own)
-
-
-def _bytes(mask: int, size_of_bit: list) -> int:
-    """Total size of the all-gathers in a bitset."""
-    total = 0
-    while mask:
-        low = mask & -mask
-        total += size_of_bit[low.bit_length() - 1]
-        mask ^= low
-    return total
-
-
-#: A packed bitset (see _pack), and the empty one.
-Packed = tuple  # (k, z, rest, outliers): int, int, int, tuple[int, ...]
-EMPTY = (0, 0, 0, ())
-#: Sets of up to this many bits stay as they are; a gap at least this wide under a set's top bit makes
-#: that bit an outlier (at most MAX_OUTLIERS of them).
-SMALL_SET = 1024
-MAX_OUTLIERS = 4
-
-
-def _pack(bits: int) -> Packed:
-    """A bitset as ``(k, z, rest, outliers)``: bits 0 to k-1 all set, ``rest`` shifted up by ``z`` (its
-    lowest bit set, z >= k; 0 for none), and a few lone high bits.
-
-    Bits go by the position of their all-gather's last use, so a node's ancestor
-    all-gathers are mostly every all-gather used up before it (a run of ones from
-    bit 0), an all-gather's own set is one high bit, and a tied embedding, used
-    last at the very end, is one high bit in almost every set: a plain int
-    stores each of these in full, all the way up to its highest bit. Kept for
-    every target, plain ints take O(targets x all-gathers) bits (96 MiB on a
-    10^5-node layered stack); packed, each takes about the span of its
-    irregular part.
-
-    >>> _pack(0b1011), _pack(0b10000), _pack(0), _unpack(_pack(0b1101101))
-    ((2, 3, 1, ()), (0, 4, 1, ()), (0, 0, 0, ()), 109)
-    >>> _pack((1 << 5000) | (0b101 << 10) | 0b111)  # a tied embedding's bit far above the rest
-    (3, 10, 5, (5000,))
-    """
-    # the trailing ones (none, often: an all-gather's own bit, a node before any all-gather)
-    k = (~bits & (bits + 1)).bit_length() - 1 if bits & 1 else 0
-    rest = bits >> k if k else bits
-    if not rest:
-        return k, 0, 0, ()
-    z = (rest & -rest).bit_length() - 1  # then the zeros up to the next one
-    rest >>= z
-    outliers = ()
-    while rest.bit_length() > SMALL_SET and len(outliers) < MAX_OUTLIERS:
-        top = rest.bit_length() - 1
-        below = rest ^ (1 << top)
-        if top - below.bit_length() < SMALL_SET:
-            break
-        outliers += (k + z + top,)
-        rest = below
-    return k, k + z, rest, outliers
-
-
-def _unpack(packed: Packed) -> int:
-    k, z, rest, outliers = packed
-    bits = ((1 << k) - 1) | (rest << z) if k else rest << z
-    for bit in outliers:
-        bits |= 1 << bit
-    return bits
-
-
-def _packed_count(packed: Packed) -> int:
-    return packed[0] + packed[2].bit_count() + len(packed[3])
-
-
-#: A node whose last reader comes more than this many positions later keeps its set packed meanwhile,
-#: unless the plain int is no larger than a packed one would be (up to SMALL_SET bits).
-NEAR_READERS = 64
-
-
-def _allgather_ancestors(g: GraphForm, bit_of: dict[int, int], targets: set[int]) -> dict[int, Packed]:
-    """For each target node, the bitset of all-gathers among it and its ancestors, packed (:func:`_pack`).
-
-    A node's set lives only until its last reader has read it, as a plain int
-    while that reader is near and packed while it is far (a forward graph's
-    saved activations are all read by its output, at the very end); a node
-    that passes its one input's set on unchanged (a wait, a view) shares that
-    input's packed form.
-    """
-    n = len(g)
-    preds, succs = g.preds, g.succs
-    remaining = [len(s) for s in succs]
-    bits: list = [0] * n  # the plain set while a near reader is left; None where only packed is kept
-    packed: list = [None] * n  # the packed set, where a target or a far reader needed it
-    found: dict[int, Packed] = {}
-    for i in range(n):
-        ins = preds[i]
-        own = bit_of.get(i)
-        if not remaining[i] and i not in targets:
-            pass  # nobody asks for this set (the graph's output)
-        elif len(ins) == 1 and own is None:
-            p = ins[0]
-            b, pk = bits[p], packed[p]
-            if b is None:
-                b = _unpack(pk)
-        else:
-            b, pk = 0, None
-            for p in ins:
-                bp = bits[p]
-                b |= bp if bp is not None else _unpack(packed[p])
-            if own is not None:
-                b |= 1 << own
-        if i in targets:
-            if pk is None:
-                pk = _pack(b)
-            found[i] = pk
-        if remaining[i]:
-            if b.bit_length() > SMALL_SET and max(succs[i]) - i > NEAR_READERS:
-                bits[i], packed[i] = None, (pk if pk is not None else _pack(b))
-            else:
-                bits[i], packed[i] = b, pk
-        for p in ins:
-            remaining[p] -= 1
-            if not remaining[p]:
-                bits[p] = packed[p] = None  # no reader left: let the set go
-    return found
+    return not any(unpack(anc[p]) & mask for c, p in enumerate(inputs) if c not in own)
 
 
 def _late_topological_rank(g: GraphForm) -> list[int]:
