@@ -180,11 +180,17 @@ class Overlap:
             slots, timeline = planner.delay(first)
             candidates.append((timeline.step_ms, index, slots, None, timeline))
             variants.append(placed)
-        # Step 3b: other FIFO sequences (large before small, small first), planner by planner.
+        # Step 3b: other FIFO sequences (large before small, small first), planner by planner; two
+        # variants that place alike (lookahead 1 and 2 often do) are timed once.
         for index, planner in enumerate(feasible):
+            seen = set()
             for found in variants[index]:
                 if found is None or found[1] == sorted(found[1]):
                     continue
+                placement = (tuple(found[0]), tuple(found[1]))
+                if placement in seen:
+                    continue
+                seen.add(placement)
                 rank = fifo_ranks(found[1])
                 slots, timeline = planner.delay(found[0], rank)
                 candidates.append((timeline.step_ms, index, slots, rank, timeline))
