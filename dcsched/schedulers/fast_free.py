@@ -151,7 +151,6 @@ class FastFreeRun:
         self.in_one = bytearray(len(g))
         # Candidates that lost a tie to a rival whose path shares none of theirs (see _break_tie).
         self.lost_tie = bytearray(len(g))
-        self.last_tie_disjoint = False
         self.n_one = 0
         # Reduces and outputs wait on one pending all-gather of their set at a time.
         self.waiting: dict[int, list[int]] = {}
@@ -298,14 +297,14 @@ class FastFreeRun:
             return min(tied, key=names.__getitem__)
         chosen_ag = tied[0]
         for ag in tied[1:]:
-            sign = self._compare_free_costs(ag, chosen_ag)
+            sign, disjoint = self._compare_free_costs(ag, chosen_ag)
             loser = ag
             if sign < 0 or (sign == 0 and names[ag] < names[chosen_ag]):
                 loser, chosen_ag = chosen_ag, ag
             # A loser on a parallel branch (its path disjoint from the winner's) usually ties again: its path
             # stays valid until it runs, so it is worth caching. Where the paths share nodes (a tied
             # embedding's path holds all the compute not yet run), the winner's run invalidates it.
-            if self.last_tie_disjoint:
+            if disjoint:
                 self.lost_tie[loser] = 1
         return chosen_ag
 
@@ -418,32 +417,34 @@ class FastFreeRun:
         task = self.tasks.get(ag)
         return task is not None and task.valid
 
-    def _compare_free_costs(self, a: int, b: int) -> int:
-        """Sign of free_cost(a) - free_cost(b), as DeepSpeed's float sums compare.
+    def _compare_free_costs(self, a: int, b: int) -> tuple[int, bool]:
+        """Sign of free_cost(a) - free_cost(b), as DeepSpeed's float sums compare, and whether their
+        paths were found disjoint (a search that walked both whole, as building them would).
 
         Decided from the exact difference of the two free paths, found by a
         backward search from both last uses that stops where their ancestors
         merge; only when that difference is within rounding error are the two
-        paths built and summed in DeepSpeed's order. Sets :attr:`last_tie_disjoint` when the search
-        found the two paths disjoint (it then walked both whole, as building them would).
+        paths built and summed in DeepSpeed's order.
         """
-        self.last_tie_disjoint = False
         # A candidate that lost a tie on a parallel branch usually ties again: its path is cached until
         # one of its nodes runs, and two cached sums compare as DeepSpeed's floats do. (Each such loss
         # came from a search that walked the whole path, so building it once costs no more.)
         lost = self.lost_tie
         if lost[a] and lost[b] or lost[a] and self._has_task(b) or lost[b] and self._has_task(a):
-            self.last_tie_disjoint = True
-            fa, fb = self._task_of(a).key[-2], self._task_of(b).key[-2]
-            return -1 if fa < fb else (1 if fa > fb else 0)
+            return self._compare_cached_sums(a, b), True
+        disjoint = False
         if self.sum_error != math.inf:
             time = self.g.time
-            terms, self.last_tie_disjoint = self._exclusive_times(a, b)
+            terms, disjoint = self._exclusive_times(a, b)
             for ag, sign in ((a, -1), (b, 1)):
                 terms.extend(sign * time[v] for v in self._requirements_of(ag))
             diff = math.fsum(terms)
             if abs(diff) > 2.5 * self.sum_error:
-                return -1 if diff < 0 else 1
+                return (-1 if diff < 0 else 1), disjoint
+        return self._compare_cached_sums(a, b), disjoint
+
+    def _compare_cached_sums(self, a: int, b: int) -> int:
+        """Sign of the two paths' device-time sums in DeepSpeed's order (building the paths not cached)."""
         fa, fb = self._task_of(a).key[-2], self._task_of(b).key[-2]
         return -1 if fa < fb else (1 if fa > fb else 0)
 
