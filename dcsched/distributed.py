@@ -49,8 +49,9 @@ from .errors import DcschedError
 from .ops import Zero3Runtime
 
 # torch 2.13 renamed all_gather_into_tensor / reduce_scatter_tensor (same operations).
-_all_gather_into_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+# The new names where they exist, so no run prints the old ones' deprecation warnings.
+all_gather_into_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def padded_numel(numel: int, world_size: int) -> int:
@@ -119,7 +120,7 @@ class DistributedZero3Runtime(Zero3Runtime):
             source = source.to(dtype)
         buffer = torch.empty(source.numel() * self.world_size, dtype=source.dtype, device=source.device)
         source = source.contiguous()
-        work = _all_gather_into_tensor(buffer, source, group=self.group, async_op=True)
+        work = all_gather_into_tensor(buffer, source, group=self.group, async_op=True)
         self.pending[(graph_id, ds_id)] = (work, source)  # the input stays referenced until the wait
         full = buffer[:numel].view(shape)
         self.gathered[(graph_id, ds_id)] = full
@@ -147,10 +148,10 @@ class DistributedZero3Runtime(Zero3Runtime):
 
     def _reduce_scatter(self, out, flat, op, divide: bool):
         if self.async_reduce:
-            work = _reduce_scatter_tensor(out, flat, op=op, group=self.group, async_op=True)
+            work = reduce_scatter_tensor(out, flat, op=op, group=self.group, async_op=True)
             self.reducing.append((work, out, flat, divide))
             return out
-        _reduce_scatter_tensor(out, flat, op=op, group=self.group)
+        reduce_scatter_tensor(out, flat, op=op, group=self.group)
         return out.div_(self.world_size) if divide else out
 
     def reduced_shard_like(self, grad, graph_id, ds_id):

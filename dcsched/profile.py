@@ -21,6 +21,12 @@ all-gather and the gradient reduce-scatter are modelled from their bytes with
 release cost 0. Under ``torchrun`` with a process group of size > 1 they are
 measured with real collectives of the same size.
 
+Under a process group every rank profiles, and the figures are then made the
+same on every rank (:mod:`dcsched.consensus`): each node's ``device_time`` is
+the maximum over the ranks, the target memory the smallest, after a check that
+every rank holds the same step. A scheduler run on each rank then makes one
+plan.
+
 ``tensor_size`` is the bytes of a node's outputs, from the recorded shapes,
 with ZeRO-3 sharding over W ranks applied: a parameter placeholder holds its
 shard (``ceil(numel/W) * itemsize``), an all-gather the gathered parameter
@@ -45,7 +51,7 @@ from typing import Mapping, Sequence
 
 import torch
 
-from . import costmodels
+from . import consensus, costmodels
 from .bundle import Bundle
 from .costmodels.formulas import GPUS
 from .errors import DcschedError
@@ -151,11 +157,6 @@ def _param_placeholder_names(bundle: Bundle, graph_name: str) -> set[str]:
 # The profiler
 # ---------------------------------------------------------------------------
 
-def _process_group_size() -> int:
-    import torch.distributed as dist
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
 def _with_sizes(bundle: Bundle, world_size: int) -> Bundle:
     """A copy of ``bundle`` (graphs copied) whose nodes carry ``tensor_size`` for ``world_size`` ranks."""
     bundle = bundle.with_graphs(**{name: copy_graph(g) for name, g in bundle.graphs.items()})
@@ -199,10 +200,14 @@ def profile_bundle(bundle: Bundle, options: ProfileOptions = ProfileOptions(), *
     """
     options.check()
     model = costmodels.build(options)
-    group_size = _process_group_size()
-    distributed = group_size > 1
-    run = costmodels.ProfileRun(params, inputs, group_size if distributed else options.world_size, distributed)
+    world = consensus.group_size()
+    distributed = world > 1
+    run = costmodels.ProfileRun(params, inputs, world if distributed else options.world_size, distributed)
     bundle = _with_sizes(bundle, run.world_size)
+    # Under a process group: the same step on every rank before the profile's collectives pair up, and the
+    # same figures after (each rank timed its own nodes), so every rank's scheduler makes the same plan.
+    consensus.check_same(consensus.step_fingerprints(bundle), "compiled")
     device = model.annotate(bundle, options, run)
     bundle.provenance = {**bundle.provenance, **_provenance(model, options, run, device)}
+    consensus.agree_figures(bundle)
     return bundle

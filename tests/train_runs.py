@@ -79,8 +79,11 @@ def mean_over_ranks(value: torch.Tensor) -> float:
 
 def train_dcsched(name: str, algo: str, steps: int, batch: int, rank: int = 0, world_size: int = 1,
                   memory_budget=None, budget_scope=None, save: tuple | None = None, resume: str | None = None,
-                  device: str = "cpu", compute: str = "eager", **overrides) -> dict:
+                  device: str = "cpu", compute: str = "eager", cost_model: str = "analytic", **overrides) -> dict:
     """Losses per step and, for the last step, each graph's measured peak bytes beside the simulator's.
+
+    ``cost_model``: ``analytic`` (h100: the same figures on every rank) or ``measured`` (dcsched's default:
+    each rank times its own nodes). ``plan``: per compiled graph, the scheduled node order's digest.
 
     ``save=(path, k)`` checkpoints after step k (the run goes on); ``resume=path`` loads a checkpoint before the
     first step and trains from the step it was taken after (the losses returned are those steps').
@@ -92,7 +95,8 @@ def train_dcsched(name: str, algo: str, steps: int, batch: int, rank: int = 0, w
     dcsched.shard(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     backend = dcsched.backend(algo=algo, memory_budget=memory_budget, budget_scope=budget_scope,
-                              cost_model="analytic", gpu="h100", compute=compute)
+                              cost_model=cost_model, gpu="h100" if cost_model == "analytic" else None,
+                              compute=compute)
     compiled = torch.compile(model, backend=backend, dynamic=False)
     start = int(dcsched.load_checkpoint(resume, model, optimizer)["step"]) if resume else 0
     losses = []
@@ -110,11 +114,33 @@ def train_dcsched(name: str, algo: str, steps: int, batch: int, rank: int = 0, w
             dcsched.save_checkpoint(save[0], model, optimizer, extra={"step": step + 1})
     program = backend.programs[0]
     stats = program.stats[-1]
+    plan = {name: order_digest(graph) for name, graph in program.bundle.graphs.items()}
     if compute != "eager":  # inductor's kernels allocate outside the tracker's sight: times only
-        return {"losses": losses, "memory": None}
+        return {"losses": losses, "memory": None, "plan": plan}
     memory = {"forward": (stats.forward.peak_bytes, simulate(program.bundle.forward).peak_bytes),
               "backward": (stats.backward.peak_bytes, simulate(program.bundle.backward).peak_bytes)}
-    return {"losses": losses, "memory": memory}
+    return {"losses": losses, "memory": memory, "plan": plan}
+
+
+def order_digest(graph) -> str:
+    """A digest of a graph's node order (names), equal where two ranks run the same order."""
+    import hashlib
+    return hashlib.sha256(" ".join(node.name for node in graph.nodes).encode()).hexdigest()[:16]
+
+
+def skew_measured_times(rank: int) -> None:
+    """Make this process's measured cost model see its own timings: every node's time scaled by a factor drawn
+    from [0.1, 10] with ``rank`` as the seed, as ranks on a busy machine (or unequal GPUs) measure."""
+    import random
+
+    from dcsched.costmodels.measured import Timer
+    measure, draw = Timer.time, random.Random(1000 + rank)
+
+    def skewed(self, call, iters, warmup):
+        out, ms = measure(self, call, iters, warmup)
+        return out, ms * draw.uniform(0.1, 10.0)
+
+    Timer.time = skewed
 
 
 def train_eager(name: str, steps: int, batch: int, split: int = 1, device: str = "cpu", **overrides) -> list[float]:
@@ -132,21 +158,41 @@ def train_eager(name: str, steps: int, batch: int, split: int = 1, device: str =
     return losses
 
 
-def spawn(out_dir: Path, world_size: int, plan: list[tuple]) -> list[dict]:
-    """Run ``plan`` (see :func:`spawned_losses`) on ``world_size`` gloo ranks; each rank's results by label."""
+def spawn(out_dir: Path, world_size: int, plan: list[tuple], skew: bool = False) -> list[dict]:
+    """Run ``plan`` (see :func:`spawned_losses`) on ``world_size`` gloo ranks; each rank's results by label.
+
+    ``skew``: each rank's measured times are its own (:func:`skew_measured_times`).
+    """
     import torch.multiprocessing as mp
     out_dir.mkdir(parents=True, exist_ok=True)
-    mp.spawn(spawned_losses, args=(world_size, free_port(), str(out_dir), plan), nprocs=world_size, join=True)
+    mp.spawn(spawned_losses, args=(world_size, free_port(), str(out_dir), plan, skew), nprocs=world_size, join=True)
     return [torch.load(out_dir / f"losses{rank}.pt", weights_only=True) for rank in range(world_size)]
 
 
-def spawned_losses(rank: int, world_size: int, port: int, out_dir: str, runs: list[tuple]) -> None:
-    """mp.spawn target: each (label, name, algo, steps, batch, overrides) run; results saved per rank."""
+def spawned_losses(rank: int, world_size: int, port: int, out_dir: str, runs: list[tuple], skew: bool = False) -> None:
+    """mp.spawn target: each (label, name, algo, steps, batch, overrides) run; results saved per rank.
+
+    A run whose overrides hold ``per_rank`` (rank -> more overrides) gives each rank its own; a run that raises
+    a dcsched error records ``{"error": message}`` and the next run goes on.
+    """
     from dcsched.distributed import shutdown
+    from dcsched.errors import DcschedError
+    from dcsched.scripts import unwrap_dynamo_error
     init_gloo(rank, world_size, port)
+    if skew:
+        skew_measured_times(rank)
     try:
-        results = {label: train_dcsched(name, algo, steps, batch, rank, world_size, **overrides)
-                   for label, name, algo, steps, batch, overrides in runs}
+        results = {}
+        for label, name, algo, steps, batch, overrides in runs:
+            overrides = dict(overrides)
+            overrides.update(overrides.pop("per_rank", {}).get(rank, {}))
+            try:
+                results[label] = train_dcsched(name, algo, steps, batch, rank, world_size, **overrides)
+            except Exception as exc:  # noqa: BLE001 (TorchDynamo wraps the backend's errors)
+                error = unwrap_dynamo_error(exc)
+                if not isinstance(error, DcschedError):
+                    raise
+                results[label] = {"error": str(error)}
         torch.save(results, Path(out_dir) / f"losses{rank}.pt")
     finally:
         shutdown()

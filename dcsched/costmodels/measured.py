@@ -78,16 +78,18 @@ def measure_collective(node: torch.fx.Node, world_size: int, device, timer: Time
                        warmup: int) -> float:
     """Median ms of a real all-gather / reduce-scatter of ``node``'s size, the slowest rank's."""
     import torch.distributed as dist
+
+    from ..distributed import all_gather_into_tensor, reduce_scatter_tensor
     (shape, dtype), = node_specs(node)[:1]
     shard = shard_numel(math.prod(shape), world_size)
     full = torch.empty(shard * world_size, dtype=dtype, device=device)
     part = torch.empty(shard, dtype=dtype, device=device)
     if role_of(node) is Role.ALLGATHER:
         def call():
-            dist.all_gather_into_tensor(full, part)
+            all_gather_into_tensor(full, part)
     else:
         def call():
-            dist.reduce_scatter_tensor(part, full)
+            reduce_scatter_tensor(part, full)
     dist.barrier()
     _, ms = timer.time(call, iters, warmup)
     samples = torch.tensor([ms], dtype=torch.float64, device=device)

@@ -10,6 +10,7 @@ import torch.fx
 
 from .. import ops
 from ..bundle import Bundle
+from ..consensus import check_same, plan_fingerprints
 from ..errors import DcschedError, ResultMismatch
 from .compare import ResultComparison, compare
 from .device import check_fits, resolve_device
@@ -163,6 +164,11 @@ def replay_orders(candidate: Bundle, baseline: Bundle | None = None, *, device: 
         check_same_step(candidate, baseline)
         order = placeholder_names(baseline)
     check_fits(candidate, device, _world_size())
+    # Under torchrun: every rank loaded the same bundles (in the same order) before any collective pairs up.
+    loaded = {f"bundle's {k}": v for k, v in plan_fingerprints(candidate).items()}
+    if baseline is not None:
+        loaded.update({f"baseline's {k}": v for k, v in plan_fingerprints(baseline).items()})
+    check_same(loaded, "loaded")
     jobs = ([(labels[0], paths[0], baseline)] if baseline is not None else []) + [(labels[1], paths[1], candidate)]
     for label, path, bundle in jobs:  # results and peak memory, one order at a time
         run = replay(bundle, device=device, seed=seed, iters=0, warmup=1, runtime=factory(bundle),

@@ -39,6 +39,7 @@ import torch
 
 from .. import schedulers
 from ..capture import capture_compiled
+from ..consensus import check_same, plan_fingerprints
 from ..errors import DcschedError
 from ..profile import ProfileOptions, profile_bundle
 from ..reorder import schedule
@@ -114,10 +115,11 @@ class Backend:
         if sharding is None:
             raise ShardingError("the compiled module is not sharded: call dcsched.shard(model) before "
                                 "torch.compile(model, backend=dcsched.backend(...))")
-        if not torch.is_grad_enabled():
-            raise ShardingError(f"{type(sharding.module).__name__} was first called without gradients (no_grad "
-                                "or inference mode); dcsched trains: call it in a training step first")
-        program = compile_program(gm, example_inputs, sharding, self.options)
+        # A call without gradients (evaluation under no_grad or inference_mode) compiles the same training step
+        # (captured with gradients on); run without gradients, its forward alone runs, gathers and releases
+        # included, and nothing is kept for a backward.
+        with torch.inference_mode(False), torch.enable_grad():
+            program = compile_program(gm, example_inputs, sharding, self.options)
         self.programs.append(program)
         return program
 
@@ -145,6 +147,9 @@ def compile_program(gm: torch.fx.GraphModule, example_inputs, sharding, options:
     scheduled = profiled.with_graphs(forward=schedule(profiled.forward, options.algo, **scheduler_options),
                                      backward=schedule(profiled.backward, options.algo, **scheduler_options))
     scheduled.provenance["algo"] = options.algo
+    # Agreed figures make equal plans; checked anyway before the first step's collectives, since a plan that
+    # differed would pair one rank's gathers with another's parameters.
+    check_same(plan_fingerprints(scheduled), "scheduled", group=sharding.group)
     figures, _note = simulated_figures(scheduled)
     return ScheduledProgram(sharding, scheduled, profiled, captured.mutated_inputs, options.algo, figures,
                             compute=options.compute)

@@ -1,0 +1,90 @@
+"""One plan on every rank: multi-rank training with dcsched's default cost model, each rank timing its own nodes.
+
+The ranks' measured times are skewed on purpose (every node's time scaled by a factor in [0.1, 10] drawn with
+the rank as the seed), so an order that depended on one rank's times would differ between ranks and pair one
+rank's gathers with another's parameters. The figures are agreed before scheduling (dcsched.consensus), so
+every algorithm runs one order on every rank and trains as single-process eager does.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import train_runs as runs
+
+from gloo import GLOO_MARKS
+
+pytestmark = GLOO_MARKS
+
+ALGOS = ("none", "fast-free", "overlap", "simple-prefetch")
+MODELS = ("gpt", "llama")
+STEPS = 6
+
+
+@pytest.fixture(scope="module")
+def two_skewed_ranks(tmp_path_factory):
+    plan = [(f"{name}-{algo}", name, algo, STEPS, 4, {"cost_model": "measured"})
+            for name in MODELS for algo in ALGOS]
+    # Rank 1 builds another model: every rank must stop with one line naming it, before any step's collective.
+    plan.append(("mismatch", "gpt", "fast-free", 2, 4, {"cost_model": "measured", "per_rank": {1: {"d_model": 16}}}))
+    plan.append(("after-mismatch", "gpt", "overlap", STEPS, 4, {"cost_model": "measured"}))
+    return runs.spawn(tmp_path_factory.mktemp("one-plan") / "out", 2, plan, skew=True)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_every_algorithm_trains_as_eager_with_each_rank_timing_its_own_nodes(two_skewed_ranks, name):
+    eager = torch.tensor(runs.train_eager(name, STEPS, 4))
+    reference = two_skewed_ranks[0][f"{name}-none"]["losses"]
+    for algo in ALGOS:
+        label = f"{name}-{algo}"
+        losses = [two_skewed_ranks[rank][label]["losses"] for rank in range(2)]
+        assert losses[0] == losses[1] == reference, label  # bit for bit, every rank, every order
+        assert torch.allclose(torch.tensor(losses[0]), eager, rtol=1e-5, atol=0), (label, losses[0], eager)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_every_rank_runs_the_same_order(two_skewed_ranks, name):
+    for algo in ALGOS:
+        plans = [two_skewed_ranks[rank][f"{name}-{algo}"]["plan"] for rank in range(2)]
+        assert plans[0] == plans[1], (name, algo)
+
+
+def test_without_agreement_the_skewed_ranks_would_order_differently(monkeypatch):
+    # What the agreement prevents: each rank's own skewed times give another order (so the tests above
+    # would see a disagreement as wrong losses or a gloo abort, as they did before dcsched.consensus).
+    import dcsched
+    from dcsched.costmodels.measured import Timer
+    from dcsched.profile import ProfileOptions, profile_bundle
+    bundle = dcsched.load("sample_graphs/gpt.pt")
+    orders = []
+    for rank in range(2):
+        monkeypatch.setattr(Timer, "time", Timer.time)  # undone after the test; skewed anew per rank
+        runs.skew_measured_times(rank)
+        own = profile_bundle(bundle, ProfileOptions(cost_model="measured", iters=1, warmup=0, progress=False))
+        budget = {"overlap": {"memory_budget": float("inf")}}
+        orders.append({(algo, graph): runs.order_digest(dcsched.schedule(own.graphs[graph], algo,
+                                                                          **budget.get(algo, {})))
+                       for algo in ALGOS[1:] for graph in ("forward", "backward")})
+    assert any(orders[0][key] != orders[1][key] for key in orders[0]), orders
+
+
+def test_ranks_that_compiled_different_models_stop_with_one_line_naming_the_rank(two_skewed_ranks):
+    for rank in range(2):
+        message = two_skewed_ranks[rank]["mismatch"]["error"]
+        assert "\n" not in message
+        assert message.startswith("rank 1 compiled a different "), message
+        assert "from rank 0" in message
+    # Nothing was left half-done: the next compile on the same process group trains as before.
+    assert two_skewed_ranks[0]["after-mismatch"]["losses"] == two_skewed_ranks[0]["gpt-none"]["losses"]
+
+
+def test_three_ranks_with_an_uneven_parameter_and_the_default_cost_model(tmp_path):
+    # d_model 32 and vocab 64 do not divide by 3 (LayerNorm weights pad to 33); batch 6 splits in three.
+    plan = [(algo, "gpt", algo, 4, 6, {"cost_model": "measured"}) for algo in ("fast-free", "overlap")]
+    results = runs.spawn(tmp_path, 3, plan, skew=True)
+    eager = torch.tensor(runs.train_eager("gpt", 4, 6))
+    for algo in ("fast-free", "overlap"):
+        assert results[0][algo]["plan"] == results[1][algo]["plan"] == results[2][algo]["plan"]
+        for rank in range(3):
+            assert torch.allclose(torch.tensor(results[rank][algo]["losses"]), eager, rtol=1e-5, atol=0), algo
