@@ -68,6 +68,38 @@ def test_training_a_sharded_module_equals_eager_training_bit_for_bit():
     assert torch.equal(model.unused, torch.ones(5))  # never read, never stepped (no gradient)
 
 
+@pytest.mark.parametrize("no_grad", [torch.no_grad, torch.inference_mode])
+def test_evaluation_without_gradients_runs_the_forward_alone_and_equals_eager(no_grad):
+    # Evaluation first (before any training step), between steps, in train and eval mode (BatchNorm's
+    # statistics read and, in train mode, updated as eager updates them).
+    model = Tied()
+    eager = copy.deepcopy(model)
+    optimizer, eager_optimizer = (torch.optim.AdamW(m.parameters(), lr=0.1) for m in (model, eager))
+    dcsched.shard(model)
+    backend = dcsched.backend(algo="overlap", memory_budget="unlimited")  # the default, measured costs
+    compiled = torch.compile(model, backend=backend, dynamic=False)
+    generator = torch.Generator().manual_seed(0)
+    batches = [(torch.randint(0, 10, (4, 3), generator=generator), torch.randint(0, 10, (4,), generator=generator))
+               for _ in range(3)]
+    for step, batch in enumerate(batches):
+        for train_mode in (True, False):
+            for module in (model, eager):
+                module.train(train_mode)
+            with no_grad():
+                evaluated, expected = compiled(*batch), eager(*batch)
+            assert not evaluated.requires_grad
+            assert torch.equal(evaluated, expected), (step, train_mode)
+        model.train(), eager.train()
+        for opt, value in ((optimizer, compiled(*batch)), (eager_optimizer, eager(*batch))):
+            value.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    assert torch.equal(model.embed.weight.view(10, 6), eager.embed.weight)
+    assert torch.equal(model.norm.running_mean, eager.norm.running_mean)
+    # Train mode with and without gradients, eval mode without (dynamo guards on both).
+    assert len(backend.programs) == 3
+
+
 def test_an_unsharded_module_is_refused_with_a_clear_error():
     model = nn.Linear(3, 1)
     compiled = torch.compile(model, backend=dcsched.backend())

@@ -44,6 +44,7 @@ from ..errors import DcschedError
 from ..profile import ProfileOptions, profile_bundle
 from ..reorder import schedule
 from .runtime import ScheduledProgram
+from .full_state import any_sharded
 from .sharding import ShardingError, sharding_for_inputs
 
 
@@ -110,11 +111,10 @@ class Backend:
     def __repr__(self) -> str:
         return f"dcsched.backend(algo={self.options.algo!r})"
 
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs) -> ScheduledProgram:
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs):
         sharding = sharding_for_inputs(example_inputs)
         if sharding is None:
-            raise ShardingError("the compiled module is not sharded: call dcsched.shard(model) before "
-                                "torch.compile(model, backend=dcsched.backend(...))")
+            return _without_parameters(gm, example_inputs)
         # A call without gradients (evaluation under no_grad or inference_mode) compiles the same training step
         # (captured with gradients on); run without gradients, its forward alone runs, gathers and releases
         # included, and nothing is kept for a backward.
@@ -122,6 +122,20 @@ class Backend:
             program = compile_program(gm, example_inputs, sharding, self.options)
         self.programs.append(program)
         return program
+
+
+def _without_parameters(gm: torch.fx.GraphModule, example_inputs):
+    """A graph that reads no sharded parameter: a piece of a sharded module's forward after a graph break
+    (the loss computed from the logits, say) runs as TorchDynamo traced it, eagerly.
+
+    A graph that takes trainable parameters dcsched did not shard is refused: its gradients would not be
+    averaged across the ranks.
+    """
+    trainable = [value for value in example_inputs if isinstance(value, torch.nn.Parameter) and value.requires_grad]
+    if trainable or not any_sharded():
+        raise ShardingError("the compiled module is not sharded: call dcsched.shard(model) before "
+                            "torch.compile(model, backend=dcsched.backend(...))")
+    return gm.forward
 
 
 def backend(algo: str = "none", memory_budget: float | int | str | None = None, **options) -> Backend:

@@ -53,6 +53,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import DcschedError
+from .full_state import local_state_dict
 from .sharding import Sharding, sharding_of
 
 MODEL, STATE, GROUPS, EXTRA = "model.", "optim.state.", "optim.param_groups", "extra."
@@ -107,7 +108,9 @@ class _Layout:
                                   stride=(1,))
 
     def model_state(self) -> dict:
-        state = {MODEL + name: value for name, value in self.module.state_dict().items() if name not in self.aliases}
+        with local_state_dict():  # the shards as they are: each rank stores its own
+            state = {MODEL + name: value for name, value in self.module.state_dict().items()
+                     if name not in self.aliases}
         for spec in self.spec_of.values():
             state[MODEL + spec.name] = self.stored(spec.param, spec)
         return state

@@ -33,6 +33,7 @@ import torch
 from ..errors import DcschedError
 from ..scripts import compile_interceptor, describe_exception, run_script
 from .backend import Backend, TrainOptions
+from .runtime import ScheduledProgram
 from .sharding import shard
 
 #: The process-group timeout when none is given, in seconds.
@@ -118,21 +119,37 @@ class _RecordingBackend(Backend):
         with self.compiling(f"{self.name} ({len(self.programs) + 1}): capture, profile, schedule "
                             f"({self.options.algo})"):
             program = super().__call__(gm, example_inputs)
+        if not isinstance(program, ScheduledProgram):  # a piece after a graph break that reads no parameter
+            return program
         program.measure = self.measure
         program.compiling = lambda what: self.compiling(f"{self.name}'s {what}")
-        losses = self.losses
 
         def step(*args):
             # Memory on the first step, time alone on the others (the memory tracker slows a step down).
             program.track_memory = program.compute == "eager" and not program.stats
-            outputs = program(*args)
-            first = outputs[0] if outputs else None
-            # Only for a report: kept unasked, every step's loss tensor would stay alive for the whole run.
-            if self.measure and isinstance(first, torch.Tensor) and first.dim() == 0 and first.is_floating_point():
-                losses.append(first.detach())
-            return outputs
+            return program(*args)
 
         return step
+
+    def record_loss(self, _module, _args, output) -> None:
+        """A forward hook on the compiled module: its loss, where it returns one, in a training step.
+
+        Only for a report: kept unasked, every step's loss tensor would stay alive for the whole run.
+        """
+        loss = _loss_of(output)
+        if self.measure and loss is not None and torch.is_grad_enabled():
+            self.losses.append(loss.detach())
+
+
+def _loss_of(output) -> torch.Tensor | None:
+    """A module's loss: its 0-d output, a mapping's ``loss`` (Hugging Face's outputs), a tuple's first."""
+    if isinstance(output, dict) or hasattr(output, "loss"):
+        output = output.get("loss") if isinstance(output, dict) else output.loss
+    elif isinstance(output, (tuple, list)) and output:
+        output = output[0]
+    if isinstance(output, torch.Tensor) and output.dim() == 0 and output.is_floating_point():
+        return output
+    return None
 
 
 class _Interceptor:
@@ -151,7 +168,10 @@ class _Interceptor:
         self.sharded.update({id(spec.param): spec.name for spec in sharding.specs})
         backend = _RecordingBackend(self.options.train, type(module).__name__, self.options.measure, self.compiling)
         self.backends.append(backend)
-        return self.real_compile(model, backend=backend, dynamic=False, fullgraph=bool(kwargs.get("fullgraph")))
+        compiled = self.real_compile(model, backend=backend, dynamic=False, fullgraph=bool(kwargs.get("fullgraph")))
+        if isinstance(compiled, torch.nn.Module):
+            compiled.register_forward_hook(backend.record_loss)
+        return compiled
 
     def before_optimizer_step(self, optimizer, args, kwargs) -> None:
         """A global optimizer pre-step hook: refuse state of full size for a sharded parameter (it stepped before)."""

@@ -37,6 +37,7 @@ import torch.nn as nn
 
 from ..distributed import padded_numel, shard_of
 from ..errors import DcschedError
+from . import full_state
 
 
 class ShardingError(DcschedError):
@@ -175,6 +176,7 @@ def shard(module: nn.Module, group=None) -> Sharding:
     sharding = Sharding(module, specs, rank, world_size, group)
     _install_forward(module, specs)
     module.__dict__[ATTRIBUTE] = sharding
+    full_state.install(sharding)  # full weights in state_dict(), the global norm in clip_grad_norm_
     for spec in specs:
         _BY_STAND_IN[id(spec.stand_in)] = sharding
     return sharding
