@@ -172,6 +172,8 @@ def spawn(out_dir: Path, world_size: int, plan: list[tuple], skew: bool = False)
 def spawned_losses(rank: int, world_size: int, port: int, out_dir: str, runs: list[tuple], skew: bool = False) -> None:
     """mp.spawn target: each (label, name, algo, steps, batch, overrides) run; results saved per rank.
 
+    ``name`` ``hf-<model>`` is a Hugging Face model (:func:`hf_models.train`, ``batch`` unused).
+
     A run whose overrides hold ``per_rank`` (rank -> more overrides) gives each rank its own; a run that raises
     a dcsched error records ``{"error": message}`` and the next run goes on.
     """
@@ -187,7 +189,11 @@ def spawned_losses(rank: int, world_size: int, port: int, out_dir: str, runs: li
             overrides = dict(overrides)
             overrides.update(overrides.pop("per_rank", {}).get(rank, {}))
             try:
-                results[label] = train_dcsched(name, algo, steps, batch, rank, world_size, **overrides)
+                if name.startswith("hf-"):  # a Hugging Face model: every rank fed the same batches
+                    import hf_models
+                    results[label] = hf_models.train(name[3:], steps, algo, **overrides)
+                else:
+                    results[label] = train_dcsched(name, algo, steps, batch, rank, world_size, **overrides)
             except Exception as exc:  # noqa: BLE001 (TorchDynamo wraps the backend's errors)
                 error = unwrap_dynamo_error(exc)
                 if not isinstance(error, DcschedError):

@@ -164,6 +164,11 @@ class _Interceptor:
                                            "dcsched train shards and trains compiled modules")
 
     def compile_module(self, model, module, kwargs: dict):
+        if isinstance(module, torch.nn.parallel.DistributedDataParallel):
+            # Hugging Face's Trainer (accelerate) wraps the model in DDP before compiling it. dcsched shards and
+            # reduce-scatters the gradients itself, so the inner module is compiled and DDP's forward never runs:
+            # its reducer then never expects a gradient, and its all-reduce hooks stay idle.
+            model = module = module.module
         sharding = shard(module)
         self.sharded.update({id(spec.param): spec.name for spec in sharding.specs})
         backend = _RecordingBackend(self.options.train, type(module).__name__, self.options.measure, self.compiling)
