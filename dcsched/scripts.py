@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import re
 import runpy
 import sys
 import traceback
@@ -95,10 +96,31 @@ def exit_code_of(exc: SystemExit) -> int:
     return 1
 
 
+#: A frame of the user's code in a TorchDynamo message (after its "from user code:" line).
+_USER_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+
+
 def describe_exception(exc: BaseException) -> str:
-    """``'ValueError: bad (train.py:12)'``: the type, the first line of the message and where it was raised."""
+    """``'ValueError: bad (train.py:12)'``: the type, the first line of the message and where it was raised.
+
+    A TorchDynamo error (a graph break under ``fullgraph=True``, say) says why
+    (its ``Explanation:``) and points at the user's line it names, not into torch.
+
+    >>> try:
+    ...     raise RuntimeError("Failed to trace builtin operator\\n  Explanation: Dynamo does not know `print`"
+    ...                        "\\n\\nfrom user code:\\n   File \\"train.py\\", line 7, in forward\\n    print(x)")
+    ... except RuntimeError as exc:
+    ...     print(describe_exception(exc))
+    RuntimeError: Failed to trace builtin operator: Dynamo does not know `print` (train.py:7)
+    """
     text = str(exc).strip()
     message = f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+    head, found, user_code = text.partition("from user code:")
+    frames = _USER_FRAME.findall(user_code) if found else []
+    if frames:
+        why = next((line.strip()[len("Explanation:"):].strip() for line in head.splitlines()
+                    if line.strip().startswith("Explanation:")), "")
+        return f"{message}{': ' + why if why else ''} ({frames[-1][0]}:{frames[-1][1]})"
     frames = traceback.extract_tb(exc.__traceback__)
     return f"{message} ({frames[-1].filename}:{frames[-1].lineno})" if frames else message
 

@@ -62,12 +62,13 @@ def batches(name: str, steps: int) -> list[dict]:
 
 
 def train(name: str, steps: int, algo: str | None = None, clip: bool = False, evaluate: bool = False,
-          save: str | None = None) -> dict:
+          save: str | None = None, keep_model: bool = False) -> dict:
     """Losses (and clip norms, evaluation losses) of ``steps`` AdamW steps; ``algo`` None: plain eager.
 
     With ``algo`` the model is sharded over the process group (if any) and compiled with dcsched's backend and
     its default settings (the measured cost model). ``save``: ``save_pretrained`` there at the end (on every
-    rank; rank 0 writes).
+    rank; rank 0 writes), and ``full_state_dict_matches``: whether torch's ``get_model_state_dict`` with
+    full state dicts holds the same full tensors. ``keep_model``: the trained model under ``model``.
     """
     import dcsched
     torch._dynamo.reset()
@@ -93,8 +94,16 @@ def train(name: str, steps: int, algo: str | None = None, clip: bool = False, ev
             with torch.no_grad():
                 evaluated.append(float(run(**batch).loss))
             model.train()
+    result = {"losses": losses, "norms": norms, "evaluated": evaluated}
     if save is not None:
         import torch.distributed as dist
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
         main = not dist.is_initialized() or dist.get_rank() == 0
-        model.save_pretrained(save, is_main_process=main, state_dict=model.state_dict())
-    return {"losses": losses, "norms": norms, "evaluated": evaluated}
+        model.save_pretrained(save, is_main_process=main)
+        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+        state = model.state_dict()
+        result["full_state_dict_matches"] = list(full) == list(state) and all(
+            torch.equal(full[k], state[k]) for k in state)
+    if keep_model:
+        result["model"] = model
+    return result

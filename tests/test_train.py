@@ -100,6 +100,48 @@ def test_evaluation_without_gradients_runs_the_forward_alone_and_equals_eager(no
     assert len(backend.programs) == 3
 
 
+class Broken(nn.Module):
+    """A forward TorchDynamo breaks into three graphs: parameters before the break, after it, and none."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = nn.Linear(4, 8), nn.Linear(8, 1)
+
+    def forward(self, x, y):
+        hidden = torch.relu(self.a(x))
+        torch._dynamo.graph_break()
+        out = self.b(hidden)
+        torch._dynamo.graph_break()
+        return ((out - y) ** 2).mean()
+
+
+def test_a_forward_broken_into_several_graphs_trains_each_sharded_and_scheduled():
+    model = Broken()
+    eager = copy.deepcopy(model)
+    optimizer, eager_optimizer = (torch.optim.AdamW(m.parameters(), lr=0.1) for m in (model, eager))
+    dcsched.shard(model)
+    backend = dcsched.backend(algo="fast-free")
+    compiled = torch.compile(model, backend=backend, dynamic=False)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        x, y = torch.randn(4, 4, generator=generator), torch.randn(4, 1, generator=generator)
+        for opt, value in ((optimizer, compiled(x, y)), (eager_optimizer, eager(x, y))):
+            value.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    # One program per graph that reads parameters (the loss after the second break reads none: run as traced).
+    from dcsched.roles import Role, role_of
+
+    def gathered(program):
+        names = {p.ds_id: p.name for p in program.bundle.params}
+        return sorted(names[n.meta["ds_id"]] for n in program.bundle.forward.nodes if role_of(n) is Role.ALLGATHER)
+
+    assert [gathered(program) for program in backend.programs] == [["a.bias", "a.weight"], ["b.bias", "b.weight"]]
+    for name, param in eager.named_parameters():
+        assert torch.equal(model.state_dict()[name], param), name
+
+
 def test_an_unsharded_module_is_refused_with_a_clear_error():
     model = nn.Linear(3, 1)
     compiled = torch.compile(model, backend=dcsched.backend())
