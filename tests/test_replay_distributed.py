@@ -103,6 +103,24 @@ def test_torchrun_cli_replays_sharded_and_only_rank_0_prints(tmp_path):
     assert [o["label"] for o in data["orders"]] == ["baseline", "scheduled"]
 
 
+def test_torchrun_ranks_that_load_different_bundles_stop_before_any_collective(tmp_path):
+    bundle = rp.example_bundle()
+    dcsched.save(bundle, tmp_path / "graph.pt")
+    dcsched.save(bundle.with_graphs(forward=rp.latest_first(bundle.forward)), tmp_path / "other.pt")
+    script = tmp_path / "per_rank.sh"  # rank 1 replays another order than rank 0
+    script.write_text(f'if [ "$RANK" = 1 ]; then b={tmp_path / "other.pt"}; else b={tmp_path / "graph.pt"}; fi\n'
+                      f'exec {sys.executable} -m dcsched replay "$b" --device cpu --iters 1 --warmup 0\n')
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD_SIZE),
+               "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "--no-python", "bash", str(script)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=180, env=env)
+    assert done.returncode != 0
+    lines = [line for line in done.stderr.splitlines() if line.startswith("dcsched: error:")]
+    assert lines and all(line == lines[0] for line in lines), done.stderr[-3000:]
+    assert lines[0].startswith("dcsched: error: rank 1 loaded a different bundle's forward "), lines[0]
+    assert "from rank 0" in lines[0] and "Traceback" not in done.stdout
+
+
 def _replay_all_main(rank: int, world_size: int, port: int, out_dir: str) -> None:
     """Replay every bundle in ``out_dir`` sharded over the ranks; save the results by file stem."""
     from dcsched.distributed import DistributedZero3Runtime, shutdown

@@ -88,3 +88,25 @@ def test_three_ranks_with_an_uneven_parameter_and_the_default_cost_model(tmp_pat
         assert results[0][algo]["plan"] == results[1][algo]["plan"] == results[2][algo]["plan"]
         for rank in range(3):
             assert torch.allclose(torch.tensor(results[rank][algo]["losses"]), eager, rtol=1e-5, atol=0), algo
+
+
+def _profile_main(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    from dcsched import replay
+    from dcsched.distributed import shutdown
+    from dcsched.profile import ProfileOptions, profile_bundle
+    runs.init_gloo(rank, world_size, port)
+    runs.skew_measured_times(rank)
+    try:
+        profiled = profile_bundle(replay.example_bundle(), ProfileOptions(iters=1, warmup=0, progress=False))
+        torch.save({name: [node.meta["device_time"] for node in graph.nodes]
+                    for name, graph in profiled.graphs.items()}, f"{out_dir}/rank{rank}.pt")
+    finally:
+        shutdown()
+
+
+def test_a_profile_under_a_process_group_gives_every_rank_the_same_figures(tmp_path):
+    import torch.multiprocessing as mp
+    mp.spawn(_profile_main, args=(2, runs.free_port(), str(tmp_path)), nprocs=2, join=True)
+    figures = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(2)]
+    assert figures[0] == figures[1]
+    assert any(ms > 0 for ms in figures[0]["forward"])
