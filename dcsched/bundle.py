@@ -31,7 +31,7 @@ import networkx as nx
 import torch
 import torch.fx
 
-from . import ops
+from . import loadchecks, ops
 from .errors import BundleError
 from .outputs import write_atomic  # noqa: F401  (re-exported: dcsched.bundle.write_atomic)
 from .roles import qualified_name
@@ -145,10 +145,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def dtype_from_name(name: str) -> torch.dtype:
-    dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"unknown dtype {name!r}")
-    return dtype
+    return loadchecks.from_table(loadchecks.DTYPES, name, "dtype")
 
 
 def _encode(value: Any) -> Any:
@@ -195,9 +192,9 @@ def _decode(value: Any, env: dict[str, torch.fx.Node], refs: list[str]) -> Any:
     if tag == "$device":
         return torch.device(payload)
     if tag == "$layout":
-        return getattr(torch, payload)
+        return loadchecks.from_table(loadchecks.LAYOUTS, payload, "layout")
     if tag == "$memory_format":
-        return getattr(torch, payload)
+        return loadchecks.from_table(loadchecks.MEMORY_FORMATS, payload, "memory format")
     if tag == "$slice":
         return slice(*(_decode(v, env, refs) for v in payload))
     raise ValueError(f"unknown argument tag {tag!r}")
@@ -260,18 +257,24 @@ def resolve_target(name: str):
     if namespace == "dc":
         ops.ensure_deepspeed_ops()
     op_name, _, overload = rest.partition(".")
+    overload = overload or "default"
+    for part in (op_name, overload):
+        loadchecks.check_op_name(part, name)
     try:
-        packet = getattr(getattr(torch.ops, namespace), op_name)
-        return getattr(packet, overload or "default")
+        target = getattr(getattr(getattr(torch.ops, namespace), op_name), overload)
     except (AttributeError, RuntimeError):
         raise ValueError(f"unknown op '{name}' (not in torch {torch.__version__})") from None
+    loadchecks.check_op(target, name)
+    return target
 
 
-def decode_graph(nodes: list[dict], graph_name: str) -> torch.fx.Graph:
+def decode_graph(nodes: list[dict], graph_name: str, constants: set[str] | None = None) -> torch.fx.Graph:
     """Rebuild an FX graph from :func:`encode_graph`'s form, checking it on the way.
 
     Raises ValueError naming the problem: a dangling node reference, a cycle,
-    an unknown or disallowed op, a malformed node.
+    an unknown, disallowed or mutating op, a name that is not a plain
+    identifier, arguments nested too deep (:mod:`dcsched.loadchecks`), a
+    malformed node. ``constants``: the names ``get_attr`` nodes may read.
     """
     if not isinstance(nodes, list):
         raise ValueError(f"graph '{graph_name}' is not a list of nodes")
@@ -280,9 +283,15 @@ def decode_graph(nodes: list[dict], graph_name: str) -> torch.fx.Graph:
         raise ValueError(f"graph '{graph_name}' holds a node without a name")
     if len(set(names)) != len(names):
         raise ValueError(f"graph '{graph_name}' holds two nodes of one name")
+    for entry in nodes:
+        loadchecks.check_identifier(entry["name"], f"graph '{graph_name}': node name")
+        loadchecks.check_arguments([entry.get("args"), entry.get("kwargs"), entry.get("meta")],
+                                   f"graph '{graph_name}': node {entry['name']}")
     _check_references(nodes, set(names), graph_name)
     for entry in nodes:
-        check_figures(entry.get("meta") or {}, f"graph '{graph_name}': node {entry['name']}")
+        meta = entry.get("meta") or {}
+        check_figures(meta, f"graph '{graph_name}': node {entry['name']}")
+        loadchecks.check_output_spec(meta.get("out"), f"graph '{graph_name}': node {entry['name']}")
 
     graph = torch.fx.Graph()
     env: dict[str, torch.fx.Node] = {}
@@ -295,13 +304,10 @@ def decode_graph(nodes: list[dict], graph_name: str) -> torch.fx.Graph:
         kwargs = _decode(entry.get("kwargs", {"$dict": []}), env, refs)
         if not isinstance(args, tuple) or not isinstance(kwargs, dict):
             raise ValueError(f"node {name}: malformed args or kwargs")
-        if op == "call_function":
-            try:
-                target = resolve_target(entry["target"])
-            except ValueError as exc:
-                raise ValueError(f"node {name}: {exc}") from None
-        else:
-            target = entry.get("target", name)
+        target = _node_target(entry, op, constants or set())
+        if op == "call_function" and isinstance(target, torch._ops.OpOverload) and \
+                target.namespace in ("dcsched", "dc"):
+            loadchecks.check_comm_arguments(target._opname, args, kwargs, f"node {name}")
         node = graph.create_node(op, target, args, kwargs, name=name)
         if node.name != name:
             raise ValueError(f"node name {name!r} is not a valid FX node name")
@@ -309,6 +315,22 @@ def decode_graph(nodes: list[dict], graph_name: str) -> torch.fx.Graph:
         env[name] = node
     graph.lint()
     return graph
+
+
+def _node_target(entry: dict, op: str, constants: set[str]):
+    """A node's target: an allowed op, a placeholder's identifier (its argument name), a stored constant."""
+    name = entry["name"]
+    try:
+        if op == "call_function":
+            return resolve_target(entry["target"])
+        target = entry.get("target", name)
+        if op == "placeholder":
+            loadchecks.check_identifier(target, "placeholder target")
+        elif op == "get_attr":
+            loadchecks.check_get_attr_target(target, constants)
+        return target
+    except ValueError as exc:
+        raise ValueError(f"node {name}: {exc}") from None
 
 
 def _check_number(value: Any, limit: float, what: str) -> None:
@@ -362,8 +384,28 @@ def _param(p: dict) -> ParamInfo:
 
 def _input(i: dict) -> InputInfo:
     dtype = dtype_from_name(i["dtype"])
-    return InputInfo(i["name"], _shape(i, dtype, f"input {i['name']!r}"), dtype, i.get("value"), i.get("low"),
-                     i.get("high"))
+    what = f"input {i['name']!r}"
+    value, low, high = i.get("value"), i.get("low"), i.get("high")
+    if value is not None and not isinstance(value, torch.Tensor):
+        raise ValueError(f"{what}: its stored value is a {type(value).__name__}, not a tensor")
+    for bound in (low, high):
+        if bound is not None and (isinstance(bound, bool) or not isinstance(bound, (int, float))
+                                  or not math.isfinite(bound)):
+            raise ValueError(f"{what}: range bound {bound!r} is not a finite number")
+    if low is not None and high is not None and low > high:
+        raise ValueError(f"{what}: its range [{low}, {high}] is empty (low above high)")
+    return InputInfo(i["name"], _shape(i, dtype, what), dtype, value, low, high)
+
+
+def _constants(stored: Any) -> dict[str, torch.Tensor]:
+    """The constants table: plain-identifier names (no graph module attribute) to tensors."""
+    if not isinstance(stored, dict):
+        raise ValueError("the constants table is not a mapping")
+    for name, value in stored.items():
+        loadchecks.check_constant_name(name)
+        if not isinstance(value, torch.Tensor):
+            raise ValueError(f"constant {name!r} is a {type(value).__name__}, not a tensor")
+    return dict(stored)
 
 
 def _references(value: Any, out: list[str]) -> None:
@@ -434,13 +476,16 @@ def from_data(data: Any, path=None) -> Bundle:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise BundleError(path, "not a dcsched graph bundle (no 'dcsched-bundle' header)")
     version = data.get("version")
-    if not isinstance(version, int):
-        raise BundleError(path, "bundle has no version number")
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise BundleError(path, f"bundle version {version!r} is not a version number (1 or more)")
     if version > BUNDLE_VERSION:
         raise BundleError(path, f"bundle version {version} was written by a newer dcsched "
                                 f"(this one reads up to version {BUNDLE_VERSION}); upgrade dcsched")
     try:
-        graphs = {name: decode_graph(entry["nodes"], name) for name, entry in data["graphs"].items()}
+        for part in ("provenance", "forward_placeholders", "backward_placeholders", "inputs", "params"):
+            loadchecks.check_arguments(data.get(part), f"the bundle's {part}")
+        constants = _constants(data.get("constants", {}))
+        graphs = {name: decode_graph(entry["nodes"], name, set(constants)) for name, entry in data["graphs"].items()}
         if "forward" not in graphs:
             raise ValueError("bundle has no forward graph")
         params = [_param(p) for p in data["params"]]
@@ -454,7 +499,7 @@ def from_data(data: Any, path=None) -> Bundle:
             backward_placeholders=list(data.get("backward_placeholders", [])),
             num_user_outputs=int(data.get("num_user_outputs", 1)),
             graph_ids={name: entry.get("graph_id") for name, entry in data["graphs"].items()},
-            constants=dict(data.get("constants", {})),
+            constants=constants,
             provenance=dict(data.get("provenance", {})),
         )
     except BundleError:

@@ -187,7 +187,8 @@ class GraphForm:
 
     def check_order(self, order: list[str]) -> None:
         """Raise :class:`GraphError` unless ``order`` (names) is a topological order of exactly these nodes
-        that keeps the placeholders in their input order (what :func:`dcsched.nxview.check_order` checks)."""
+        that keeps the placeholders in their input order and ends with the output (what
+        :func:`dcsched.nxview.check_order` checks)."""
         index = self.index
         n = len(self.names)
         try:
@@ -213,6 +214,8 @@ class GraphForm:
                 if not placed[p]:
                     raise GraphError(f"order runs {names[i]!r} before its input {names[p]!r}")
             placed[i] = 1
+        if kind[idx[-1]] != OUTPUT and OUTPUT in kind:
+            raise GraphError(output_not_last(names[next(i for i in idx if kind[i] == OUTPUT)], names[idx[-1]]))
 
 
 class _ViewColumns:
@@ -279,6 +282,35 @@ def paused_gc():
     finally:
         if was_enabled:
             gc.enable()
+
+
+def output_not_last(output: str, last: str) -> str:
+    """The message of an order whose last node is not the output."""
+    return (f"order puts {output!r} before {last!r}: the graph would return before {last!r} runs "
+            "(the output comes last in every order)")
+
+
+def output_last_indices(kind: list, order: list[int]) -> list[int]:
+    """``order`` (node numbers) with the output node last; ``kind``: each node's :class:`Kind`."""
+    if not order or kind[order[-1]] == OUTPUT:
+        return order
+    return [v for v in order if kind[v] != OUTPUT] + [v for v in order if kind[v] == OUTPUT]
+
+
+def output_last(graph: "nx.DiGraph | GraphForm", order: list[str]) -> list[str]:
+    """``order`` with the output node moved to its end, where it must be: the generated code returns there.
+
+    A chain that feeds nothing the graph returns (an all-gather, its wait, a
+    compute node and the release, none read by the output) may otherwise come
+    after the output in a greedy order, and would then never run.
+    """
+    if isinstance(graph, GraphForm):
+        outputs = {graph.names[i] for i, k in enumerate(graph.kind) if k == OUTPUT}
+    else:
+        outputs = {v for v, role in graph.nodes(data="role") if role == Role.OUTPUT.value}
+    if not outputs or order[-1] in outputs:
+        return order
+    return [v for v in order if v not in outputs] + [v for v in order if v in outputs]
 
 
 def schedule_indexed(graph: nx.DiGraph | GraphForm, indices_of: Callable[[GraphForm], list[int]]) -> list[str]:

@@ -220,7 +220,7 @@ def missing_costs(view: nx.DiGraph) -> dict[str, list[str]]:
 
 def check_order(view: nx.DiGraph, order: Sequence[str]) -> None:
     """Raise :class:`GraphError` unless ``order`` is a topological order of exactly ``view``'s vertices
-    that keeps the placeholders in their input order."""
+    that keeps the placeholders in their input order and ends with the output."""
     if len(order) != view.number_of_nodes() or set(order) != set(view.nodes):
         extra = set(order) - set(view.nodes)
         missing = set(view.nodes) - set(order)
@@ -238,6 +238,10 @@ def check_order(view: nx.DiGraph, order: Sequence[str]) -> None:
             if source not in placed:
                 raise GraphError(f"order runs {name!r} before its input {source!r}")
         placed.add(name)
+    output = next((name for name in order if view.nodes[name]["role"] == Role.OUTPUT.value), None)
+    if output is not None and order[-1] != output:
+        from .graphform import output_not_last
+        raise GraphError(output_not_last(output, order[-1]))
 
 
 def to_fx(graph: torch.fx.Graph, order: Iterable[str]) -> torch.fx.Graph:

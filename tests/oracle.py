@@ -307,3 +307,14 @@ def simulate_oracle(compiled, idx: list[int]) -> dict:
     out["step"] = max(tc, tq)
     out["free"] = free
     return out
+
+
+def output_last_of(literal):
+    """dcsched's statement of a rule over a literal oracle: the same order with the output node last.
+
+    DeepSpeed's code may rank the output before a chain nothing reads (the
+    generated code then returns before that chain runs); dcsched moves it to
+    the end (``dcsched.graphform.output_last``) and changes nothing else.
+    """
+    from dcsched.graphform import output_last
+    return lambda view: output_last(view, literal(view))

@@ -102,3 +102,25 @@ def random_topological_order(view: nx.DiGraph, rng: random.Random) -> list[str]:
             if waiting[s] == 0:
                 ready.append(s)
     return order
+
+
+def with_sink_chains(graph: torch.fx.Graph, count: int = 1) -> torch.fx.Graph:
+    """``graph`` with ``count`` chains nothing reads before its output: all-gather, wait, a compute node, release.
+
+    The shape the issue found orders returning early on: the output does not depend on the chain, so a greedy
+    order may rank the output before it.
+    """
+    comm = torch.ops.dcsched
+    placeholder = next(n for n in graph.nodes if n.op == "placeholder")
+    output = next(n for n in graph.nodes if n.op == "output")
+    for k in range(count):
+        ds_id = 900 + k
+        with graph.inserting_before(output):
+            gathered = graph.call_function(comm.allgather_param.default, (placeholder, 0, ds_id))
+            waited = graph.call_function(comm.wait_allgather.default, (gathered, 0, ds_id))
+            computed = graph.call_function(torch.ops.aten.relu.default, (waited,))
+            released = graph.call_function(comm.release_param.default, (computed, 0, ds_id, 1))
+        for node, time, size in ((gathered, 0.5, 4096), (waited, 0.0, 4096), (computed, 1.0, 4096),
+                                 (released, 0.0, 4096)):
+            node.meta.update(device_time=time, tensor_size=size)
+    return graph

@@ -8,8 +8,11 @@ import random
 import warnings
 import zipfile
 
+from pathlib import Path
+
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import dcsched
 from dcsched import bundle as bundle_io
@@ -195,6 +198,107 @@ BAD = ["code payload", "raw pickle payload", "truncated", "text file", "random b
 NUMBERS = [*(case[0] for case in FIGURES), *(case[0] for case in SHAPES)]
 
 
+def _first_call(data):
+    return next(n for n in data["graphs"]["forward"]["nodes"] if n["op"] == "call_function"
+                and not n["target"].startswith("dcsched."))
+
+
+def _first_of(data, op):
+    return next(n for n in data["graphs"]["forward"]["nodes"] if n["target"] == f"dcsched.{op}.default")
+
+
+def _self_similar(levels: int = 60) -> list:
+    nested = [1]
+    for _ in range(levels):
+        nested = [nested, nested]  # 2**60 values when walked; pickle stores each level once
+    return nested
+
+
+#: Bundles built to run code, hang or crash a command: (case, edit of the plain data, words in the message).
+#: ``MARKER`` in an edit stands for a file the payload would create.
+HOSTILE = [
+    ("placeholder target expression",
+     lambda d: d["graphs"]["forward"]["nodes"][0].update(target="x=(__import__('os').system('touch MARKER'),p)[1]"),
+     "is not a plain identifier"),
+    ("get_attr target expression",
+     lambda d: d["graphs"]["forward"]["nodes"].insert(1, {"name": "c", "op": "get_attr", "args": {"$tuple": []},
+                                                          "kwargs": {"$dict": []}, "meta": {},
+                                                          "target": "__import__('os').system('touch MARKER')"}),
+     "get_attr target part"),
+    ("dunder op", lambda d: _first_call(d).update(target="aten.__class__.__init__"), "is not an op name"),
+    ("attribute walk to a module", lambda d: _first_call(d).update(target="aten.mm.__call__"), "is not an op name"),
+    ("layout by attribute", lambda d: _first_call(d).update(kwargs={"$dict": [["layout", {"$layout": "_C"}]]}),
+     "unknown layout '_C'"),
+    ("memory format by attribute",
+     lambda d: _first_call(d).update(kwargs={"$dict": [["memory_format", {"$memory_format": "os"}]]}),
+     "unknown memory format 'os'"),
+    ("dtype by attribute", lambda d: d["params"][0].update(dtype="_C"), "unknown dtype '_C'"),
+    ("in-place copy_", lambda d: _first_call(d).update(target="aten.copy_.default"), "writes to its input in place"),
+    ("in-place set_", lambda d: _first_call(d).update(target="aten.set_.source_Tensor"), "writes to its input"),
+    ("self-similar kwargs", lambda d: _first_call(d).update(kwargs={"$dict": [["x", _self_similar()]]}),
+     "arguments nest deeper than 32 levels"),
+    ("self-similar provenance", lambda d: d["provenance"].update(x=_self_similar()), "the bundle's provenance"),
+    ("constant named forward", lambda d: d.update(constants={"forward": torch.zeros(1)}),
+     "constant name 'forward' would replace"),
+    ("constant named __class__", lambda d: d.update(constants={"__class__": torch.zeros(1)}),
+     "is not a plain identifier"),
+    ("string constant", lambda d: d.update(constants={"c": "hello"}), "constant 'c' is a str, not a tensor"),
+    ("version True", lambda d: d.update(version=True), "bundle version True is not a version number"),
+    ("version -5", lambda d: d.update(version=-5), "bundle version -5 is not a version number"),
+    ("all-gather id 'zero'", lambda d: _first_of(d, "allgather_param")["args"]["$tuple"].__setitem__(2, "zero"),
+     "allgather_param's id is 'zero', not an integer"),
+    ("all-gather with one argument",
+     lambda d: _first_of(d, "allgather_param").update(args={"$tuple": _first_of(d, "allgather_param")["args"]
+                                                             ["$tuple"][:1]}),
+     "allgather_param has no graph_id argument"),
+    ("output shape nan", lambda d: _first_call(d)["meta"].update(out={"shape": [float("nan")], "dtype": "float32"}),
+     "output shape [nan] is not a list of non-negative integers"),
+]
+#: Input tables no capture writes: (case, input fields, words).
+INPUTS = [
+    ("input low above high", {"low": 5, "high": 1}, "its range [5, 1] is empty"),
+    ("input low nan", {"low": float("nan")}, "range bound nan is not a finite number"),
+    ("input value not a tensor", {"value": [1, 2]}, "its stored value is a list, not a tensor"),
+]
+HOSTILE += [(case, lambda d, fields=fields: d["inputs"].append({"name": "ids", "shape": [2], "dtype": "int64",
+                                                                 "value": None, "low": None, "high": None,
+                                                                 **fields}), words)
+            for case, fields, words in INPUTS]
+
+
+def _hostile(tmp_path, kind) -> tuple[Path, str, Path]:
+    """The hostile bundle ``kind`` (from the linear example), the words its error names, the marker file."""
+    edit, words = next((edit, words) for case, edit, words in HOSTILE if case == kind)
+    marker = tmp_path / "pwned"
+    data = bundle_io.to_data(linear_bundle())
+    edit(data)
+    path = tmp_path / "hostile.pt"
+    torch.save(_with_marker(data, str(marker)), path)
+    return path, words, marker
+
+
+def _with_marker(value, marker: str):
+    if isinstance(value, str):
+        return value.replace("MARKER", marker)
+    if isinstance(value, dict):
+        return {k: _with_marker(v, marker) for k, v in value.items()}
+    if isinstance(value, list) and value and value[0] is not value[-1]:  # leave self-similar lists as they are
+        return [_with_marker(v, marker) for v in value]
+    return value
+
+
+@pytest.mark.parametrize("kind", [case for case, _edit, _words in HOSTILE])
+@pytest.mark.parametrize("command", [["show"], ["schedule", "--algo", "fast-free"], ["replay"]])
+def test_hostile_bundles_run_no_code_and_stop_with_one_line(tmp_path, kind, command, capsys):
+    path, words, marker = _hostile(tmp_path, kind)
+    before = sorted(os.listdir(tmp_path))
+    assert run([command[0], str(path), *command[1:]]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert words in " ".join(err.split()), err
+    assert sorted(os.listdir(tmp_path)) == before and not marker.exists()
+
+
 @pytest.mark.parametrize("kind", BAD)
 def test_bad_bundle_raises_bundle_error(tmp_path, kind):
     files, marker = _bad_files(tmp_path)
@@ -263,3 +367,64 @@ def test_zip_of_other_content_is_rejected(tmp_path):
         archive.writestr("hello.txt", "hi")
     with pytest.raises(BundleError):
         dcsched.load(path)
+
+
+#: Python that would run if a stored name or target reached generated code or an attribute walk.
+_EXPRESSIONS = st.sampled_from([
+    "__import__('os').system('touch MARKER')", "x=(__import__('os').system('touch MARKER'),1)[1]",
+    "exec('open(\"MARKER\",\"w\")')", "__class__", "__init__", "forward", "a.__class__.__base__", "lambda: 0",
+    "os.system", "aten.__class__.__init__", "aten.copy_.default", "aten.add_.Tensor", "aten.set_.source_Tensor",
+    "aten.mm.__call__", "builtins.eval", "dcsched.__dict__", "operator.attrgetter", "import", "None", "1+1",
+])
+_TEXT = st.one_of(_EXPRESSIONS, st.text(min_size=0, max_size=20))
+
+
+@st.composite
+def _hostile_edit(draw):
+    """One hostile change to a bundle's plain data: a name, a target, a constant name or deep arguments."""
+    where = draw(st.sampled_from(["node name", "placeholder target", "get_attr target", "op target",
+                                  "constant name", "nesting", "layout"]))
+    text = draw(_TEXT)
+    depth = draw(st.integers(min_value=0, max_value=80))
+
+    def edit(data):
+        nodes = data["graphs"]["forward"]["nodes"]
+        call = next(n for n in nodes if n["op"] == "call_function" and not n["target"].startswith("dcsched."))
+        if where == "node name":
+            nodes[-2]["name"] = text
+        elif where == "placeholder target":
+            nodes[0]["target"] = text
+        elif where == "get_attr target":
+            nodes.insert(1, {"name": "c", "op": "get_attr", "target": text, "args": {"$tuple": []},
+                             "kwargs": {"$dict": []}, "meta": {}})
+        elif where == "op target":
+            call["target"] = text
+        elif where == "constant name":
+            data["constants"] = {text: torch.zeros(1)}
+        elif where == "layout":
+            call["kwargs"] = {"$dict": [["layout", {"$layout": text}]]}
+        else:
+            call["kwargs"] = {"$dict": [["x", _self_similar(depth)]]}
+    return edit
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(edit=_hostile_edit(), command=st.sampled_from([["show"], ["schedule", "--algo", "list"], ["replay"]]))
+def test_generated_hostile_bundles_never_run_code_nor_hang(tmp_path_factory, edit, command):
+    tmp_path = tmp_path_factory.mktemp("hostile")
+    marker = tmp_path / "pwned"
+    data = bundle_io.to_data(linear_bundle())
+    edit(data)
+    path = tmp_path / "hostile.pt"
+    torch.save(_with_marker(data, str(marker)), path)
+    import contextlib
+    import io
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = run([command[0], str(path), *command[1:], *(["-o", str(tmp_path / "out.pt")]
+                                                           if command[0] == "schedule" else [])])
+    assert not marker.exists(), "a stored name or target ran code"
+    assert code in (0, 2)
+    if code == 2:
+        lines = err.getvalue().strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in err.getvalue(), err.getvalue()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from dcsched.graphform import output_last
 from dcsched.nxview import check_order, to_networkx
 from dcsched.schedulers import get
 from dcsched.synthetic import graph_digest
@@ -44,9 +45,22 @@ def test_matches_deepspeed(record):
         check_order(view, ours)
         golden = record[algo]
         if golden.get("valid"):
-            assert ours == [names[i] for i in golden["order"]], algo
+            # DeepSpeed may place the output before a chain nothing reads (its code then returns before the
+            # chain runs); dcsched keeps every other node in DeepSpeed's place and the output last.
+            assert ours == output_last(view, [names[i] for i in golden["order"]]), algo
         # Otherwise DeepSpeed failed or gave an invalid order (a dependency only
         # kwargs carry): there is nothing to match, and ours is still valid.
+
+
+def _output_index(record) -> int:
+    return next(i for i, node in enumerate(build(record["graph"]).nodes) if node.op == "output")
+
+
+def test_deepspeed_returns_early_on_graphs_with_chains_nothing_reads():
+    # Why the comparison above moves the output last: some of DeepSpeed's own orders put it before such chains.
+    early = [(r["id"], algo) for r in RECORDS for algo in ALGOS
+             if r[algo].get("valid") and r[algo]["order"][-1] != _output_index(r)]
+    assert early and all(record_id.startswith("source=random") for record_id, _ in early), early
 
 
 def test_deepspeed_fails_where_only_kwargs_carry_a_dependency():

@@ -15,8 +15,9 @@ from dcsched.synthetic import layered_stack, moe_graph, random_graph
 import oracle  # tests/oracle.py: the literal, slow statements of the rules
 
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_graphs"
-ORACLES = {"fast-free": oracle.fast_free_oracle, "simple-prefetch": oracle.simple_prefetch_oracle,
-           "list": oracle.list_oracle}
+ORACLES = {"fast-free": oracle.output_last_of(oracle.fast_free_oracle),
+           "simple-prefetch": oracle.output_last_of(oracle.simple_prefetch_oracle),
+           "list": oracle.output_last_of(oracle.list_oracle)}
 
 
 @pytest.mark.parametrize("seed", range(40))

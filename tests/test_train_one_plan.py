@@ -26,6 +26,8 @@ STEPS = 6
 def two_skewed_ranks(tmp_path_factory):
     plan = [(f"{name}-{algo}", name, algo, STEPS, 4, {"cost_model": "measured"})
             for name in MODELS for algo in ALGOS]
+    plan += [(f"convnet-bn-{algo}", "convnet-bn", algo, STEPS, 4, {"cost_model": "measured"})
+             for algo in ("fast-free", "overlap")]
     # Rank 1 builds another model: every rank must stop with one line naming it, before any step's collective.
     plan.append(("mismatch", "gpt", "fast-free", 2, 4, {"cost_model": "measured", "per_rank": {1: {"d_model": 16}}}))
     plan.append(("after-mismatch", "gpt", "overlap", STEPS, 4, {"cost_model": "measured"}))
@@ -41,6 +43,15 @@ def test_every_algorithm_trains_as_eager_with_each_rank_timing_its_own_nodes(two
         losses = [two_skewed_ranks[rank][label]["losses"] for rank in range(2)]
         assert losses[0] == losses[1] == reference, label  # bit for bit, every rank, every order
         assert torch.allclose(torch.tensor(losses[0]), eager, rtol=1e-5, atol=0), (label, losses[0], eager)
+
+
+def test_a_batchnorm_convnet_trains_as_eager_over_the_same_split(two_skewed_ranks):
+    # BatchNorm normalises over each rank's own slice, so eager averages the two slices' losses.
+    eager = torch.tensor(runs.train_eager("convnet-bn", STEPS, 4, split=2))
+    for algo in ("fast-free", "overlap"):
+        losses = [two_skewed_ranks[rank][f"convnet-bn-{algo}"]["losses"] for rank in range(2)]
+        assert losses[0] == losses[1]
+        assert torch.allclose(torch.tensor(losses[0]), eager, rtol=1e-5, atol=0), algo
 
 
 @pytest.mark.parametrize("name", MODELS)

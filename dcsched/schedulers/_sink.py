@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..graphform import ALLGATHER, COMPUTE, RELEASE, REDUCE, WAIT
+from ..graphform import ALLGATHER, COMPUTE, RELEASE, REDUCE, WAIT, output_last_indices
 from ..simulate import CompiledGraph
 
 
@@ -57,7 +57,8 @@ def sink_readers(compiled: CompiledGraph, order: list[int]) -> list[int]:
             result.append(v)
     if n in moved:
         result.extend(w for _, _, w in sorted(moved[n]))
-    return result
+    # A branch whose result nothing reads goes to the end, but before the output (the code returns there).
+    return output_last_indices(kind, result)
 
 
 def _descends(succs: list, position: list[int], v: int, nxt: int) -> bool:

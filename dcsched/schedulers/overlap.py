@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import networkx as nx
 
-from ..graphform import COMM_KINDS, GraphForm, paused_gc
+from ..graphform import COMM_KINDS, OUTPUT, GraphForm, paused_gc
 from ..simulate import Clocks, SimResult
 from .. import units
 from ..errors import DcschedError
@@ -134,7 +134,16 @@ class Overlap:
 
     def _select(self, budget: float, scope: str) -> tuple[list[int], SimResult | None]:
         """:meth:`plan`'s order, and its simulation where choosing it needed one (None where it did not:
-        at an unlimited budget every order fits, so only the streams' clocks are simulated)."""
+        at an unlimited budget every order fits, so only the streams' clocks are simulated).
+
+        The output comes last, as in every base order (a chain that feeds nothing the graph returns runs
+        before it); the budget was checked on this very order."""
+        order, result = self._choose(budget, scope)
+        if self.compiled.kind[order[-1]] != OUTPUT:  # every base order ends with the output: a placement bug
+            raise DcschedError("overlap placed a node after the graph's output (please report this graph)")
+        return order, result
+
+    def _choose(self, budget: float, scope: str) -> tuple[list[int], SimResult | None]:
         check_scope(scope)
         feasible = [p for p in self.planners if p.feasible(budget, scope)]
         if not feasible:  # raises, naming the smallest budget that works

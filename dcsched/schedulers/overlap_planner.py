@@ -15,7 +15,7 @@ import operator
 import networkx as nx
 
 from ..errors import DcschedError
-from ..graphform import COMPUTE, REDUCE, GraphForm
+from ..graphform import COMPUTE, REDUCE, GraphForm, output_last_indices
 from ..simulate import Clocks, CompiledGraph, SimResult, compile_view
 from ..units import format_bytes
 from ._maxtree import MaxTree
@@ -72,7 +72,8 @@ class OverlapPlanner:
             ff = shares.fast_free_order
         else:
             self.compiled.check_input_order()
-            ff = fast_free_indices(self.compiled)
+            # As the registered fast-free runs it: the output last, after any chain nothing reads.
+            ff = output_last_indices(self.compiled.kind, fast_free_indices(self.compiled))
         self.fast_free_order = ff
         if base == "fast-free":
             base = ff

@@ -25,6 +25,7 @@ from typing import Callable
 import networkx as nx
 
 from ..errors import DcschedError
+from ..graphform import GraphForm, output_last
 
 Scheduler = Callable[..., list]
 
@@ -39,12 +40,13 @@ class SchedulerInfo:
     #: whether the function also takes a :class:`~dcsched.graphform.GraphForm` for the view
     takes_form: bool = False
 
-    def __call__(self, view: nx.DiGraph, **options) -> list:
+    def __call__(self, view: "nx.DiGraph | GraphForm", **options) -> list:
         unknown = sorted(set(options) - set(self.options))
         if unknown:
             raise DcschedError(f"scheduler '{self.name}' takes no option {', '.join(unknown)} "
                                f"(it takes: {', '.join(self.options) or 'none'})")
-        return self.func(view, **options)
+        # Every scheduler's order ends with the output, whatever its rule ranks there (graphform.output_last).
+        return output_last(view, self.func(view, **options))
 
 
 _REGISTRY: dict[str, SchedulerInfo] = {}

@@ -101,7 +101,10 @@ class Watch:
             self._post("terminated by SIGTERM")
         except Exception:  # the store is gone: the peers find out by the missing heartbeat
             pass
-        _exit_with(f"dcsched train: rank {self.rank} terminated by SIGTERM", 128 + signal.SIGTERM)
+        # Under torchrun the usual sender is its agent stopping the other workers after one failed: say so, so
+        # that this line is not read as the cause (the failed worker's own line is).
+        _exit_with(f"dcsched train: rank {self.rank} terminated by SIGTERM (torchrun stops every worker once one "
+                   "fails, or the job was cancelled)", 128 + signal.SIGTERM)
 
     def stop(self) -> None:
         self._stop.set()
