@@ -157,6 +157,10 @@ def test_a_compiled_linear_model_trains(tmp_path, capsys):
     (["--algo", "fast-free", "--memory-budget", "1GiB"], "takes no memory budget"),
     (["--budget-scope", "some", "--algo", "overlap"], "budget scope"),
     (["--timeout", "0"], "--timeout"),
+    (["--timeout", "inf"], "--timeout must be between 0.1 and 604800 seconds"),
+    (["--timeout", "1e20"], "--timeout must be between 0.1 and 604800 seconds"),
+    (["--timeout", "0.000001"], "--timeout must be between 0.1 and 604800 seconds"),
+    (["--timeout", "nan"], "--timeout must be between"),
     (["--compute", "fast"], "unknown compute 'fast'"),
     (["--cost-model", "analytic"], ""),
 ])

@@ -38,6 +38,9 @@ from .sharding import shard
 
 #: The process-group timeout when none is given, in seconds.
 DEFAULT_TIMEOUT_S = 120.0
+#: The range a timeout must lie in (seconds): a heartbeat takes a few milliseconds; c10d keeps its timeouts in
+#: milliseconds and overflows far above a week.
+TIMEOUT_RANGE_S = (0.1, 7 * 24 * 3600.0)
 
 
 class TrainError(DcschedError):
@@ -60,8 +63,10 @@ class ScriptOptions:
 
     def check(self) -> None:
         self.train.check()
-        if not self.timeout_s > 0:
-            raise DcschedError(f"--timeout must be a positive number of seconds, not {self.timeout_s}")
+        low, high = TIMEOUT_RANGE_S
+        if not low <= self.timeout_s <= high:  # nan fails both comparisons
+            raise DcschedError(f"--timeout must be between {low:g} and {high:g} seconds (a week), not "
+                               f"{self.timeout_s:g}")
 
 
 @dataclasses.dataclass
