@@ -221,6 +221,21 @@ def test_algo_all_skips_a_scheduler_that_cannot_run_and_says_why(bundle_path, re
     assert "no selected scheduler takes option 'bogus'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("options, words", [
+    (["-O", "memory_budget=-5"], "memory budget: not a size: '-5'"),
+    (["-O", "memory_budget=1000"], "memory budget 1000 B (1000 bytes) is too small"),  # not silently the default
+    (["-O", "memory-budget=lots"], "memory budget: not a size: 'lots'"),
+    (["-O", "budget_scope=some"], "unknown budget scope 'some'"),
+    (["-O", "memory_budget=1GiB", "--memory-budget", "2GiB"], "--memory-budget given twice"),
+])
+def test_named_options_given_with_O_go_through_their_own_parser(bundle_path, capsys, options, words):
+    assert run(["schedule", str(bundle_path), "--algo", "overlap", *options]) == 2
+    err = capsys.readouterr().err.strip()
+    errors = [line for line in err.splitlines() if "error" in line]  # after the progress lines, if it got there
+    assert errors == [err.splitlines()[-1]] and words in errors[0] and "Traceback" not in err, err
+    assert not bundle_path.with_name("mlp.overlap.pt").exists()
+
+
 def test_json_schema_and_nothing_else_on_stdout(bundle_path, second_scheduler, capsys):
     assert run(["schedule", str(bundle_path), "--algo", "all", "--json", "--params", *budget_args()]) == 0
     captured = capsys.readouterr()

@@ -50,6 +50,31 @@ def _option_value(text: str):
     return text
 
 
+#: Options with a flag of their own: ``-O key=value`` means the same as the flag (and goes through its parser).
+NAMED_OPTIONS = {"memory_budget": "--memory-budget", "budget_scope": "--budget-scope"}
+
+
+def named_from_options(memory_budget: str | None, budget_scope: str | None,
+                       extra: list[str]) -> tuple[str | None, str | None, list[str]]:
+    """``-O memory_budget=...`` / ``-O budget_scope=...`` taken as their flags; the other ``-O`` items.
+
+    >>> named_from_options(None, None, ["memory_budget=1000", "k=3"])
+    ('1000', None, ['k=3'])
+    """
+    named = {"memory_budget": memory_budget, "budget_scope": budget_scope}
+    rest = []
+    for item in extra:
+        key, sep, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if sep and key in NAMED_OPTIONS:
+            if named[key] is not None:
+                raise DcschedError(f"{NAMED_OPTIONS[key]} given twice (once as -O {key}=...)")
+            named[key] = value.strip()
+        else:
+            rest.append(item)
+    return named["memory_budget"], named["budget_scope"], rest
+
+
 def scheduler_options(algorithms: list[str], memory_budget: str | None, budget_scope: str | None,
                       extra: list[str]) -> dict[str, dict]:
     """Per algorithm, the given options it accepts; an option no selected algorithm takes is an error."""
@@ -58,6 +83,8 @@ def scheduler_options(algorithms: list[str], memory_budget: str | None, budget_s
     if memory_budget is not None:
         given["memory_budget"] = parse_budget(memory_budget)
     if budget_scope is not None:
+        from ..schedulers.overlap import check_scope
+        check_scope(budget_scope)
         given["budget_scope"] = budget_scope
     for item in extra:
         key, sep, value = item.partition("=")
@@ -157,6 +184,7 @@ def schedule(
     Memory is simulated in bytes and step time in ms; see docs/schedule-cli.md.
     """
     algorithms = resolve_algorithms(algo)
+    memory_budget, budget_scope, option = named_from_options(memory_budget, budget_scope, option)
     options = scheduler_options(algorithms, memory_budget, budget_scope, option)
     report_files = {name: p for name, p in (("trace", trace), ("plot", plot)) if p is not None}
     if sweep_budgets:
