@@ -557,11 +557,12 @@ def _check_magic(path: Path) -> None:
 def save(bundle: Bundle, path: str | os.PathLike, *, overwrite: bool = True) -> Path:
     """Write ``bundle`` to ``path`` atomically (:func:`dcsched.outputs.write_atomic`).
 
-    With ``overwrite=False`` an existing file is an error.
+    With ``overwrite=False`` an existing file is an error, also one that appears while the bundle is
+    written (the rename never replaces it).
     """
     path = Path(path)
     if not overwrite and path.exists():
         raise BundleError(path, "exists already (pass --force / overwrite=True to replace it)")
     data = to_data(bundle)
-    write_atomic(path, lambda handle: torch.save(data, handle))
+    write_atomic(path, lambda handle: torch.save(data, handle), overwrite=overwrite)
     return path

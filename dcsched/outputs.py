@@ -15,10 +15,14 @@ The rule:
 
 :func:`check_outputs` applies the rule to all outputs of a command before it
 does any work; :func:`write_atomic` writes one file through a temporary file
-renamed into place, so a failure or a kill never leaves a partial output. A
-temporary file is named ``.<name>.<pid>.<random>.tmp``; one left by a process
-that no longer runs (killed with SIGKILL, say) is removed the next time that
-output is written.
+renamed into place, so a failure or a kill never leaves a partial output;
+:func:`all_or_none` renames all of a command's outputs together, once every one
+is written, and without ``--force`` never replaces a file that appeared while
+the command ran. A replaced file keeps its mode (and owner, where permitted). A
+temporary file is named ``.<name>.<pid>.<8 random characters>.tmp`` (the name
+cut to fit 255 bytes); one left by a process that no longer runs (killed with
+SIGKILL, say), owned by this user, is removed the next time that output is
+written; no other file is touched.
 
 This module imports nothing heavy (no torch), so the CLI can check paths
 before loading anything.
@@ -37,13 +41,17 @@ dcsched.errors.DcschedError: ...out.pt: exists already (pass --force to replace 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import errno
 import os
+import re
 import stat
 import tempfile
 from pathlib import Path
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Iterable, Iterator, Mapping
 
-from .errors import DcschedError
+from .errors import DcschedError, first_line
 
 TEMP_SUFFIX = ".tmp"
 
@@ -112,20 +120,41 @@ def check_outputs(outputs: Mapping[str, Path], *, inputs: Iterable[Path] = (), f
         seen[key] = option
 
 
+#: A temporary name mkstemp makes: ``.<name>.<pid>.<8 random characters>.tmp``.
+_RANDOM = re.compile(r"[a-z0-9_]{8}")
+#: The longest file name most file systems take (bytes).
+NAME_MAX = 255
+
+
+def _temp_prefix(name: str) -> str:
+    """``.<name>.<pid>.``, the name cut so the whole temporary name fits :data:`NAME_MAX` bytes."""
+    pid = str(os.getpid())
+    room = NAME_MAX - len(f"..{pid}.") - 8 - len(TEMP_SUFFIX)
+    short = name.encode()[:room].decode(errors="ignore")
+    return f".{short}.{pid}."
+
+
 def _remove_stale_temps(directory: Path, name: str) -> None:
-    """Delete ``.<name>.<pid>.*.tmp`` files whose writing process no longer runs."""
-    prefix = f".{name}."
+    """Delete temporary files of ``name`` that dcsched made and whose writing process no longer runs.
+
+    Only names dcsched itself makes (``.<name>.<pid>.<8 random characters>.tmp``), owned by this user.
+    """
+    head = _temp_prefix(name).rpartition(f".{os.getpid()}.")[0] + "."
     try:
         entries = list(os.scandir(directory))
     except OSError:
         return
     for entry in entries:
-        if not (entry.name.startswith(prefix) and entry.name.endswith(TEMP_SUFFIX)):
+        if not (entry.name.startswith(head) and entry.name.endswith(TEMP_SUFFIX)):
             continue
-        pid_text = entry.name[len(prefix):].partition(".")[0]
-        if not pid_text.isdigit() or int(pid_text) == os.getpid() or _running(int(pid_text)):
+        pid_text, dot, random = entry.name[len(head):-len(TEMP_SUFFIX)].partition(".")
+        if not (dot and pid_text.isdigit() and _RANDOM.fullmatch(random)):
+            continue
+        if int(pid_text) == os.getpid() or _running(int(pid_text)):
             continue
         try:
+            if entry.stat(follow_symlinks=False).st_uid != os.geteuid() or not entry.is_file(follow_symlinks=False):
+                continue
             os.unlink(entry.path)
         except OSError:
             pass
@@ -141,13 +170,94 @@ def _running(pid: int) -> bool:
     return True
 
 
-def write_atomic(path: str | os.PathLike, write: Callable) -> None:
+class _Staged:
+    """Outputs written to their temporary files, renamed into place together at :meth:`commit`."""
+
+    def __init__(self, overwrite: bool) -> None:
+        self.overwrite = overwrite
+        self.files: list[tuple[str, Path]] = []
+
+    def commit(self) -> None:
+        try:
+            if not self.overwrite:  # all or none: refuse before placing any
+                for _tmp, path in self.files:
+                    if os.path.lexists(path):
+                        raise DcschedError(f"{path}: was created while dcsched ran (pass --force to replace it)")
+            while self.files:
+                tmp, path = self.files[0]
+                _place(tmp, path, self.overwrite)
+                self.files.pop(0)
+        finally:
+            self.discard()
+
+    def discard(self) -> None:
+        for tmp, _path in self.files:
+            Path(tmp).unlink(missing_ok=True)
+        self.files.clear()
+
+
+_STAGE: contextvars.ContextVar[_Staged | None] = contextvars.ContextVar("dcsched_outputs_stage", default=None)
+
+
+@contextlib.contextmanager
+def all_or_none(*, force: bool) -> Iterator[None]:
+    """Every :func:`write_atomic` in the block goes to its temporary file; all are renamed into place when the
+    block ends without an error, none otherwise (a failing ``--plot`` leaves no ``-o`` behind).
+
+    Without ``force`` an output that appeared meanwhile (another run, another user) is never replaced: the
+    rename is a link that fails on an existing name.
+    """
+    staged = _Staged(overwrite=force)
+    token = _STAGE.set(staged)
+    try:
+        yield
+    except BaseException:
+        staged.discard()
+        raise
+    finally:
+        _STAGE.reset(token)
+    staged.commit()
+
+
+def _place(tmp: str, path: Path, overwrite: bool) -> None:
+    """Rename ``tmp`` to ``path``: replacing a file there only when ``overwrite`` (keeping its mode and, where
+    permitted, its owner), else failing if one appeared."""
+    try:
+        if overwrite:
+            try:
+                existing = os.stat(path)
+            except FileNotFoundError:
+                existing = None
+            if existing is not None:
+                os.chmod(tmp, stat.S_IMODE(existing.st_mode))
+                with contextlib.suppress(PermissionError):
+                    os.chown(tmp, existing.st_uid, existing.st_gid)
+            os.replace(tmp, path)
+            return
+        try:
+            os.link(tmp, path)  # atomic, and fails where a file exists: no check-then-rename race
+        except FileExistsError:
+            raise DcschedError(f"{path}: was created while dcsched ran (pass --force to replace it)") from None
+        except OSError as exc:
+            if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EXDEV, errno.EMLINK):
+                raise
+            if os.path.lexists(path):  # a file system without hard links: the best check there is
+                raise DcschedError(f"{path}: was created while dcsched ran (pass --force to replace it)") from None
+            os.replace(tmp, path)
+    except OSError as exc:
+        raise DcschedError(f"{path}: cannot be written ({exc.strerror or exc})") from None
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def write_atomic(path: str | os.PathLike, write: Callable, *, overwrite: bool = True) -> None:
     """Call ``write(binary_file)`` on a temporary file beside ``path``, then rename it into place.
 
     Refuses a ``path`` that exists and is not a regular file. Missing directories are
     created. A failure (an exception, a full or read-only disk) leaves no
     file behind and is raised as a one-line :class:`DcschedError` when it is
-    the file system's.
+    the file system's. ``overwrite=False``: a file that exists at the rename is an error, never replaced.
+    Inside :func:`all_or_none` the rename waits for the block's end.
     """
     path = Path(path)
     kind = _existing_kind(path)
@@ -160,7 +270,7 @@ def write_atomic(path: str | os.PathLike, write: Callable) -> None:
         raise DcschedError(f"{path}: cannot create directory {directory} ({exc.strerror})") from None
     _remove_stale_temps(directory, path.name)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=TEMP_SUFFIX, dir=directory)
+        fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path.name), suffix=TEMP_SUFFIX, dir=directory)
     except OSError as exc:
         raise DcschedError(f"{path}: cannot write in {directory} ({exc.strerror})") from None
     try:
@@ -172,12 +282,19 @@ def write_atomic(path: str | os.PathLike, write: Callable) -> None:
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(tmp, path)
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
         if exc.strerror is None:
             raise
         raise DcschedError(f"{path}: cannot be written ({exc.strerror})") from None
+    except RuntimeError as exc:  # torch.save on a full disk: "unexpected pos 64 vs 0"
+        Path(tmp).unlink(missing_ok=True)
+        raise DcschedError(f"{path}: cannot be written (is the disk full? {first_line(exc)})") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    staged = _STAGE.get()
+    if staged is not None:
+        staged.files.append((tmp, path))
+        return
+    _place(tmp, path, overwrite)

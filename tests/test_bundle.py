@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import dcsched
 from dcsched import bundle as bundle_io
 from dcsched.cli import run
-from dcsched.errors import BundleError
+from dcsched.errors import BundleError, DcschedError
 
 from bundles import linear_bundle
 
@@ -48,8 +48,8 @@ def test_save_is_atomic_and_keeps_existing_file_on_failure(tmp_path):
         handle.write(b"partial")
         raise RuntimeError("disk full")
 
-    with pytest.raises(RuntimeError):
-        bundle_io.write_atomic(path, broken)
+    with pytest.raises(DcschedError, match=r"cannot be written \(is the disk full\? disk full\)"):
+        bundle_io.write_atomic(path, broken)  # torch.save on a full disk raises a RuntimeError
     assert path.read_bytes() == b"precious"
     assert os.listdir(tmp_path) == ["graph.pt"]
 

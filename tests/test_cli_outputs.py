@@ -161,6 +161,7 @@ def test_a_failing_write_is_one_line_and_leaves_nothing(bundle_path, tmp_path, c
         raise OSError(errno.EROFS, os.strerror(errno.EROFS))
 
     monkeypatch.setattr(os, "replace", read_only)
+    monkeypatch.setattr(os, "link", read_only)  # the rename without --force (never replaces a file)
     before = set(os.listdir(tmp_path))
     assert run(["schedule", str(bundle_path), "--algo", "none", "-o", str(tmp_path / "out.pt")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -191,3 +192,63 @@ def test_temp_files_of_a_killed_writer_are_removed_on_the_next_write(tmp_path):
     assert len(stale) == 1 and stale[0].startswith(f".k.pt.{proc.pid}.") and not target.exists()
     write_atomic(target, lambda handle: handle.write(b"whole"))
     assert os.listdir(tmp_path) == ["k.pt"] and target.read_bytes() == b"whole"
+
+
+def test_a_file_created_at_the_output_while_scheduling_is_never_replaced(bundle_path, tmp_path, capsys,
+                                                                         monkeypatch):
+    import dcsched.report
+    target = tmp_path / "out.pt"
+    scheduled = dcsched.report.scheduled_bundle
+
+    def meanwhile(*args, **kwargs):  # another run (or user) writes the output while this one schedules
+        target.write_bytes(b"theirs")
+        return scheduled(*args, **kwargs)
+
+    monkeypatch.setattr(dcsched.report, "scheduled_bundle", meanwhile)
+    assert run(["schedule", str(bundle_path), "--algo", "none", "-o", str(target)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "was created while dcsched ran (pass --force to replace it)" in err[-1], err
+    assert target.read_bytes() == b"theirs"
+    assert sorted(os.listdir(tmp_path)) == sorted([bundle_path.name, "out.pt"])  # no temporary file left
+
+
+def test_force_keeps_the_replaced_files_mode_and_owner(bundle_path, tmp_path):
+    target = tmp_path / "out.pt"
+    target.write_bytes(b"old")
+    os.chmod(target, 0o600)
+    owner = 4321 if os.geteuid() == 0 else os.geteuid()  # root can give the file to another user
+    os.chown(target, owner, owner if os.geteuid() == 0 else os.getegid())
+    assert run(["schedule", str(bundle_path), "--algo", "none", "-o", str(target), "--force"]) == 0
+    info = os.stat(target)
+    assert stat.S_IMODE(info.st_mode) == 0o600 and info.st_uid == owner
+    assert dcsched.load(target).forward is not None
+
+
+def test_a_long_output_name_fits_its_temporary_name(bundle_path, tmp_path):
+    target = tmp_path / ("o" * 245 + ".pt")  # 248 characters: legal, and the temporary name must fit too
+    assert run(["schedule", str(bundle_path), "--algo", "none", "-o", str(target)]) == 0
+    assert dcsched.load(target).forward is not None
+
+
+def test_stale_temp_cleanup_leaves_files_dcsched_did_not_make(tmp_path):
+    target = tmp_path / "o5.pt"
+    users = [tmp_path / ".o5.pt.999999.notes.tmp", tmp_path / ".o5.pt.999999.abc.tmp", tmp_path / ".o5.pt.x.tmp"]
+    for path in users:
+        path.write_text("mine")
+    stale = tmp_path / ".o5.pt.999999.abcd_123.tmp"  # what dcsched makes, of a process that no longer runs
+    stale.write_text("partial")
+    write_atomic(target, lambda handle: handle.write(b"data"))
+    assert all(path.read_text() == "mine" for path in users) and not stale.exists()
+
+
+def test_a_failing_trace_or_plot_leaves_no_output_at_all(bundle_path, tmp_path, capsys, monkeypatch):
+    import dcsched.trace
+
+    def full_disk(path, *args, **kwargs):
+        raise DcschedError(f"{path}: cannot be written (No space left on device)")
+
+    monkeypatch.setattr(dcsched.trace, "write_trace", full_disk)
+    out, trace = tmp_path / "out.pt", tmp_path / "t.json"
+    assert run(["schedule", str(bundle_path), "--algo", "none", "-o", str(out), "--trace", str(trace)]) == 2
+    assert "No space left on device" in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == [bundle_path.name]  # neither -o nor a temporary file

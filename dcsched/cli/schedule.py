@@ -15,7 +15,7 @@ import typer
 
 from .. import formats
 from ..errors import DcschedError
-from ..outputs import check_outputs
+from ..outputs import all_or_none, check_outputs
 from ..units import format_bytes, parse_budget
 from .app import app, console, err_console, safe_text
 
@@ -223,10 +223,17 @@ def schedule(
                                         files=report_files, params=params,
                                         param_names={p.ds_id: p.name for p in bundle.params})
         report.outputs = {a: p for a, p in outputs.items() if a in report.comparison.algorithms}
-        for algo_name, out in report.outputs.items():
+    written = []
+    with all_or_none(force=force):  # every output, or none where one fails (a full disk under --plot)
+        for algo_name, out in ({} if sweep_budgets else report.outputs).items():
             bundle_io.save(scheduled_bundle(bundle, report.comparison, algo_name, input_name=path.name), out)
-            progress(f"wrote {out}")
-    emit(report, stdout_format)
+            written.append(out)
+        for name, target in report.files.items():
+            formats.get(name)(report, target)
+            written.append(target)
+    for target in written:
+        progress(f"wrote {target}")
+    formats.get(stdout_format)(report, console)
 
 
 def progress(message: str) -> None:
@@ -253,11 +260,3 @@ def run_comparison(bundle: bundle_io.Bundle, algorithms: list[str], options: dic
             err_console.print(f"[yellow]{safe_text(name)}: {len(cmp.compiled.unsized_inputs)} inputs with no size "
                               "(no tensor_size, no shape), counted as 0 bytes[/]", highlight=False)
     return comparison
-
-
-def emit(report: formats.Report, stdout_format: str) -> None:
-    """Write each file format the report names (saying so on stderr), then print ``stdout_format``."""
-    for name, target in report.files.items():
-        formats.get(name)(report, target)
-        progress(f"wrote {target}")
-    formats.get(stdout_format)(report, console)
