@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import os
+import pickle
 
 import pytest
 import torch
@@ -38,6 +40,16 @@ def test_resume_in_one_process_under_another_algorithm_continues_bit_for_bit(tmp
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # nothing partial left beside it
 
 
+class _Payload:
+    """Unpickling this would run code: it must never happen."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
 def test_a_missing_corrupt_or_foreign_checkpoint_is_one_clear_error(tmp_path):
     model, _ = runs.model_of("gpt")
     dcsched.shard(model)
@@ -49,10 +61,24 @@ def test_a_missing_corrupt_or_foreign_checkpoint_is_one_clear_error(tmp_path):
         dcsched.load_checkpoint(tmp_path / "empty", model, optimizer)
     path = tmp_path / "ckpt"
     dcsched.save_checkpoint(path, model, optimizer)
-    for data in path.glob("*.distcp"):
-        data.write_bytes(data.read_bytes()[:16])
-    with pytest.raises(CheckpointError, match="cannot read the checkpoint"):
+    shards = sorted(path.glob("*.distcp"))
+    intact = {data: data.read_bytes() for data in shards}
+    for data, content in intact.items():  # 64 flipped bytes in the middle: same size, wrong numbers
+        middle = len(content) // 2
+        data.write_bytes(content[:middle] + bytes(b ^ 0xFF for b in content[middle:middle + 64])
+                         + content[middle + 64:])
+    with pytest.raises(CheckpointError, match=r"corrupt checkpoint \(__0_0.distcp differs from the file that was "
+                                              r"saved: its SHA-256 does not match\)"):
         dcsched.load_checkpoint(path, model, optimizer)
+    for data, content in intact.items():
+        data.write_bytes(content[:16])
+    with pytest.raises(CheckpointError, match="corrupt checkpoint"):
+        dcsched.load_checkpoint(path, model, optimizer)
+    marker = tmp_path / "pwned"
+    (path / ".metadata").write_bytes(pickle.dumps(_Payload(marker)))  # a planted metadata file runs no code
+    with pytest.raises(CheckpointError, match="corrupt checkpoint metadata"):
+        dcsched.load_checkpoint(path, model, optimizer)
+    assert not marker.exists()
     (path / ".metadata").write_bytes(b"garbage")
     with pytest.raises(CheckpointError, match="corrupt checkpoint metadata"):
         dcsched.load_checkpoint(path, model, optimizer)

@@ -53,6 +53,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import DcschedError
+from .checkpoint_files import SafeReader, verify_checksums, write_checksums
 from .full_state import local_state_dict
 from .sharding import Sharding, sharding_of
 
@@ -204,6 +205,7 @@ def save_checkpoint(path, model: nn.Module, optimizer: torch.optim.Optimizer | N
         partial.mkdir(parents=True)
 
     def publish():  # the complete checkpoint replaces the earlier one
+        write_checksums(partial)
         old = path.parent / f".{path.name}.old"
         shutil.rmtree(old, ignore_errors=True)
         if path.exists():
@@ -231,13 +233,12 @@ def _first_line(error: BaseException) -> str:
 
 
 def _metadata(path: Path) -> dict:
-    from torch.distributed.checkpoint import FileSystemReader
     if not path.exists():
         raise CheckpointError(f"{path}: no such checkpoint")
     if not (path / ".metadata").is_file():
         raise CheckpointError(f"{path}: not a checkpoint (no .metadata: missing, or the save did not finish)")
-    try:
-        return FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    try:  # never plain pickle: a planted .metadata would run code here
+        return SafeReader(str(path)).read_metadata().state_dict_metadata
     except Exception as error:  # noqa: BLE001 - a corrupt metadata file: any unpickling error
         raise CheckpointError(f"{path}: corrupt checkpoint metadata ({_first_line(error)})") from None
 
@@ -272,6 +273,7 @@ def load_checkpoint(path, model: nn.Module, optimizer: torch.optim.Optimizer | N
     import torch.distributed.checkpoint as dcp
     path = Path(path)
     metadata = _metadata(path)
+    verify_checksums(path, CheckpointError)
     layout = _Layout(model)
     state = layout.model_state()
     _check_model_keys(path, state, metadata)
@@ -292,7 +294,7 @@ def load_checkpoint(path, model: nn.Module, optimizer: torch.optim.Optimizer | N
             state[key] = _destination(layout, metadata, key, None, buffers)
     try:
         with _quiet():
-            dcp.load(state, checkpoint_id=str(path))
+            dcp.load(state, checkpoint_id=str(path), storage_reader=SafeReader(str(path)))
     except _failures() as error:  # a truncated or corrupt data file
         raise CheckpointError(f"{path}: cannot read the checkpoint: {_first_line(error)}") from None
     if optimizer is not None:
