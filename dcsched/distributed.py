@@ -54,6 +54,16 @@ all_gather_into_tensor = getattr(dist, "all_gather_single", None) or dist.all_ga
 reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
+#: Collectives this process's ZeRO-3 runtimes have issued (all-gathers and reduce-scatters): the progress a
+#: peer's failure watch reads (a rank whose count stops while another waits in a later one is stuck).
+_ISSUED = [0]
+
+
+def collectives_issued() -> int:
+    """How many ZeRO-3 collectives this process has issued so far."""
+    return _ISSUED[0]
+
+
 def padded_numel(numel: int, world_size: int) -> int:
     """``numel`` rounded up to a multiple of ``world_size`` (DeepSpeed's ZeRO-3 padding)."""
     return -(-numel // world_size) * world_size
@@ -120,6 +130,7 @@ class DistributedZero3Runtime(Zero3Runtime):
             source = source.to(dtype)
         buffer = torch.empty(source.numel() * self.world_size, dtype=source.dtype, device=source.device)
         source = source.contiguous()
+        _ISSUED[0] += 1
         work = all_gather_into_tensor(buffer, source, group=self.group, async_op=True)
         self.pending[(graph_id, ds_id)] = (work, source)  # the input stays referenced until the wait
         full = buffer[:numel].view(shape)
@@ -147,6 +158,7 @@ class DistributedZero3Runtime(Zero3Runtime):
         return self._reduce_scatter(out, flat, dist.ReduceOp.SUM, divide=True)
 
     def _reduce_scatter(self, out, flat, op, divide: bool):
+        _ISSUED[0] += 1
         if self.async_reduce:
             work = reduce_scatter_tensor(out, flat, op=op, group=self.group, async_op=True)
             self.reducing.append((work, out, flat, divide))

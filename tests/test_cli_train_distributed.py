@@ -76,7 +76,10 @@ FAILING = """
     model = torch.compile(model)
     for step in range(50):
         out = model(torch.ones(2, 4))
-        if step == 2 and os.environ["RANK"] == "1":   # mid-step: after the forward, before the backward
+        if step == 2 and os.environ["RANK"] == "1" and sys.argv[1] == "loop":
+            while True:   # its main thread stuck (its heartbeat thread beats on)
+                pass
+        if step == 2 and os.environ["RANK"] == "1" and sys.argv[1] != "loop-after":
             if sys.argv[1] in ("kill", "term"):
                 os.kill(os.getpid(), signal.SIGKILL if sys.argv[1] == "kill" else signal.SIGTERM)
                 time.sleep(60)  # SIGTERM: the watch posts it and exits at once
@@ -84,8 +87,13 @@ FAILING = """
         out.sum().backward()
         optimizer.step()
         optimizer.zero_grad()
+    if os.environ["RANK"] == "1" and sys.argv[1] == "loop-after":
+        while True:   # stuck after its last step: rank 0 must not wait for it forever
+            pass
 """
 TIMEOUT_S = 3.0
+#: How rank 1 fails: killed, raising, sent SIGTERM, its main thread looping mid-run and after its last step.
+MODES = ("kill", "raise", "term", "loop", "loop-after")
 #: The SIGTERM run's timeout: long, so a peer named sooner was told, not timed out.
 TERM_TIMEOUT_S = 60.0
 
@@ -99,7 +107,7 @@ def failing_runs(tmp_path_factory):
     script = tmp_path_factory.mktemp("failing") / "failing.py"
     script.write_text(textwrap.dedent(FAILING))
     launched = {}
-    for mode in ("kill", "raise", "term"):
+    for mode in MODES:
         port = free_port()
         timeout = TERM_TIMEOUT_S if mode == "term" else TIMEOUT_S
         launched[mode] = [subprocess.Popen(
@@ -109,7 +117,7 @@ def failing_runs(tmp_path_factory):
                      MASTER_PORT=str(port))) for rank in (0, 1)]
     ended: dict[tuple[str, int], float] = {}
     deadline = time.monotonic() + 300
-    while len(ended) < 6 and time.monotonic() < deadline:
+    while len(ended) < 2 * len(MODES) and time.monotonic() < deadline:
         for mode, procs in launched.items():
             for rank, proc in enumerate(procs):
                 if (mode, rank) not in ended and proc.poll() is not None:
@@ -151,3 +159,17 @@ def test_a_raising_rank_is_named(failing_runs):
     assert lines[0].startswith("dcsched train: rank 1 failed: raised: ValueError: rank 1 gave up (") and \
         "failing.py:" in lines[0], err0
     assert code1 == 1 and "ValueError: rank 1 gave up" in err1.strip().splitlines()[-1], err1
+
+
+@pytest.mark.parametrize("mode, words", [
+    ("loop", "rank 1 failed: no progress for "),
+    ("loop-after", "rank 1 failed: no progress for "),
+])
+def test_a_rank_whose_main_thread_is_stuck_is_named(failing_runs, mode, words):
+    # Its heartbeat thread still beats: the watch reads that its count of collectives stopped while rank 0
+    # waited in a later one (or had finished), and names rank 1, not rank 0's timed-out collective.
+    (code0, err0, end0), (code1, _err1, _end1) = failing_runs[mode]
+    assert code0 == 1 and end0 is not None, err0
+    lines = err0.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"dcsched train: {words}"), err0
+    assert ("after rank 0 finished" in lines[0]) == (mode == "loop-after"), err0

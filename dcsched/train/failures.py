@@ -8,7 +8,14 @@ store and reads every peer's. A peer has failed when
   ``raised: <error>`` before it exits), or
 * its heartbeat has not changed for ``timeout`` seconds (it died, e.g. SIGKILL,
   or hangs without the GIL), or
-* the store itself stopped answering (its host is gone).
+* the store itself stopped answering (its host is gone), or
+* its main thread stopped making progress: each heartbeat carries the count of
+  ZeRO-3 collectives the rank has issued, and a peer whose count has not moved
+  for ``timeout`` seconds while this rank waits as long in a later collective
+  (or has finished) is stuck (an endless loop, a deadlock outside dcsched),
+  though its heartbeat thread beats on. A rank whose own collective timed out
+  checks this first (with half the timeout), so it names the stuck peer, not
+  itself.
 
 The watch then prints ``dcsched train: rank 1 failed: no heartbeat for 3.0 s``
 on stderr and ends the process with exit code 1 (``os._exit``: the main thread
@@ -50,7 +57,7 @@ class Watch:
     """Heartbeats and failure detection for ``rank`` of ``world_size`` over a c10d ``store``."""
 
     def __init__(self, store, rank: int, world_size: int, timeout_s: float, interval_s: float | None = None,
-                 exit: Callable[[str], None] | None = None) -> None:
+                 exit: Callable[[str], None] | None = None, progress: Callable[[], int] | None = None) -> None:
         import torch.distributed as dist
         self.store = dist.PrefixStore(PREFIX, store)
         self.rank, self.world_size, self.timeout_s = rank, world_size, float(timeout_s)
@@ -60,6 +67,13 @@ class Watch:
         now = time.monotonic()
         self.last_beat: dict[int, str | None] = {r: None for r in self.peers}
         self.seen_at: dict[int, float] = {r: now for r in self.peers}
+        #: This rank's progress: the ZeRO-3 collectives it has issued (see the module docstring).
+        if progress is None:
+            from ..distributed import collectives_issued as progress
+        self.progress = progress
+        self.peer_progress: dict[int, tuple[int, float]] = {r: (-1, now) for r in self.peers}  # (count, since)
+        self.own_progress: tuple[int, float] = (-1, now)
+        self.finishing = False
         self.done: set[int] = set()
         self.own_failure: int | None = None  # the sequence number of this rank's posted failure
         self._beats = 0
@@ -112,7 +126,9 @@ class Watch:
             self._thread.join()
 
     def finish(self) -> None:
-        """The script ended well here: post ``done`` and wait until every peer is done (or fails)."""
+        """The script ended well here: post ``done`` and wait until every peer is done, fails, or stops making
+        progress for the timeout (a peer stuck after its last step would otherwise keep this rank forever)."""
+        self.finishing = True
         self.store.set(f"done/{self.rank}", "1")
         while not self._stop.is_set() and len(self.done) < len(self.peers):
             time.sleep(self.interval_s / 2)
@@ -126,6 +142,11 @@ class Watch:
         process first where a peer failed earlier or has died.
         """
         try:
+            stuck = self._stuck_peer(time.monotonic(), self.timeout_s / 2)
+            if stuck is not None:  # this rank's collective failed because a peer never joined it
+                self._post_stopping(stuck)
+                self.exit(f"dcsched train: {stuck}")
+                return
             self.own_failure = self._post(message)
             before = {peer: self._read_beat(peer) for peer in self.peers}
             deadline = time.monotonic() + self.timeout_s + 3 * self.interval_s
@@ -155,7 +176,40 @@ class Watch:
 
     def _beat(self) -> None:
         self._beats += 1
-        self.store.set(f"beat/{self.rank}", str(self._beats))
+        self.store.set(f"beat/{self.rank}", f"{self._beats}|{self.progress()}")
+
+    def _note_progress(self, now: float) -> None:
+        """When this rank's and each peer's progress count last changed."""
+        own = self.progress()
+        if own != self.own_progress[0]:
+            self.own_progress = (own, now)
+        for peer in self.peers:
+            beat = self._read_beat(peer)
+            count = int(beat.partition("|")[2] or -1) if beat else -1
+            if count != self.peer_progress[peer][0]:
+                self.peer_progress[peer] = (count, now)
+
+    def _stuck_peer(self, now: float, patience: float) -> str | None:
+        """The line naming a peer whose main thread stopped making progress, or None.
+
+        A peer is stuck when its count of collectives has not moved for ``patience`` seconds while this rank
+        waits for it: blocked as long in a later collective than the peer's last, or finished.
+        """
+        self._note_progress(now)
+        own, own_since = self.own_progress
+        for peer in self.peers:
+            if peer in self.done:
+                continue
+            count, since = self.peer_progress[peer]
+            if count < 0 or now - since <= patience:
+                continue
+            if self.finishing:
+                return (f"rank {peer} failed: no progress for {now - since:.1f} s after rank {self.rank} finished "
+                        f"(it issued {count} collectives, then none)")
+            if count < own and now - own_since > patience:
+                return (f"rank {peer} failed: no progress for {now - since:.1f} s (it issued {count} collectives; "
+                        f"rank {self.rank} waits in its collective {own})")
+        return None
 
     def _failed_after(self, peer: int) -> bool:
         """Whether ``peer`` posted a failure after this rank's (it was alive then)."""
@@ -223,7 +277,7 @@ class Watch:
         if posted:
             _, peer, message = min(posted)
             return f"rank {peer} failed: {message}"
-        return None
+        return self._stuck_peer(now, self.timeout_s)
 
 
 def _exit_with(line: str, code: int = 1) -> None:
