@@ -31,6 +31,7 @@ import os
 import re
 import runpy
 import sys
+import threading
 import traceback
 from pathlib import Path
 from typing import Callable, Sequence
@@ -153,14 +154,28 @@ def fresh_dynamo():
 
 @contextlib.contextmanager
 def script_environment(path: Path, argv: Sequence[str], compile_fn: Callable):
-    """``sys.argv``, ``sys.path`` and ``torch.compile`` as the script should see them, restored on exit."""
-    saved_argv, saved_path, saved_compile = sys.argv[:], sys.path[:], torch.compile
+    """``sys.argv``, ``sys.path`` and ``torch.compile`` as the script should see them, restored on exit.
+
+    ``os._exit`` called by the script itself (its main thread, in this process) ends the script as
+    ``sys.exit`` would, so dcsched still reports what it ran (profile: that there was no step to capture);
+    anywhere else (a forked child, a watch thread) it is the real one.
+    """
+    saved_argv, saved_path, saved_compile, real_exit = sys.argv[:], sys.path[:], torch.compile, os._exit
     sys.argv = [str(path), *argv]
     sys.path.insert(0, str(path.parent.resolve()))
     torch.compile = compile_fn
+    pid = os.getpid()
+
+    def script_exit(code: int) -> None:
+        if os.getpid() == pid and threading.current_thread() is threading.main_thread():
+            raise SystemExit(code)
+        real_exit(code)
+
+    os._exit = script_exit
     try:
         yield
     finally:
+        os._exit = real_exit
         torch.compile = saved_compile
         sys.argv, sys.path = saved_argv, saved_path
 

@@ -300,6 +300,16 @@ def test_script_without_torch_compile_says_how_to_fix(tmp_path, capsys):
     assert "never calls torch.compile" in err and "Traceback" not in err
 
 
+def test_a_script_that_ends_with_os_exit_is_reported_not_silent(tmp_path, capsys):
+    # os._exit skips every handler: dcsched turns the script's own call into an ordinary end of the script.
+    path = _script(tmp_path, "import os, torch\nm = torch.nn.Linear(4, 4)\nos._exit(0)\n")
+    out = tmp_path / "g.pt"
+    assert run(["profile", str(path), "-o", str(out), "--no-progress"]) == 2
+    assert not out.exists()
+    err = capsys.readouterr().err
+    assert "never calls torch.compile" in err and "Traceback" not in err
+
+
 TWO_MODULES = (
     "import torch\n"
     "class Small(torch.nn.Module):\n"

@@ -142,6 +142,20 @@ def test_a_forward_broken_into_several_graphs_trains_each_sharded_and_scheduled(
         assert torch.equal(model.state_dict()[name], param), name
 
 
+def test_a_submodule_replaced_after_compiling_stops_training_with_one_line():
+    model = Tied()
+    dcsched.shard(model)
+    compiled = torch.compile(model, backend=dcsched.backend(algo="fast-free"), dynamic=False)
+    idx, targets = torch.randint(0, 10, (4, 3)), torch.randint(0, 10, (4,))
+    compiled(idx, targets).backward()
+    model.norm = nn.BatchNorm1d(6)  # would be ignored: the scheduled step trains the sharded parameters
+    with pytest.raises(Exception) as info:
+        compiled(idx, targets)
+    error = unwrap_dynamo_error(info.value)
+    assert isinstance(error, ShardingError), info.value
+    assert "Tied.norm.weight was replaced after dcsched.shard" in str(error)
+
+
 def test_an_unsharded_module_is_refused_with_a_clear_error():
     model = nn.Linear(3, 1)
     compiled = torch.compile(model, backend=dcsched.backend())

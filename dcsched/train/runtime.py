@@ -151,6 +151,7 @@ class ScheduledProgram:
         self.stats: list[StepStats] = []
 
     def __call__(self, *args):
+        self.sharding.check_intact()
         forward_args = [self.param_at[pos].param if pos in self.param_at else value
                         for pos, value in enumerate(args)]
         outputs = _ScheduledStep.apply(self, *forward_args)

@@ -77,6 +77,22 @@ class Sharding:
 
     def __post_init__(self) -> None:
         self._by_stand_in = {id(spec.stand_in): spec for spec in self.specs}
+        self._paths = [(spec.name.split(".")[:-1], spec.name.rpartition(".")[2], spec) for spec in self.specs]
+
+    def check_intact(self) -> None:
+        """Raise :class:`ShardingError` if a sharded parameter is no longer where :func:`shard` found it.
+
+        A submodule replaced after the compile (``model.fc = nn.Linear(...)``) would otherwise be ignored: the
+        scheduled graphs train the parameters that were sharded.
+        """
+        for parts, leaf, spec in self._paths:
+            module = self.module
+            for part in parts:
+                module = module._modules.get(part) if module is not None else None
+            if module is None or module._parameters.get(leaf) is not spec.param:
+                raise ShardingError(f"{type(self.module).__name__}.{spec.name} was replaced after dcsched.shard: "
+                                    "the compiled step trains the parameters it sharded; change the module "
+                                    "before torch.compile, or shard and compile the changed module anew")
 
     def shard_numel(self, spec: ShardSpec) -> int:
         return padded_numel(spec.numel, self.world_size) // self.world_size
