@@ -1,7 +1,8 @@
 """A Hugging Face Trainer script as a user writes it (torch_compile=True), GPT-2 from a config.
 
-Prints one JSON line per logged step (loss, grad_norm) on rank 0; run it plainly, under torchrun (accelerate
-wraps the model in DDP) and under ``dcsched train``.
+``hf_trainer_script.py OUTPUT_DIR PER_DEVICE_BATCH``. Samples are taken in order (``train_sampling_strategy``
+sequential), so one process with a batch of 4 and 2 ranks with 2 each train on the same global batches.
+Prints one line per logged step (``logged {"loss": ..., "grad_norm": ...}``) on rank 0.
 """
 
 import json
@@ -16,7 +17,8 @@ from transformers import Trainer, TrainingArguments  # noqa: E402
 model = hf_models.build("gpt2")
 data = [{"input_ids": batch["input_ids"][i], "labels": batch["labels"][i]}
         for batch in hf_models.batches("gpt2", 4) for i in range(hf_models.BATCH)]
-args = TrainingArguments(output_dir=sys.argv[1], torch_compile=True, max_steps=4, per_device_train_batch_size=2,
+args = TrainingArguments(output_dir=sys.argv[1], torch_compile=True, max_steps=4, per_device_train_batch_size=int(sys.argv[2]),
+                         train_sampling_strategy="sequential",
                          learning_rate=1e-3, max_grad_norm=0.5, report_to=[], save_strategy="no", logging_steps=1,
                          use_cpu=True, seed=0, disable_tqdm=True)
 trainer = Trainer(model=model, args=args, train_dataset=data)

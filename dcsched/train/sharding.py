@@ -89,7 +89,10 @@ class Sharding:
             module = self.module
             for part in parts:
                 module = module._modules.get(part) if module is not None else None
-            if module is None or module._parameters.get(leaf) is not spec.param:
+            found = module._parameters.get(leaf) if module is not None else None
+            # The stand-in is there while the forward runs (functional_call swaps it in; a graph break runs
+            # this step inside that swap).
+            if found is not spec.param and found is not spec.stand_in:
                 raise ShardingError(f"{type(self.module).__name__}.{spec.name} was replaced after dcsched.shard: "
                                     "the compiled step trains the parameters it sharded; change the module "
                                     "before torch.compile, or shard and compile the changed module anew")
