@@ -260,6 +260,7 @@ def resolve_target(name: str):
     overload = overload or "default"
     for part in (op_name, overload):
         loadchecks.check_op_name(part, name)
+    loadchecks.check_registered_op(namespace, op_name, overload, name)
     try:
         target = getattr(getattr(getattr(torch.ops, namespace), op_name), overload)
     except (AttributeError, RuntimeError):

@@ -1,7 +1,10 @@
 """Drop-in replacements for DeepSpeed DeepCompile's schedulers (``deepspeed.compile.list_schedule``).
 
 Same signatures, same results (DeepSpeed 0.19.8's orders with no memory
-budget), much faster, and no recursion limit::
+budget, except that the output node always comes last: DeepSpeed's
+``simple_prefetch`` may place it before a chain nothing reads, and the graph
+would return before that chain runs; see docs/schedulers.md), much faster, and
+no recursion limit::
 
     import dcsched.deepspeed
     import deepspeed.compile.passes.zero3_compile as z3

@@ -8,8 +8,10 @@ names; an op target is called. So every one of them is checked here, at load:
   ``__dunder__``), ``get_attr`` targets dotted paths of them naming a stored
   constant, constant names no attribute a ``GraphModule`` has (``forward``,
   ``graph``, ...);
-* ops resolve to a ``torch`` op overload (``aten.mm.default``) through names
-  that are identifiers without a leading ``__``, and none may write to
+* ops are looked up only when the dispatcher's table of registered ops lists
+  them (``aten::mm`` for ``aten.mm.default``), through names that are
+  identifiers without a leading ``__``; the result must be a ``torch`` op
+  overload, and none may write to
   its inputs in place (its order against the other readers of that storage
   would not be kept by a scheduler);
 * dtypes, layouts and memory formats come from tables of torch's own values,
@@ -90,6 +92,20 @@ def check_op_name(part: str, name: str) -> None:
     """A part of a qualified op name: an identifier not starting with two underscores (``__class__``)."""
     if not part.isidentifier() or part.startswith("__"):
         raise ValueError(f"'{name}' is not an op name")
+
+
+_REGISTERED: set[str] = set()
+
+
+def check_registered_op(namespace: str, op_name: str, overload: str, name: str) -> None:
+    """Refuse an op the dispatcher's table of registered ops does not list (``aten::mm`` for
+    ``aten.mm.default``), so that only a registered op is ever looked up. The table is read again on a miss:
+    an op library (DeepSpeed's ``dc``) may register after the first look."""
+    key = f"{namespace}::{op_name}" + ("" if overload == "default" else f".{overload}")
+    if key not in _REGISTERED:
+        _REGISTERED.update(torch._C._dispatch_get_all_op_names())
+        if key not in _REGISTERED:
+            raise ValueError(f"unknown op '{name}' (not in torch {torch.__version__})")
 
 
 def check_op(target: Any, name: str) -> None:

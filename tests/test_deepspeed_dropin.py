@@ -10,6 +10,7 @@ import torch
 
 import dcsched.deepspeed as dcsched_ds
 from dcsched import ops
+from dcsched.graphform import output_last
 from dcsched.nxview import check_order, to_networkx
 from dcsched.roles import Role, role_of
 from golden_corpus import build, records
@@ -56,7 +57,9 @@ def test_swap_gives_deepspeeds_order_on_a_deepspeed_graph(record, monkeypatch):
     assert [n.name for n in graph.nodes] == names
 
     prefetched = dcsched_ds.simple_prefetch(graph, 0, 0, False)
-    assert [n.name for n in prefetched.nodes] == [names[i] for i in record["simple-prefetch"]["order"]]
+    # DeepSpeed's order, the output moved last (docs/schedulers.md: DeepSpeed may return before a chain).
+    expected = output_last(to_networkx(graph), [names[i] for i in record["simple-prefetch"]["order"]])
+    assert [n.name for n in prefetched.nodes] == expected
 
 
 def test_list_schedule_works_where_deepspeeds_fails():

@@ -70,6 +70,7 @@ def test_training_a_sharded_module_equals_eager_training_bit_for_bit():
 
 @pytest.mark.parametrize("no_grad", [torch.no_grad, torch.inference_mode])
 def test_evaluation_without_gradients_runs_the_forward_alone_and_equals_eager(no_grad):
+    torch._dynamo.reset()  # each sharded module's forward shares one code object: a fresh recompile budget
     # Evaluation first (before any training step), between steps, in train and eval mode (BatchNorm's
     # statistics read and, in train mode, updated as eager updates them).
     model = Tied()
@@ -117,6 +118,7 @@ class Broken(nn.Module):
 
 
 def test_a_forward_broken_into_several_graphs_trains_each_sharded_and_scheduled():
+    torch._dynamo.reset()  # each sharded module's forward shares one code object: a fresh recompile budget
     model = Broken()
     eager = copy.deepcopy(model)
     optimizer, eager_optimizer = (torch.optim.AdamW(m.parameters(), lr=0.1) for m in (model, eager))
@@ -143,6 +145,7 @@ def test_a_forward_broken_into_several_graphs_trains_each_sharded_and_scheduled(
 
 
 def test_a_submodule_replaced_after_compiling_stops_training_with_one_line():
+    torch._dynamo.reset()  # each sharded module's forward shares one code object: a fresh recompile budget
     model = Tied()
     dcsched.shard(model)
     compiled = torch.compile(model, backend=dcsched.backend(algo="fast-free"), dynamic=False)

@@ -87,10 +87,11 @@ def profile(
     except BaseException:
         shutdown(together=False)
         raise
+    rank = _rank()  # before leaving the process group: after it every rank reads as rank 0
     shutdown()
     bundle.provenance["script"] = str(script)
     bundle.provenance["script_args"] = list(script_args or [])
-    if _rank() != 0:
+    if rank != 0:
         return
     bundle_io.save(bundle, output, overwrite=force)
 

@@ -154,7 +154,8 @@ def _install_forward(module: nn.Module, specs: list[ShardSpec]) -> None:
     def forward(*args, **kwargs):
         if not torch.compiler.is_compiling():
             raise ShardingError(f"{type(module).__name__} is sharded by dcsched.shard and runs only compiled: "
-                                "torch.compile(model, backend=dcsched.backend(...))")
+                                "torch.compile(model, backend=dcsched.backend(...)) (if it was, TorchDynamo gave "
+                                "up on it: too many recompiles, see torch._dynamo.config.recompile_limit)")
         return torch.func.functional_call(holder, stand_ins, args, kwargs)
 
     module.forward = forward
