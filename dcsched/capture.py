@@ -33,6 +33,7 @@ ones only; frozen parameters and buffers are step inputs).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from pathlib import Path
@@ -47,9 +48,11 @@ from .bundle import Bundle, InputInfo, ParamInfo
 from .errors import DcschedError
 from .nxview import copy_graph
 from .roles import is_aliasing
+from .step import on_device
 from .scripts import (ScriptError, StopScript, compile_interceptor, describe_exception, fresh_dynamo, run_script,
                       unwrap_dynamo_error)
 
+CPU = torch.device("cpu")
 #: Step inputs up to this many bytes are stored in the bundle as tensors.
 KEEP_INPUT_BYTES = 64 * 1024
 
@@ -273,6 +276,8 @@ def _is_graph_break(exc: BaseException) -> bool:
 
 def _input_info(name: str, value: torch.Tensor) -> InputInfo:
     value = value.detach()
+    if value.is_meta:  # planned without data (profile --meta): the shape and dtype are all there is
+        return InputInfo(name, tuple(value.shape), value.dtype, None, None, None)
     nbytes = value.numel() * value.element_size()
     low = high = None
     if value.numel():
@@ -518,12 +523,19 @@ class _ScriptCapture:
         return self.real_compile(model, backend=_Backend(record, self.on_backward), fullgraph=True, dynamic=False)
 
 
-def capture_script_step(path: str | os.PathLike, argv: Sequence[str] = (), module: str | None = None) -> Capture:
-    """Run ``path`` as ``__main__`` with ``argv`` until its compiled module's first forward and backward."""
+def capture_script_step(path: str | os.PathLike, argv: Sequence[str] = (), module: str | None = None,
+                        meta: bool = False) -> Capture:
+    """Run ``path`` as ``__main__`` with ``argv`` until its compiled module's first forward and backward.
+
+    ``meta``: the script runs with the meta device as the default device, so its model and inputs hold shapes
+    and dtypes but no storage: a model of any size is captured in little memory, and nothing can be measured
+    (see docs/profile.md, "Planning without the weights").
+    """
     path = Path(path)
     interceptor = _ScriptCapture(module, torch.compile)
     try:
-        run = run_script(path, argv, interceptor.compile)
+        with torch.device("meta") if meta else contextlib.nullcontext():
+            run = run_script(path, argv, interceptor.compile)
     except ScriptError as exc:
         raise CaptureError(str(exc)) from None
     except DcschedError:
@@ -532,7 +544,9 @@ def capture_script_step(path: str | os.PathLike, argv: Sequence[str] = (), modul
         if _is_graph_break(exc):
             target = interceptor.compiled[-1].name if interceptor.compiled else "the compiled module"
             raise CaptureError(_graph_break_message(exc, target)) from None
-        raise CaptureError(f"{path} failed before its step was captured: {describe_exception(exc)}") from None
+        hint = (" (under --meta tensors hold no values: the script may not read them, e.g. with .item(), nor move "
+                "them to a device)" if meta and "meta" in str(exc).lower() else "")
+        raise CaptureError(f"{path} failed before its step was captured: {describe_exception(exc)}{hint}") from None
     if run.exit_code != 0 and interceptor.done is None:
         raise CaptureError(f"{path} exited with status {run.exit_code} before its step was captured")
     finished = run.finished
@@ -550,7 +564,13 @@ def capture_script_step(path: str | os.PathLike, argv: Sequence[str] = (), modul
         how = (" (it only ran under no_grad or inference mode)" if target.forward_only else "")
         raise CaptureError(f"{path} {ran} before {target.name} ran a forward and a backward pass{how}: call "
                            "loss.backward() on a loss computed from its output")
-    return _build(record)
+    captured = _build(record)
+    if meta:  # the graphs name the meta device where the script's ran; a plan is for whatever device runs it
+        for graph in captured.bundle.graphs.values():
+            for node in graph.nodes:
+                if node.op == "call_function":
+                    node.args, node.kwargs = on_device(node.args, CPU), on_device(node.kwargs, CPU)
+    return captured
 
 
 def capture_script(path: str | os.PathLike, argv: Sequence[str] = (), module: str | None = None) -> Bundle:

@@ -60,6 +60,18 @@ from .roles import Role, role_of
 from .specs import node_bytes, sharded_bytes
 
 
+#: ``provenance['data']`` of a bundle profiled with ``--meta``; ``provenance['planned']`` is True there.
+PLANNED = "none: planned from shapes on the meta device, not measured (no weights, no input values)"
+
+
+def check_replayable(bundle: Bundle) -> None:
+    """Raise :class:`DcschedError` for a bundle planned without data (``profile --meta``): nothing to run."""
+    if bundle.provenance.get("planned"):
+        raise DcschedError("this bundle was planned without data (dcsched profile --meta): it holds shapes, no "
+                           "weights or input values, so it can be scheduled but not replayed; profile the script "
+                           "without --meta to replay it")
+
+
 @dataclasses.dataclass(frozen=True)
 class ProfileOptions:
     """How to profile. Times in ms, bandwidth in GB/s (10^9 bytes/s), latency in microseconds."""

@@ -104,14 +104,14 @@ class _ListArgsCodeGen(torch.fx.graph.CodeGen):
                 "\n    dcsched_args.clear()")
 
 
-def _on_device(value, device: torch.device):
+def on_device(value, device: torch.device):
     """``value`` with every ``torch.device`` in it (through lists, tuples, dicts) replaced by ``device``."""
     if isinstance(value, torch.device):
         return device
     if isinstance(value, (list, tuple)):
-        return type(value)(_on_device(v, device) for v in value)
+        return type(value)(on_device(v, device) for v in value)
     if isinstance(value, dict):
-        return {k: _on_device(v, device) for k, v in value.items()}
+        return {k: on_device(v, device) for k, v in value.items()}
     return value
 
 
@@ -127,7 +127,7 @@ def _module(graph: torch.fx.Graph, constants: Mapping[str, torch.Tensor], device
         if new.name != node.name:
             raise GraphError(f"node {node.name!r} could not keep its name in the runnable copy")
         if new.op == "call_function":
-            new.args, new.kwargs = _on_device(new.args, device), _on_device(new.kwargs, device)
+            new.args, new.kwargs = on_device(new.args, device), on_device(new.kwargs, device)
     copy.set_codegen(_ListArgsCodeGen(order))
     wanted = {node.target for node in copy.nodes if node.op == "get_attr"}
     missing = sorted(wanted - set(constants))

@@ -8,6 +8,7 @@ from typing import List, Optional
 
 import typer
 
+from ..errors import DcschedError
 from ..outputs import check_outputs
 from ..units import format_bytes, format_ms
 from .app import SCRIPT, SCRIPT_ARGS, app, console, err_console, safe_text
@@ -59,6 +60,11 @@ def profile(
                                                               "for the communication model."),
     latency: float = typer.Option(20.0, "--latency", help="Per-collective latency in microseconds for the "
                                                          "communication model."),
+    meta: bool = typer.Option(False, "--meta",
+                              help="Plan without the weights: run the script with the meta device as the default "
+                                   "device (shapes, no storage), so a model of any size is captured in little "
+                                   "memory; needs a cost model that runs nothing (--cost-model analytic --gpu ...). "
+                                   "The bundle is planned, not measured: it can be scheduled, not replayed."),
     force: bool = typer.Option(False, "--force", help="Replace the output file if it exists (refused otherwise)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar (on stderr)."),
 ) -> None:
@@ -70,25 +76,30 @@ def profile(
     """  # noqa: E501
     from .. import bundle as bundle_io  # torch, imported only when the command runs
     from ..capture import capture_script_step
-    from ..profile import ProfileOptions, profile_bundle
+    from ..profile import PLANNED, ProfileOptions, profile_bundle
 
     check_outputs({"-o": output}, inputs=[script], force=force)
     options = ProfileOptions(cost_model=cost_model, iters=iters, warmup=warmup, world_size=world_size,
                              bandwidth_gbps=bandwidth, latency_us=latency, gpu=gpu, progress=progress,
                              calibration=calibration)
     options.check()
+    if meta and cost_model == "measured":
+        raise DcschedError("--meta captures shapes without data, so nothing can be run and timed: use "
+                           "--cost-model analytic --gpu h100 (or calibrated)")
     _init_distributed()
     from ..distributed import shutdown
     try:
         if progress:
             err_console.print(f"capturing {safe_text(script)} ...", highlight=False)
-        captured = capture_script_step(script, list(script_args or []), module)
+        captured = capture_script_step(script, list(script_args or []), module, meta=meta)
         bundle = profile_bundle(captured.bundle, options, params=captured.params, inputs=captured.inputs)
     except BaseException:
         shutdown(together=False)
         raise
     rank = _rank()  # before leaving the process group: after it every rank reads as rank 0
     shutdown()
+    if meta:
+        bundle.provenance.update(planned=True, data=PLANNED)
     bundle.provenance["script"] = str(script)
     bundle.provenance["script_args"] = list(script_args or [])
     if rank != 0:

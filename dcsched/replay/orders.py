@@ -15,6 +15,7 @@ from ..errors import DcschedError, ResultMismatch
 from .compare import ResultComparison, compare
 from .device import check_fits, resolve_device
 from .measure import Measurement, clock_for, synchronize, time_step
+from ..profile import check_replayable
 from .run import ReplayRun, deterministic, prepare, replay
 from .simulated import percent_error, simulated_figures, timing_caveat
 from ..step import DEFAULT_SEED, graph_placeholder_names, installed, run_step
@@ -155,6 +156,9 @@ def replay_orders(candidate: Bundle, baseline: Bundle | None = None, *, device: 
     differing output. ``runtime_factory(bundle)`` makes each run's ZeRO-3
     runtime (default: single process).
     """
+    for bundle in (candidate, baseline):
+        if bundle is not None:
+            check_replayable(bundle)
     device = resolve_device(device) if isinstance(device, str) else device
     factory = runtime_factory or (lambda _bundle: ops.Zero3Runtime())
     exact = (device.type == "cpu") if exact is None else exact

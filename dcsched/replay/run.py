@@ -12,6 +12,7 @@ import torch.fx
 
 from .. import ops
 from ..bundle import Bundle
+from ..profile import check_replayable
 from .device import check_fits, resolve_device
 from .measure import Measurement, synchronize, measure
 from ..step import DEFAULT_SEED, Step, StepState, build_step, installed, make_state, run_step
@@ -62,6 +63,7 @@ def replay(bundle: Bundle, *, device: torch.device | str = "cpu", seed: int = DE
     bundle's placeholder tables describe them (see :func:`build_step`).
     ``memory`` (default: ``iters > 0``) measures peak memory even when nothing is timed.
     """
+    check_replayable(bundle)
     device = resolve_device(device) if isinstance(device, str) else device
     runtime = runtime if runtime is not None else ops.Zero3Runtime()
     memory = iters > 0 if memory is None else memory
