@@ -234,6 +234,11 @@ def schedule(
     for target in written:
         progress(f"wrote {target}")
     formats.get(stdout_format)(report, console)
+    if bundle.provenance.get("planned"):
+        prov = bundle.provenance
+        err_console.print(f"[dim]planned, not measured: the figures are the {prov.get('cost_model')} cost model's "
+                          f"for {prov.get('gpu')} at world size {prov.get('world_size')}, from shapes alone "
+                          "(dcsched profile --meta)[/]", highlight=False)
 
 
 def progress(message: str) -> None:
