@@ -121,3 +121,44 @@ def test_a_profile_under_a_process_group_gives_every_rank_the_same_figures(tmp_p
     figures = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(2)]
     assert figures[0] == figures[1]
     assert any(ms > 0 for ms in figures[0]["forward"])
+
+
+def _lone_state_dict_main(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    """Rank 0 alone asks for the full state dict mid-training (as a rank-0-only save does)."""
+    import dcsched
+    import dcsched.train.full_state as full_state
+    from dcsched.distributed import shutdown
+    runs.init_gloo(rank, world_size, port)
+    full_state.STATE_DICT_WAIT_S = 3.0
+    try:
+        model, _ = runs.model_of("gpt")
+        dcsched.shard(model)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=runs.LR)
+        compiled = torch.compile(model, backend=dcsched.backend(algo="fast-free"), dynamic=False)
+        losses, error = [], None
+        for step, inputs in enumerate(runs.global_batches("gpt", 4, 4)):
+            loss = compiled(*runs.local_slice(inputs, rank, world_size))
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(runs.mean_over_ranks(loss))
+            if step == 1 and rank == 0:
+                try:
+                    model.state_dict()
+                except dcsched.DcschedError as exc:
+                    error = str(exc)
+        torch.save({"losses": losses, "error": error}, f"{out_dir}/rank{rank}.pt")
+    finally:
+        shutdown()
+
+
+def test_a_state_dict_asked_on_one_rank_alone_is_one_error_and_training_goes_on(tmp_path):
+    # Its gathers run on a group of their own: they cannot pair with the next step's collectives.
+    import torch.multiprocessing as mp
+    mp.spawn(_lone_state_dict_main, args=(2, runs.free_port(), str(tmp_path)), nprocs=2, join=True)
+    results = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(2)]
+    assert results[0]["error"].startswith("GPT.state_dict() gathers the full weights from every rank, and not "
+                                          "every rank called it within 3 s")
+    assert results[0]["losses"] == results[1]["losses"]
+    eager = torch.tensor(runs.train_eager("gpt", 4, 4))
+    assert torch.allclose(torch.tensor(results[0]["losses"]), eager, rtol=1e-5, atol=0)

@@ -43,6 +43,7 @@ from typing import Iterator
 import torch
 
 from ..distributed import shard_of
+from ..errors import first_line
 from . import grad_norm
 
 #: Every module's Sharding, to find the shards among tensors handed to torch (gradient norms, graph pieces).
@@ -66,15 +67,42 @@ def any_sharded() -> bool:
     return len(_SHARDINGS) > 0
 
 
-def full_parameter(sharding, spec) -> torch.Tensor:
-    """``spec``'s parameter in its full shape: the ranks' shards gathered (a collective) or the one shard."""
+#: Seconds a rank's ``state_dict()`` waits for the other ranks to call it too before it gives up.
+STATE_DICT_WAIT_S = 60.0
+_STATE_GROUPS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # Sharding -> its state-dict group
+
+
+def _state_group(sharding):
+    """A gloo process group of the sharding's ranks, for state-dict gathers alone (made in :func:`install`, on
+    every rank): a ``state_dict()`` called on one rank alone can then never pair with a training collective;
+    it waits :data:`STATE_DICT_WAIT_S` seconds for the others and says so."""
+    return _STATE_GROUPS.get(sharding)
+
+
+def _all_ranks_ask(sharding, group) -> None:
+    import torch.distributed as dist
+
+    from .sharding import ShardingError  # (sharding.py imports this module)
+    try:
+        dist.barrier(group=group)
+    except RuntimeError as error:  # gloo's timeout: the other ranks are not gathering
+        raise ShardingError(f"{type(sharding.module).__name__}.state_dict() gathers the full weights from every "
+                            f"rank, and not every rank called it within {STATE_DICT_WAIT_S:g} s: call it (or "
+                            "save_pretrained, get_model_state_dict) on every rank, saving on one "
+                            f"({first_line(error)})") from None
+
+
+def full_parameter(sharding, spec, group=None) -> torch.Tensor:
+    """``spec``'s parameter in its full shape: the ranks' shards gathered over ``group`` (a collective) or the
+    one shard."""
     shard = spec.param.detach()
     if sharding.world_size == 1:
         return shard[:spec.numel].view(spec.shape).clone()
     from ..distributed import all_gather_into_tensor
-    gathered = torch.empty(shard.numel() * sharding.world_size, dtype=shard.dtype, device=shard.device)
-    all_gather_into_tensor(gathered, shard.contiguous(), group=sharding.group)
-    return gathered[:spec.numel].view(spec.shape)
+    local = shard.to("cpu").contiguous()  # the state-dict group is gloo's, whatever the device
+    gathered = torch.empty(local.numel() * sharding.world_size, dtype=local.dtype)
+    all_gather_into_tensor(gathered, local, group=group)
+    return gathered[:spec.numel].view(spec.shape).to(shard.device)
 
 
 def _names(sharding) -> dict[str, object]:
@@ -96,12 +124,15 @@ def install(sharding) -> None:
     def gather_full(_module, state_dict, prefix, _local_metadata):
         if getattr(_LOCAL, "raw", False):
             return state_dict
+        group = _state_group(sharding)
+        if group is not None:
+            _all_ranks_ask(sharding, group)
         full: dict[int, torch.Tensor] = {}
         for name, spec in names.items():  # in the same order on every rank: the gathers pair up
             key = prefix + name
             if key in state_dict:
                 if id(spec) not in full:
-                    full[id(spec)] = full_parameter(sharding, spec)
+                    full[id(spec)] = full_parameter(sharding, spec, group)
                 state_dict[key] = full[id(spec)]
         return state_dict
 
@@ -113,6 +144,13 @@ def install(sharding) -> None:
                 state_dict[prefix + name] = shard_of(value.detach().to(spec.param.device), sharding.rank,
                                                      sharding.world_size)
 
+    if sharding.world_size > 1:
+        import datetime
+
+        import torch.distributed as dist
+        ranks = dist.get_process_group_ranks(sharding.group or dist.group.WORLD)
+        _STATE_GROUPS[sharding] = dist.new_group(ranks, backend="gloo",
+                                                 timeout=datetime.timedelta(seconds=STATE_DICT_WAIT_S))
     sharding.module._register_state_dict_hook(gather_full)
     sharding.module._register_load_state_dict_pre_hook(cut_to_shard)
     _SHARDINGS.add(sharding)
