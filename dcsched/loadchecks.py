@@ -11,9 +11,8 @@ names; an op target is called. So every one of them is checked here, at load:
 * ops are looked up only when the dispatcher's table of registered ops lists
   them (``aten::mm`` for ``aten.mm.default``), through names that are
   identifiers without a leading ``__``; the result must be a ``torch`` op
-  overload, and none may write to
-  its inputs in place (its order against the other readers of that storage
-  would not be kept by a scheduler);
+  overload, and none may write to its inputs in place (its order against the
+  other readers of that storage would not be kept by a scheduler);
 * dtypes, layouts and memory formats come from tables of torch's own values,
   never by looking a stored name up as an attribute;
 * arguments nest at most :data:`MAX_DEPTH` deep and hold at most

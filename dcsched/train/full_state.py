@@ -10,8 +10,10 @@ Code outside dcsched that reads the parameters whole gets, through the hooks
   state dicts, ``torch.save(model.state_dict())``): every sharded parameter
   in its full shape, gathered from the ranks. Like FSDP's full state dicts it
   is a collective under a process group of more than one rank: call it on
-  every rank (saving on one alone is fine, gathering on one alone would wait
-  for the others until the process-group timeout).
+  every rank (saving on one alone is fine). The gathers run on a gloo group
+  of their own, made when the module is sharded, so a call on one rank alone
+  never pairs with a training collective: it waits :data:`STATE_DICT_WAIT_S`
+  seconds for the others and stops with one line.
 * ``module.load_state_dict(full)`` (``from_pretrained``-style weights,
   ``set_model_state_dict``): each full parameter is cut to this rank's shard,
   with no communication; a shard of the right size loads as it is.
@@ -69,14 +71,6 @@ def any_sharded() -> bool:
 
 #: Seconds a rank's ``state_dict()`` waits for the other ranks to call it too before it gives up.
 STATE_DICT_WAIT_S = 60.0
-_STATE_GROUPS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # Sharding -> its state-dict group
-
-
-def _state_group(sharding):
-    """A gloo process group of the sharding's ranks, for state-dict gathers alone (made in :func:`install`, on
-    every rank): a ``state_dict()`` called on one rank alone can then never pair with a training collective;
-    it waits :data:`STATE_DICT_WAIT_S` seconds for the others and says so."""
-    return _STATE_GROUPS.get(sharding)
 
 
 def _all_ranks_ask(sharding, group) -> None:
@@ -120,11 +114,17 @@ def shardings() -> list:
 def install(sharding) -> None:
     """Put the state-dict hooks on ``sharding.module``; its gradients' norms become global (grad_norm)."""
     names = _names(sharding)
+    group = None
+    if sharding.world_size > 1:  # every rank shards, so every rank makes the group (new_group is collective)
+        import datetime
+
+        import torch.distributed as dist
+        ranks = dist.get_process_group_ranks(sharding.group or dist.group.WORLD)
+        group = dist.new_group(ranks, backend="gloo", timeout=datetime.timedelta(seconds=STATE_DICT_WAIT_S))
 
     def gather_full(_module, state_dict, prefix, _local_metadata):
         if getattr(_LOCAL, "raw", False):
             return state_dict
-        group = _state_group(sharding)
         if group is not None:
             _all_ranks_ask(sharding, group)
         full: dict[int, torch.Tensor] = {}
@@ -144,13 +144,6 @@ def install(sharding) -> None:
                 state_dict[prefix + name] = shard_of(value.detach().to(spec.param.device), sharding.rank,
                                                      sharding.world_size)
 
-    if sharding.world_size > 1:
-        import datetime
-
-        import torch.distributed as dist
-        ranks = dist.get_process_group_ranks(sharding.group or dist.group.WORLD)
-        _STATE_GROUPS[sharding] = dist.new_group(ranks, backend="gloo",
-                                                 timeout=datetime.timedelta(seconds=STATE_DICT_WAIT_S))
     sharding.module._register_state_dict_hook(gather_full)
     sharding.module._register_load_state_dict_pre_hook(cut_to_shard)
     _SHARDINGS.add(sharding)
