@@ -4,9 +4,9 @@ For each graph (the sample bundles, and captured GPT, Llama and ConvNet stacks
 of 8, 32 and 80 layers profiled with the analytic H100 cost model, forward and
 backward) one table row per algorithm: all-tensor peak, gathered peak, step
 time, overlap, and the step time over both lower bounds (``simple`` =
-max(compute, communication); ``tight`` = :func:`dcsched.bounds.tight_bound`, the
-largest of the simulator's tight bound, :func:`dcsched.bounds.through_comm_bound`
-and :func:`dcsched.bounds.ends_bound`). Algorithms:
+max(compute, communication); ``tight`` = :func:`dcsched.sim.bounds.tight_bound`, the
+largest of the simulator's tight bound, :func:`dcsched.sim.bounds.through_comm_bound`
+and :func:`dcsched.sim.bounds.ends_bound`). Algorithms:
 ``none``, ``list``, ``simple-prefetch``, ``fast-free``, ``prefetch-ahead`` for
 k = 1, 2, 4, 8, and ``overlap`` at B = max(fast-free's gathered peak, 2 x the
 largest all-gather), at exactly fast-free's gathered peak, and unlimited.
@@ -39,12 +39,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from quality_graphs import CONFIGS, STRESS, captured, depths, samples  # noqa: E402
 
-from dcsched.bounds import budget_bound, tight_bound  # noqa: E402
-from dcsched.nxview import to_networkx  # noqa: E402
+from dcsched.sim.bounds import budget_bound, tight_bound  # noqa: E402
+from dcsched.graph.nxview import to_networkx  # noqa: E402
 from dcsched.schedulers import get  # noqa: E402
-from dcsched.graphform import paused_gc  # noqa: E402
+from dcsched.graph.form import paused_gc  # noqa: E402
 from dcsched.schedulers.deepcompile import DeepCompile  # noqa: E402
-from dcsched.schedulers.overlap import UNLIMITED, Overlap  # noqa: E402
+from dcsched.schedulers.overlap.scheduler import UNLIMITED, Overlap  # noqa: E402
 from dcsched.units import format_bytes  # noqa: E402
 
 AHEAD = (1, 2, 4, 8)

@@ -14,7 +14,7 @@ in Llama; ``tied``: the GPT-2 style head that shares the embedding weight),
 up to 1,100 layers (about 100,000 forward and 114,000 backward nodes) in both
 series; ``captured``: chained copies of the captured sample Llama
 (``sample_graphs/llama.pt``, real ops, sizes and profiled times; see
-:mod:`dcsched.stacking`), up to 120 copies (57,601 forward and 100,511
+:mod:`dcsched.synthetic.stacking`), up to 120 copies (57,601 forward and 100,511
 backward nodes).
 Per algorithm, one row per graph: nodes, all-gathers, dcsched seconds for the
 order alone (given the networkx view) and for the whole ``dcsched.schedule``
@@ -45,10 +45,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import dcsched  # noqa: E402
-from dcsched.nxview import to_networkx  # noqa: E402
+from dcsched.graph.nxview import to_networkx  # noqa: E402
 from dcsched.schedulers import get  # noqa: E402
-from dcsched.schedulers.overlap import Overlap  # noqa: E402
-from dcsched.stacking import stack_copies  # noqa: E402
+from dcsched.schedulers.overlap.scheduler import Overlap  # noqa: E402
+from dcsched.synthetic.stacking import stack_copies  # noqa: E402
 from dcsched.synthetic import GraphPair, layered_stack  # noqa: E402
 
 LAYERS = (1, 3, 10, 30, 110, 330, 1100)
@@ -121,7 +121,7 @@ def overlap_options(view, budget_factor: float | None) -> dict:
 
 
 def captured_stack(copies: int) -> GraphPair:
-    """The sample Llama bundle's graphs, each as ``copies`` chained copies (:func:`dcsched.stacking.stack_copies`)."""
+    """The sample Llama bundle's graphs, each as ``copies`` chained copies (:func:`dcsched.synthetic.stacking.stack_copies`)."""
     bundle = dcsched.load(CAPTURED)
     return GraphPair(stack_copies(bundle.forward, copies), stack_copies(bundle.backward, copies))
 

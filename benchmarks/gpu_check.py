@@ -29,14 +29,14 @@ from pathlib import Path
 
 import torch
 
-from dcsched import bundle as bundle_io
-from dcsched.capture import capture_step
+from dcsched.bundle import core as bundle_io
+from dcsched.profile.capture import capture_step
 from dcsched.cli import run as cli
 from dcsched.costmodels import fit_calibration
 from dcsched.costmodels.formulas import GPUS
 from dcsched.errors import ResultMismatch
 from dcsched.examples import build
-from dcsched.profile import ProfileOptions, profile_bundle
+from dcsched.profile.measure import ProfileOptions, profile_bundle
 from dcsched.replay import replay_orders
 from dcsched.schedulers import available
 

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import dcsched  # noqa: E402
-from dcsched.profile import ProfileOptions, profile_bundle  # noqa: E402
+from dcsched.profile.measure import ProfileOptions, profile_bundle  # noqa: E402
 
 CACHE = ROOT / "benchmarks" / ".cache"
 SAMPLES = ROOT / "sample_graphs"
@@ -66,7 +66,7 @@ def captured(arch: str, n_layers: int, *, build_missing: bool = True) -> dcsched
         return dcsched.load(path)
     if not build_missing:
         return None
-    from dcsched.capture import capture
+    from dcsched.profile.capture import capture
     from dcsched.examples import build
 
     CACHE.mkdir(parents=True, exist_ok=True)

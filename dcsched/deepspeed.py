@@ -39,9 +39,9 @@ import warnings
 import torch
 import torch.fx
 
-from . import ops
-from .reorder import schedule
-from .roles import COMM_ROLES, role_of
+from dcsched.runtime import ops
+from dcsched.schedulers.reorder import schedule
+from dcsched.graph.roles import COMM_ROLES, role_of
 
 
 def _reordered(graph: torch.fx.Graph, algo: str) -> torch.fx.Graph:

@@ -1,4 +1,24 @@
-"""Errors a user can fix. The CLI prints them as one line and exits with code 2."""
+"""Errors a user can fix. The CLI prints them as one line and exits with code 2.
+
+Every error dcsched raises for bad input is a :class:`DcschedError`; the
+subclasses say which stage refused and let a caller catch one kind::
+
+    DcschedError
+    ├── OptionError        an option's value (names the parameter, not a CLI flag)
+    ├── BundleError        a bundle file that cannot be read or holds no valid graph
+    ├── GraphError         a graph a scheduler, the simulator or replay cannot work with
+    │   └── ScheduleError  a scheduler that cannot order the graph it was given
+    ├── BudgetError        a memory budget no order of the graph fits in
+    ├── OutputError        a place dcsched may not or cannot write
+    └── (stage errors defined beside their stage: CaptureError, ScriptError,
+         RankMismatch, ShardingError, TrainError, CheckpointError)
+
+:class:`ResultMismatch` is not a user error: two orders computed different
+results (exit code 1).
+
+>>> issubclass(BudgetError, DcschedError), BudgetError.exit_code
+(True, 2)
+"""
 
 from __future__ import annotations
 
@@ -7,6 +27,19 @@ class DcschedError(Exception):
     """Bad input or an impossible request; the message says what to fix."""
 
     exit_code = 2
+
+
+class OptionError(DcschedError, ValueError):
+    """An option with a value dcsched cannot use; the message names the option's Python parameter.
+
+    The command line translates parameter names into its flags (``memory_budget`` -> ``--memory-budget``)
+    when it prints one.
+    """
+
+    def __init__(self, option: str, problem: str):
+        self.option = option
+        self.problem = problem
+        super().__init__(f"{option}: {problem}")
 
 
 class BundleError(DcschedError):
@@ -20,6 +53,18 @@ class BundleError(DcschedError):
 
 class GraphError(DcschedError):
     """A graph that a scheduler, the simulator or replay cannot work with."""
+
+
+class ScheduleError(GraphError):
+    """A scheduler that cannot order the graph it was given (a cycle, a missing input, an unknown name)."""
+
+
+class BudgetError(DcschedError):
+    """A memory budget that no order of the graph fits in, or one that cannot be read."""
+
+
+class OutputError(DcschedError):
+    """A path dcsched may not write (an input, an existing file without ``force``) or cannot."""
 
 
 class ResultMismatch(Exception):

@@ -497,7 +497,7 @@ def build(name: str, *, seed: int = 0, dtype: torch.dtype = torch.float32, devic
 
 def resume(path, model: nn.Module, optimizer, generator: torch.Generator) -> int:
     """``--resume``: load the checkpoint at ``path`` into the model, optimizer and data generator; its step."""
-    from .train.checkpoint import load_checkpoint
+    from dcsched.train.checkpoint import load_checkpoint
     extra = load_checkpoint(path, model, optimizer)
     generator.set_state(extra["data"])
     return int(extra["step"])
@@ -505,5 +505,5 @@ def resume(path, model: nn.Module, optimizer, generator: torch.Generator) -> int
 
 def checkpoint(path, model: nn.Module, optimizer, generator: torch.Generator, step: int) -> None:
     """``--save``: checkpoint the model, optimizer and data generator at ``path``, taken after ``step`` steps."""
-    from .train.checkpoint import save_checkpoint
+    from dcsched.train.checkpoint import save_checkpoint
     save_checkpoint(path, model, optimizer, extra={"step": step, "data": generator.get_state()})

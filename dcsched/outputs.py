@@ -51,7 +51,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping
 
-from .errors import DcschedError, first_line
+from dcsched.errors import DcschedError, first_line
 
 TEMP_SUFFIX = ".tmp"
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import re
 
-from .errors import DcschedError
+from dcsched.errors import DcschedError
 
 _SI = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
        "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from dcsched import ops
-from dcsched.bundle import Bundle, InputInfo, ParamInfo
+from dcsched.runtime import ops
+from dcsched.bundle.core import Bundle, InputInfo, ParamInfo
 
 aten = torch.ops.aten
 

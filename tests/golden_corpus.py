@@ -6,7 +6,7 @@ import functools
 import json
 from pathlib import Path
 
-from dcsched import bundle
+from dcsched.bundle import core as bundle
 from dcsched.synthetic import layered_stack, random_graph
 
 GOLDEN = Path(__file__).parent / "golden"

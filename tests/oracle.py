@@ -11,7 +11,7 @@ no recursion limit; an all-gather nobody reads is its own last use) the
 oracles follow dcsched.
 
 >>> from dcsched.synthetic import random_graph
->>> from dcsched.nxview import to_networkx
+>>> from dcsched.graph.nxview import to_networkx
 >>> from dcsched.schedulers import get
 >>> view = to_networkx(random_graph(1))
 >>> fast_free_oracle(view) == get("fast-free")(view)
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import networkx as nx
 
-from dcsched.lastuse import last_uses
+from dcsched.graph.lastuse import last_uses
 
 
 def _input_order(view: nx.DiGraph) -> list[str]:
@@ -249,9 +249,9 @@ def list_oracle(view: nx.DiGraph) -> list[str]:
 
 def simulate_oracle(compiled, idx: list[int]) -> dict:
     """The simulator's model as one literal loop over ``idx`` (node numbers) of a
-    :class:`~dcsched.simulate.CompiledGraph`: every clock and byte counter advanced node by node,
+    :class:`~dcsched.sim.simulate.CompiledGraph`: every clock and byte counter advanced node by node,
     last reads found by scanning. What :meth:`CompiledGraph.simulate_with_frees` must give."""
-    from dcsched.graphform import ALLGATHER, RELEASE, REDUCE
+    from dcsched.graph.form import ALLGATHER, RELEASE, REDUCE
 
     kind, reads, ds_id, n_users = compiled.kind, compiled.reads, compiled.ds_id, compiled.n_users
     n = len(idx)
@@ -314,7 +314,7 @@ def output_last_of(literal):
 
     DeepSpeed's code may rank the output before a chain nothing reads (the
     generated code then returns before that chain runs); dcsched moves it to
-    the end (``dcsched.graphform.output_last``) and changes nothing else.
+    the end (``dcsched.graph.form.output_last``) and changes nothing else.
     """
-    from dcsched.graphform import output_last
+    from dcsched.graph.form import output_last
     return lambda view: output_last(view, literal(view))

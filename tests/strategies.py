@@ -10,7 +10,7 @@ import networkx as nx
 import torch.fx
 from hypothesis import strategies as st
 
-from dcsched import ops
+from dcsched.runtime import ops
 from dcsched.synthetic import moe_graph, random_graph
 
 aten = torch.ops.aten

@@ -1,4 +1,4 @@
-"""Lower bounds of ``dcsched.bounds``: valid for every order, and exact on hand-built graphs.
+"""Lower bounds of ``dcsched.sim.bounds``: valid for every order, and exact on hand-built graphs.
 
 ``budget_bound(compiled, B)`` claims that no order whose gathered memory stays
 within ``B`` bytes has a shorter simulated step. The property tests check that
@@ -16,12 +16,12 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from dcsched.bounds import budget_bound, ends_bound, max_selection, through_comm_bound, tight_bound
-from dcsched.graphform import PLACEHOLDER
-from dcsched.nxview import to_networkx
+from dcsched.sim.bounds import budget_bound, ends_bound, max_selection, through_comm_bound, tight_bound
+from dcsched.graph.form import PLACEHOLDER
+from dcsched.graph.nxview import to_networkx
 from dcsched.schedulers import get
-from dcsched.schedulers.overlap import Overlap
-from dcsched.simulate import compile_view
+from dcsched.schedulers.overlap.scheduler import Overlap
+from dcsched.sim.simulate import compile_view
 from dcsched.synthetic import random_graph
 
 from strategies import arbitrary_dags, random_topological_order

@@ -15,7 +15,7 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import dcsched
-from dcsched import bundle as bundle_io
+from dcsched.bundle import core as bundle_io
 from dcsched.cli import run
 from dcsched.errors import BundleError, DcschedError
 

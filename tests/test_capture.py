@@ -12,12 +12,12 @@ import torch
 import torch.fx
 
 import dcsched
-from dcsched import bundle as bundle_io
-from dcsched import ops
-from dcsched.capture import CaptureError, capture_script_step, capture_step
+from dcsched.bundle import core as bundle_io
+from dcsched.runtime import ops
+from dcsched.profile.capture import CaptureError, capture_script_step, capture_step
 from dcsched.cli import run
 from dcsched.examples import build
-from dcsched.roles import Role, is_aliasing, role_of
+from dcsched.graph.roles import Role, is_aliasing, role_of
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -493,8 +493,7 @@ def _describe(graph):
 
 
 def test_insertion_matches_deepspeed_on_tricky_cases():
-    from dcsched import zero3
-
+    from dcsched.profile import zero3
     forward, backward = _tricky_graphs()
     params = [zero3.ParamNode(f"primals_{i + 1}", i, torch.float32) for i in range(4)]
     assert _describe(zero3.insert_forward(forward, params, 0)) == FORWARD_DS

@@ -196,15 +196,15 @@ def test_temp_files_of_a_killed_writer_are_removed_on_the_next_write(tmp_path):
 
 def test_a_file_created_at_the_output_while_scheduling_is_never_replaced(bundle_path, tmp_path, capsys,
                                                                          monkeypatch):
-    import dcsched.report
+    import dcsched.report.compare
     target = tmp_path / "out.pt"
-    scheduled = dcsched.report.scheduled_bundle
+    scheduled = dcsched.report.compare.scheduled_bundle
 
     def meanwhile(*args, **kwargs):  # another run (or user) writes the output while this one schedules
         target.write_bytes(b"theirs")
         return scheduled(*args, **kwargs)
 
-    monkeypatch.setattr(dcsched.report, "scheduled_bundle", meanwhile)
+    monkeypatch.setattr(dcsched.report.compare, "scheduled_bundle", meanwhile)
     assert run(["schedule", str(bundle_path), "--algo", "none", "-o", str(target)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert "was created while dcsched ran (pass --force to replace it)" in err[-1], err
@@ -242,12 +242,12 @@ def test_stale_temp_cleanup_leaves_files_dcsched_did_not_make(tmp_path):
 
 
 def test_a_failing_trace_or_plot_leaves_no_output_at_all(bundle_path, tmp_path, capsys, monkeypatch):
-    import dcsched.trace
+    import dcsched.report.chrome_trace
 
     def full_disk(path, *args, **kwargs):
         raise DcschedError(f"{path}: cannot be written (No space left on device)")
 
-    monkeypatch.setattr(dcsched.trace, "write_trace", full_disk)
+    monkeypatch.setattr(dcsched.report.chrome_trace, "write_trace", full_disk)
     out, trace = tmp_path / "out.pt", tmp_path / "t.json"
     assert run(["schedule", str(bundle_path), "--algo", "none", "-o", str(out), "--trace", str(trace)]) == 2
     assert "No space left on device" in capsys.readouterr().err

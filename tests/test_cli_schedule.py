@@ -12,10 +12,10 @@ import torch
 import torch.fx
 
 import dcsched
-from dcsched import ops
-from dcsched.bundle import Bundle, InputInfo, ParamInfo, to_data
+from dcsched.runtime import ops
+from dcsched.bundle.core import Bundle, InputInfo, ParamInfo, to_data
 from dcsched.cli import run
-from dcsched.nxview import to_networkx
+from dcsched.graph.nxview import to_networkx
 from dcsched.errors import DcschedError
 from dcsched.schedulers import available, get, register
 from dcsched.schedulers.registry import unregister

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from dcsched.cli import run
-from dcsched.scripts import run_script
+from dcsched.profile.scripts import run_script
 
 GPT = Path(__file__).resolve().parent.parent / "examples" / "gpt.py"
 #: A tiny GPT: a step takes milliseconds.

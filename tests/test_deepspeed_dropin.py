@@ -9,10 +9,10 @@ import pytest
 import torch
 
 import dcsched.deepspeed as dcsched_ds
-from dcsched import ops
-from dcsched.graphform import output_last
-from dcsched.nxview import check_order, to_networkx
-from dcsched.roles import Role, role_of
+from dcsched.runtime import ops
+from dcsched.graph.form import output_last
+from dcsched.graph.nxview import check_order, to_networkx
+from dcsched.graph.roles import Role, role_of
 from golden_corpus import build, records
 
 

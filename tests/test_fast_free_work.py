@@ -12,10 +12,10 @@ import sys
 import pytest
 from hypothesis import given, strategies as st
 
-from dcsched.graphform import GraphForm
-from dcsched.schedulers._gather_sets import pack, packed_count, unpack
+from dcsched.graph.form import GraphForm
+from dcsched.schedulers.gather_sets import pack, packed_count, unpack
 from dcsched.schedulers.fast_free import FastFreeRun, fast_free_indices
-from dcsched.stacking import stack_copies
+from dcsched.synthetic.stacking import stack_copies
 from dcsched.synthetic import layered_stack, moe_graph
 
 

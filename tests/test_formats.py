@@ -1,4 +1,4 @@
-"""The report-format registry (dcsched.formats): names, laziness, the contract, and what the built-ins write."""
+"""The report-format registry (dcsched.report.formats): names, laziness, the contract, and what the built-ins write."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from rich.console import Console
 
 import dcsched
 from bundles import linear_bundle
-from dcsched import formats
+from dcsched.report import formats
 from dcsched.cli import run
 from dcsched.errors import DcschedError
-from dcsched.report import compare_bundle
-from dcsched.sweep import sweep_bundle
-from dcsched.trace import chrome_trace
+from dcsched.report.compare import compare_bundle
+from dcsched.report.sweep import sweep_bundle
+from dcsched.report.chrome_trace import chrome_trace
 
 BUILTIN = ["table", "json", "trace", "plot", "sweep"]
 
@@ -31,14 +31,14 @@ def report():
 
 
 def test_builtins_are_listed_and_loaded_only_when_asked_for():
-    code = ("import sys\nfrom dcsched import formats\nnames = formats.available()\n"
-            "loaded = sorted(m for m in sys.modules if m.startswith('dcsched.formats.'))\n"
+    code = ("import sys\nfrom dcsched.report import formats\nnames = formats.available()\n"
+            "loaded = sorted(m for m in sys.modules if m.startswith('dcsched.report.formats.'))\n"
             "print(names, loaded, 'torch' in sys.modules)\n"
-            "formats.get('table')\nprint('dcsched.formats.table' in sys.modules, 'torch' in sys.modules)")
+            "formats.get('table')\nprint('dcsched.report.formats.table' in sys.modules, 'torch' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     first, second = result.stdout.splitlines()
-    assert first == f"{BUILTIN} ['dcsched.formats.model', 'dcsched.formats.registry'] False"
+    assert first == f"{BUILTIN} ['dcsched.report.formats.model', 'dcsched.report.formats.registry'] False"
     assert second == "True False"  # the table format itself does not need torch either
 
 

@@ -1,4 +1,4 @@
-"""dcsched.fxbuild: the linking route and the public-API route rebuild identical FX graphs (hypothesis)."""
+"""dcsched.graph.fxbuild: the linking route and the public-API route rebuild identical FX graphs (hypothesis)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import torch.fx
 from hypothesis import given, settings, strategies as st
 
 from dcsched.errors import GraphError
-from dcsched.fxbuild import linking_supported, rebuild
-from dcsched.nxview import to_networkx
-from dcsched.stacking import stack_copies
+from dcsched.graph.fxbuild import linking_supported, rebuild
+from dcsched.graph.nxview import to_networkx
+from dcsched.synthetic.stacking import stack_copies
 from dcsched.synthetic import layered_stack
 
 from strategies import arbitrary_dags, random_topological_order, zero3_graphs

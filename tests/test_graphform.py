@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 
 from dcsched.errors import GraphError
-from dcsched.graphform import ALLGATHER, FIELDS, PLACEHOLDER, GraphForm, Kind
-from dcsched.nxview import to_networkx
+from dcsched.graph.form import ALLGATHER, FIELDS, PLACEHOLDER, GraphForm, Kind
+from dcsched.graph.nxview import to_networkx
 from dcsched.synthetic import layered_stack
 
 from strategies import arbitrary_dags

@@ -9,10 +9,10 @@ import torch
 from torch.fx.passes.shape_prop import TensorMetadata
 
 import dcsched
-from dcsched.nxview import copy_graph
-from dcsched.report import compare_bundle
-from dcsched.simulate import CompiledGraph
-from dcsched.specs import input_size, node_specs
+from dcsched.graph.nxview import copy_graph
+from dcsched.report.compare import compare_bundle
+from dcsched.sim.simulate import CompiledGraph
+from dcsched.graph.specs import input_size, node_specs
 
 SAMPLE = Path(__file__).resolve().parent.parent / "sample_graphs" / "gpt.pt"
 pytestmark = pytest.mark.skipif(not SAMPLE.exists(), reason="no sample_graphs/gpt.pt")
@@ -45,7 +45,7 @@ def gpt():
 
 def _shards(graph: torch.fx.Graph) -> list[str]:
     return [n.name for n in graph.nodes if n.op == "placeholder"
-            and any(u.target == dcsched.ops.allgather_param for u in n.users)]
+            and any(u.target == dcsched.runtime.ops.allgather_param for u in n.users)]
 
 
 @pytest.mark.parametrize("value", ["val", "tensor_meta"])

@@ -1,4 +1,4 @@
-"""dcsched.lastuse follows DeepSpeed's get_last_uses (golden data recorded from 0.19.8) and reads kwargs."""
+"""dcsched.graph.lastuse follows DeepSpeed's get_last_uses (golden data recorded from 0.19.8) and reads kwargs."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.fx
 
-from dcsched import ops
-from dcsched.lastuse import last_uses, last_uses_by_user
-from dcsched.nxview import to_networkx
+from dcsched.runtime import ops
+from dcsched.graph.lastuse import last_uses, last_uses_by_user
+from dcsched.graph.nxview import to_networkx
 from golden_corpus import build, records
 
 aten = torch.ops.aten

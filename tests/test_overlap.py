@@ -22,13 +22,13 @@ from hypothesis import given, settings, strategies as st
 
 import dcsched
 from dcsched.errors import DcschedError
-from dcsched.nxview import check_order, to_fx, to_networkx
+from dcsched.graph.nxview import check_order, to_fx, to_networkx
 from dcsched.schedulers import get
 from dcsched.schedulers.deepcompile import DeepCompile
-from dcsched.schedulers._maxtree import MaxTree
-from dcsched.schedulers.overlap import Overlap, OverlapPlanner, fifo_ranks as ranks, parse_budget, sink_readers
-from dcsched.simulate import compile_view
-from dcsched.sweep import default_budget, sweep
+from dcsched.schedulers.overlap.maxtree import MaxTree
+from dcsched.schedulers.overlap.scheduler import Overlap, OverlapPlanner, fifo_ranks as ranks, parse_budget, sink_readers
+from dcsched.sim.simulate import compile_view
+from dcsched.report.sweep import default_budget, sweep
 from dcsched.synthetic import layered_stack, random_graph
 
 from strategies import arbitrary_dags, zero3_graphs
@@ -322,9 +322,9 @@ def test_passing_lets_the_next_layer_gather_while_two_buffers_fill_the_budget():
     """ViT at B = 2 x its 4 MiB MLP weight: fc's and out's weights fill B to the byte, so out's can only
     be gathered once fc has run; step 3b's passing lets the next layer's qkv weight (and small ones) run
     on the stream meanwhile, instead of idling it for fc's whole duration."""
-    from dcsched.capture import capture
+    from dcsched.profile.capture import capture
     from dcsched.examples import build
-    from dcsched.profile import ProfileOptions, profile_bundle
+    from dcsched.profile.measure import ProfileOptions, profile_bundle
 
     model, inputs, loss_fn = build("vit", n_layers=2, d_model=512, n_heads=8, image=112, patch=16, batch=16)
     bundle = profile_bundle(capture(model, inputs, loss_fn),

@@ -13,13 +13,13 @@ from hypothesis import strategies as st
 
 import dcsched
 from dcsched.costmodels import formulas
-from dcsched.capture import capture_step
+from dcsched.profile.capture import capture_step
 from dcsched.errors import DcschedError
-from dcsched import ops
+from dcsched.runtime import ops
 from dcsched.examples import build
-from dcsched.profile import ProfileOptions, profile_bundle
-from dcsched.step import build_step, installed, make_state, run_step
-from dcsched.roles import Role, role_of
+from dcsched.profile.measure import ProfileOptions, profile_bundle
+from dcsched.runtime.step import build_step, installed, make_state, run_step
+from dcsched.graph.roles import Role, role_of
 
 ROOT = Path(__file__).resolve().parents[1]
 

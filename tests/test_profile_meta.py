@@ -15,7 +15,7 @@ import pytest
 
 import dcsched
 from dcsched.cli import run
-from dcsched.roles import Role, role_of
+from dcsched.graph.roles import Role, role_of
 
 pytest.importorskip("transformers")
 

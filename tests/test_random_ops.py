@@ -2,7 +2,7 @@
 
 Each random op (dropout, rand_like, ...) draws the next numbers of the one global generator, so
 swapping two of them swaps their numbers. The networkx view chains them with order-only edges
-(dcsched.nxview); these tests check the identification, that the chain costs no simulated memory,
+(dcsched.graph.nxview); these tests check the identification, that the chain costs no simulated memory,
 and that captured dropout models replay bit for bit under every scheduler.
 """
 
@@ -16,9 +16,9 @@ import torch.fx
 
 import dcsched
 from dcsched import replay as rp
-from dcsched.nxview import to_networkx
-from dcsched.roles import is_random
-from dcsched.simulate import compile_view
+from dcsched.graph.nxview import to_networkx
+from dcsched.graph.roles import is_random
+from dcsched.sim.simulate import compile_view
 
 from bundles import _node
 from dropout_models import DROPOUT_MODELS, captured, distinct, scheduled
@@ -71,7 +71,7 @@ def test_view_chains_random_ops_with_an_order_only_edge_that_holds_no_memory(tar
     # order-only edge, were it a read, would keep rand0's 1000 bytes alive until then).
     order = [n.name for n in graph.nodes]
     assert compile_view(view).simulate(order).peak_bytes == 2000 + 2000 + 4
-    assert all(o.index("rand0") < o.index("rand1") for o in (dcsched.reorder.order(graph, algo) for algo in
+    assert all(o.index("rand0") < o.index("rand1") for o in (dcsched.schedulers.reorder.order(graph, algo) for algo in
                                                             ("list", "simple-prefetch", "fast-free")))
 
 

@@ -17,12 +17,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import dcsched
-from dcsched import ops
+from dcsched.runtime import ops
 from dcsched import replay as rp
 from dcsched.cli import run as cli
 from dcsched.errors import DcschedError, GraphError, ResultMismatch
-from dcsched.memtrack import LiveBytes
-from dcsched.nxview import to_fx, to_networkx
+from dcsched.runtime.memtrack import LiveBytes
+from dcsched.graph.nxview import to_fx, to_networkx
 
 from strategies import random_topological_order
 
@@ -291,7 +291,7 @@ def test_cli_reports_both_orders(mlp, tmp_path, capsys):
 
 
 def _write_bundle_data(bundle, path, edit):
-    data = dcsched.bundle.to_data(bundle)
+    data = dcsched.bundle.core.to_data(bundle)
     edit(data)
     torch.save(data, path)
 
@@ -448,7 +448,7 @@ def test_sample_bundle_scheduled_fast_free_then_replayed(sample, tmp_path, capsy
 
 
 def test_caveat_on_cpu_measured_costs_only(mlp, tmp_path, capsys):
-    from dcsched.profile import ProfileOptions, profile_bundle
+    from dcsched.profile.measure import ProfileOptions, profile_bundle
     measured = profile_bundle(mlp, ProfileOptions(iters=1, warmup=0, device="cpu", progress=False))
     analytic = profile_bundle(mlp, ProfileOptions(cost_model="analytic", gpu="h100", progress=False))
     assert rp.timing_caveat(measured.provenance) == rp.simulated.CPU_TIMING_CAVEAT

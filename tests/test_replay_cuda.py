@@ -61,7 +61,7 @@ def test_cuda_cli_json(mlp, tmp_path, capsys):
 
 
 def test_cuda_step_too_big_for_the_gpu_exits_2(mlp, tmp_path, capsys):
-    data = dcsched.bundle.to_data(mlp)
+    data = dcsched.bundle.core.to_data(mlp)
     data["inputs"][0]["shape"] = [10**6, 10**6]  # 4 TB
     torch.save(data, tmp_path / "huge.pt")
     assert cli(["replay", str(tmp_path / "huge.pt"), "--device", "cuda"]) == 2
@@ -72,7 +72,7 @@ def test_nccl_runtime_gathers_and_reduces_on_one_rank(mlp, tmp_path):
     dist = pytest.importorskip("torch.distributed")
     if not dist.is_available() or not dist.is_nccl_available():
         pytest.skip("NCCL is not available")
-    from dcsched.distributed import DistributedZero3Runtime
+    from dcsched.runtime.distributed import DistributedZero3Runtime
 
     if dist.is_initialized():
         pytest.skip("a process group is already initialised in this process")
@@ -91,7 +91,7 @@ def test_nccl_runtime_gathers_and_reduces_on_one_rank(mlp, tmp_path):
 
 def _nccl_rank(rank: int, world_size: int, port: int, out_dir: str) -> None:
     import torch.distributed as dist
-    from dcsched.distributed import DistributedZero3Runtime
+    from dcsched.runtime.distributed import DistributedZero3Runtime
 
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
@@ -111,7 +111,7 @@ def test_two_nccl_ranks_equal_one_process(tmp_path):
     import socket
 
     import torch.multiprocessing as mp
-    from dcsched.distributed import shard_of
+    from dcsched.runtime.distributed import shard_of
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -34,7 +34,7 @@ def free_port() -> int:
 
 
 def _rank_main(rank: int, world_size: int, port: int, out_dir: str) -> None:
-    from dcsched.distributed import DistributedZero3Runtime, shutdown
+    from dcsched.runtime.distributed import DistributedZero3Runtime, shutdown
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
@@ -52,7 +52,7 @@ def _rank_main(rank: int, world_size: int, port: int, out_dir: str) -> None:
 
 
 def test_two_gloo_ranks_shard_and_reduce_exactly_like_one_process(tmp_path):
-    from dcsched.distributed import padded_numel, shard_of
+    from dcsched.runtime.distributed import padded_numel, shard_of
 
     mp.spawn(_rank_main, args=(WORLD_SIZE, free_port(), str(tmp_path)), nprocs=WORLD_SIZE, join=True)
 
@@ -123,7 +123,7 @@ def test_torchrun_ranks_that_load_different_bundles_stop_before_any_collective(t
 
 def _replay_all_main(rank: int, world_size: int, port: int, out_dir: str) -> None:
     """Replay every bundle in ``out_dir`` sharded over the ranks; save the results by file stem."""
-    from dcsched.distributed import DistributedZero3Runtime, shutdown
+    from dcsched.runtime.distributed import DistributedZero3Runtime, shutdown
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from dcsched.graphform import output_last
-from dcsched.nxview import check_order, to_networkx
+from dcsched.graph.form import output_last
+from dcsched.graph.nxview import check_order, to_networkx
 from dcsched.schedulers import get
 from dcsched.synthetic import graph_digest
 from dcsched.schedulers.deepcompile import DeepCompile

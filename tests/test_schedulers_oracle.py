@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from dcsched.bundle import load as load_bundle
-from dcsched.nxview import to_networkx
+from dcsched.bundle.core import load as load_bundle
+from dcsched.graph.nxview import to_networkx
 from dcsched.schedulers import get
-from dcsched.stacking import stack_copies
+from dcsched.synthetic.stacking import stack_copies
 from dcsched.synthetic import layered_stack, moe_graph, random_graph
 
 import oracle  # tests/oracle.py: the literal, slow statements of the rules

@@ -15,10 +15,10 @@ import torch
 import torch.fx
 from hypothesis import given, settings, strategies as st
 
-from dcsched.nxview import check_order, input_nodes, to_fx, to_networkx
-from dcsched.roles import is_random
+from dcsched.graph.nxview import check_order, input_nodes, to_fx, to_networkx
+from dcsched.graph.roles import is_random
 from dcsched.schedulers import available, get
-from dcsched.schedulers.overlap import Overlap
+from dcsched.schedulers.overlap.scheduler import Overlap
 from dcsched.synthetic import moe_graph, random_graph
 
 from strategies import arbitrary_dags, with_sink_chains

@@ -12,10 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dcsched
-from dcsched import ops
+from dcsched.runtime import ops
 from dcsched.errors import GraphError
-from dcsched.nxview import to_networkx
-from dcsched.simulate import CompiledGraph, simulate
+from dcsched.graph.nxview import to_networkx
+from dcsched.sim.simulate import CompiledGraph, simulate
 
 import oracle
 from strategies import random_topological_order
@@ -317,7 +317,7 @@ def test_memory_series_equals_live_tensor_bytes_of_a_real_run():
     the live-bytes tracker: the simulated memory while each node runs is exact."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from dcsched.memtrack import LiveBytes
+    from dcsched.runtime.memtrack import LiveBytes
 
     def forward(x, w):
         h = torch.mm(x, w)                                                     # 16x32

@@ -1,4 +1,4 @@
-"""Chained copies of a captured graph (dcsched.stacking): a valid ZeRO-3 graph that schedules and simulates."""
+"""Chained copies of a captured graph (dcsched.synthetic.stacking): a valid ZeRO-3 graph that schedules and simulates."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import networkx as nx
 import pytest
 
 import dcsched
-from dcsched.nxview import check_order, to_networkx
-from dcsched.roles import Role, ds_id_of, role_of
-from dcsched.stacking import stack_copies
+from dcsched.graph.nxview import check_order, to_networkx
+from dcsched.graph.roles import Role, ds_id_of, role_of
+from dcsched.synthetic.stacking import stack_copies
 
 SAMPLE = Path(__file__).resolve().parent.parent / "sample_graphs" / "llama.pt"
 

@@ -1,4 +1,4 @@
-"""The one step runner (dcsched.step): the tangent convention, node-by-node hooks, chosen tensors, devices."""
+"""The one step runner (dcsched.runtime.step): the tangent convention, node-by-node hooks, chosen tensors, devices."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.fx
 
-from dcsched import ops
+from dcsched.runtime import ops
 from dcsched import replay as rp
 from dcsched.errors import GraphError
-from dcsched.step import (backward_args, build_step, installed, make_state, run_backward, run_forward,
+from dcsched.runtime.step import (backward_args, build_step, installed, make_state, run_backward, run_forward,
                           run_step, tangents)
 
 

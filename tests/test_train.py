@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 
 import dcsched
-from dcsched.scripts import unwrap_dynamo_error
+from dcsched.profile.scripts import unwrap_dynamo_error
 from dcsched.train import ShardingError
 
 
@@ -133,7 +133,7 @@ def test_a_forward_broken_into_several_graphs_trains_each_sharded_and_scheduled(
             opt.step()
             opt.zero_grad(set_to_none=True)
     # One program per graph that reads parameters (the loss after the second break reads none: run as traced).
-    from dcsched.roles import Role, role_of
+    from dcsched.graph.roles import Role, role_of
 
     def gathered(program):
         names = {p.ds_id: p.name for p in program.bundle.params}

@@ -10,10 +10,10 @@ import torch
 
 import dcsched
 import train_runs as runs
-from dcsched import ops
+from dcsched.runtime import ops
 from dcsched.errors import DcschedError
-from dcsched.reorder import schedule
-from dcsched.step import build_step, installed, make_state, run_step
+from dcsched.schedulers.reorder import schedule
+from dcsched.runtime.step import build_step, installed, make_state, run_step
 from dcsched.train.inductor import compile_graph
 
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_graphs"

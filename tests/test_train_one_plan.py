@@ -2,7 +2,7 @@
 
 The ranks' measured times are skewed on purpose (every node's time scaled by a factor in [0.1, 10] drawn with
 the rank as the seed), so an order that depended on one rank's times would differ between ranks and pair one
-rank's gathers with another's parameters. The figures are agreed before scheduling (dcsched.consensus), so
+rank's gathers with another's parameters. The figures are agreed before scheduling (dcsched.runtime.consensus), so
 every algorithm runs one order on every rank and trains as single-process eager does.
 """
 
@@ -63,10 +63,10 @@ def test_every_rank_runs_the_same_order(two_skewed_ranks, name):
 
 def test_without_agreement_the_skewed_ranks_would_order_differently(monkeypatch):
     # What the agreement prevents: each rank's own skewed times give another order (so the tests above
-    # would see a disagreement as wrong losses or a gloo abort, as they did before dcsched.consensus).
+    # would see a disagreement as wrong losses or a gloo abort, as they did before dcsched.runtime.consensus).
     import dcsched
     from dcsched.costmodels.measured import Timer
-    from dcsched.profile import ProfileOptions, profile_bundle
+    from dcsched.profile.measure import ProfileOptions, profile_bundle
     bundle = dcsched.load("sample_graphs/gpt.pt")
     orders = []
     for rank in range(2):
@@ -103,8 +103,8 @@ def test_three_ranks_with_an_uneven_parameter_and_the_default_cost_model(tmp_pat
 
 def _profile_main(rank: int, world_size: int, port: int, out_dir: str) -> None:
     from dcsched import replay
-    from dcsched.distributed import shutdown
-    from dcsched.profile import ProfileOptions, profile_bundle
+    from dcsched.runtime.distributed import shutdown
+    from dcsched.profile.measure import ProfileOptions, profile_bundle
     runs.init_gloo(rank, world_size, port)
     runs.skew_measured_times(rank)
     try:
@@ -127,7 +127,7 @@ def _lone_state_dict_main(rank: int, world_size: int, port: int, out_dir: str) -
     """Rank 0 alone asks for the full state dict mid-training (as a rank-0-only save does)."""
     import dcsched
     import dcsched.train.full_state as full_state
-    from dcsched.distributed import shutdown
+    from dcsched.runtime.distributed import shutdown
     runs.init_gloo(rank, world_size, port)
     full_state.STATE_DICT_WAIT_S = 3.0
     try:

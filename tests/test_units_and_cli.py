@@ -123,9 +123,9 @@ def test_cli_answers_without_importing_torch(args):
 
 
 def test_python_api_names_resolve_lazily():
-    code = ("import sys, dcsched\nassert 'torch' not in sys.modules\nimport dcsched.simulate\n"
-            "assert callable(dcsched.simulate) and dcsched.simulate.__module__ == 'dcsched.simulate'\n"
-            "assert dcsched.load.__module__ == 'dcsched.bundle' and 'load' in dir(dcsched)\n"
+    code = ("import sys, dcsched\nassert 'torch' not in sys.modules\nimport dcsched.sim.simulate\n"
+            "assert callable(dcsched.simulate) and dcsched.simulate.__module__ == 'dcsched.sim.simulate'\n"
+            "assert dcsched.load.__module__ == 'dcsched.bundle.core' and 'load' in dir(dcsched)\n"
             "from dcsched import capture, Bundle\nassert callable(capture)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr

@@ -89,7 +89,7 @@ def train_dcsched(name: str, algo: str, steps: int, batch: int, rank: int = 0, w
     first step and trains from the step it was taken after (the losses returned are those steps').
     """
     import dcsched
-    from dcsched.simulate import simulate
+    from dcsched.sim.simulate import simulate
     torch._dynamo.reset()
     model, _ = model_of(name, device, **overrides)
     dcsched.shard(model)
@@ -177,9 +177,9 @@ def spawned_losses(rank: int, world_size: int, port: int, out_dir: str, runs: li
     A run whose overrides hold ``per_rank`` (rank -> more overrides) gives each rank its own; a run that raises
     a dcsched error records ``{"error": message}`` and the next run goes on.
     """
-    from dcsched.distributed import shutdown
+    from dcsched.runtime.distributed import shutdown
     from dcsched.errors import DcschedError
-    from dcsched.scripts import unwrap_dynamo_error
+    from dcsched.profile.scripts import unwrap_dynamo_error
     init_gloo(rank, world_size, port)
     if skew:
         skew_measured_times(rank)

@@ -12,8 +12,8 @@ import sys
 import typer
 from rich.console import Console
 
-from ..errors import DcschedError, ResultMismatch
-from ..formats.text import safe_text  # noqa: F401  (the commands print through it)
+from dcsched.errors import DcschedError, ResultMismatch
+from dcsched.report.formats.text import safe_text  # noqa: F401  (the commands print through it)
 
 app = typer.Typer(
     name="dcsched",
@@ -88,7 +88,7 @@ def main() -> None:
 
 def _print_version(value: bool) -> None:
     if value:
-        from .. import __version__
+        from dcsched import __version__
         console.print(f"dcsched {__version__}")
         raise typer.Exit()
 

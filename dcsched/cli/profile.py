@@ -8,10 +8,10 @@ from typing import List, Optional
 
 import typer
 
-from ..errors import DcschedError
-from ..outputs import check_outputs
-from ..units import format_bytes, format_ms
-from .app import SCRIPT, SCRIPT_ARGS, app, console, err_console, safe_text
+from dcsched.errors import DcschedError
+from dcsched.outputs import check_outputs
+from dcsched.units import format_bytes, format_ms
+from dcsched.cli.app import SCRIPT, SCRIPT_ARGS, app, console, err_console, safe_text
 
 
 def _init_distributed() -> None:
@@ -74,9 +74,9 @@ def profile(
 
     Example: dcsched profile examples/gpt.py -o gpt.pt --cost-model analytic --gpu h100 -- --layers 4
     """  # noqa: E501
-    from .. import bundle as bundle_io  # torch, imported only when the command runs
-    from ..capture import capture_script_step
-    from ..profile import PLANNED, ProfileOptions, profile_bundle
+    from dcsched.bundle import core as bundle_io  # torch, imported only when the command runs
+    from dcsched.profile.capture import capture_script_step
+    from dcsched.profile.measure import PLANNED, ProfileOptions, profile_bundle
 
     check_outputs({"-o": output}, inputs=[script], force=force)
     options = ProfileOptions(cost_model=cost_model, iters=iters, warmup=warmup, world_size=world_size,
@@ -87,7 +87,7 @@ def profile(
         raise DcschedError("--meta captures shapes without data, so nothing can be run and timed: use "
                            "--cost-model analytic --gpu h100 (or calibrated)")
     _init_distributed()
-    from ..distributed import shutdown
+    from dcsched.runtime.distributed import shutdown
     try:
         if progress:
             err_console.print(f"capturing {safe_text(script)} ...", highlight=False)

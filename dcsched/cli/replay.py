@@ -1,6 +1,6 @@
 """``dcsched replay``: run a bundle's step for real, measure it, check it against its baseline.
 
-The work happens in :mod:`dcsched.replay` (and :mod:`dcsched.distributed` under
+The work happens in :mod:`dcsched.replay` (and :mod:`dcsched.runtime.distributed` under
 torchrun); this module parses options, sets up the process group when launched
 by torchrun, and renders the report (rank 0 only).
 """
@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Optional
 import typer
 from rich.table import Table
 
-from ..units import format_bytes, format_ms
-from .app import app, console, safe_text
+from dcsched.units import format_bytes, format_ms
+from dcsched.cli.app import app, console, safe_text
 
 if TYPE_CHECKING:  # torch, imported only when the command runs
-    from ..replay import ReplayReport
+    from dcsched.replay import ReplayReport
 
 
 def _with_error(text: str, error: float | None) -> str:
@@ -89,9 +89,9 @@ def replay(
 
     Under [bold]torchrun --nproc-per-node W -m dcsched replay ...[/] the parameters are sharded over W
     ranks (gloo on CPU, NCCL on CUDA); only rank 0 prints."""
-    from .. import bundle as bundle_io
-    from .. import distributed
-    from ..replay import replay_orders, resolve_device
+    from dcsched.bundle import core as bundle_io
+    from dcsched.runtime import distributed
+    from dcsched.replay import replay_orders, resolve_device
     candidate = bundle_io.load(path)
     reference = bundle_io.load(baseline) if baseline is not None else None
     target = resolve_device(device)

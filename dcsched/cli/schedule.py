@@ -1,7 +1,7 @@
 """``dcsched schedule``: reorder a bundle's graphs, show what it buys, write the result.
 
-The work happens in :mod:`dcsched.report` (schedulers + simulator) and
-:mod:`dcsched.sweep`; the output in the report formats of :mod:`dcsched.formats`
+The work happens in :mod:`dcsched.report.compare` (schedulers + simulator) and
+:mod:`dcsched.report.sweep`; the output in the report formats of :mod:`dcsched.report.formats`
 (table, json, trace, plot, sweep). This module parses options, checks where
 outputs go, and dispatches.
 """
@@ -13,15 +13,15 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from .. import formats
-from ..errors import DcschedError
-from ..outputs import all_or_none, check_outputs
-from ..units import format_bytes, parse_budget
-from .app import app, console, err_console, safe_text
+from dcsched.report import formats
+from dcsched.errors import DcschedError
+from dcsched.outputs import all_or_none, check_outputs
+from dcsched.units import format_bytes, parse_budget
+from dcsched.cli.app import app, console, err_console, safe_text
 
 if TYPE_CHECKING:  # the modules themselves import torch, so only when a command runs
-    from .. import bundle as bundle_io
-    from ..report import Comparison
+    from dcsched.bundle import core as bundle_io
+    from dcsched.report.compare import Comparison
 
 
 # ---------------------------------------------------------------------------
@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # the modules themselves import torch, so only when a command
 
 def resolve_algorithms(algo: str) -> list[str]:
     """``'all'`` = every registered scheduler; else a comma-separated list of names."""
-    from .. import schedulers
+    from dcsched import schedulers
     if algo == "all":
         return schedulers.available()
     names = [name.strip() for name in algo.split(",") if name.strip()]
@@ -78,12 +78,12 @@ def named_from_options(memory_budget: str | None, budget_scope: str | None,
 def scheduler_options(algorithms: list[str], memory_budget: str | None, budget_scope: str | None,
                       extra: list[str]) -> dict[str, dict]:
     """Per algorithm, the given options it accepts; an option no selected algorithm takes is an error."""
-    from .. import schedulers
+    from dcsched import schedulers
     given: dict[str, object] = {}
     if memory_budget is not None:
         given["memory_budget"] = parse_budget(memory_budget)
     if budget_scope is not None:
-        from ..schedulers.overlap import check_scope
+        from dcsched.schedulers.overlap.scheduler import check_scope
         check_scope(budget_scope)
         given["budget_scope"] = budget_scope
     for item in extra:
@@ -121,13 +121,13 @@ def apply_default_budget(bundle: bundle_io.Bundle, options: dict[str, dict], *, 
     """Give the schedulers that take a memory budget the bundle's default when none was asked for.
 
     The default is the target device's memory recorded in the bundle minus a
-    margin (:func:`dcsched.sweep.default_budget`); without a recorded device
+    margin (:func:`dcsched.report.sweep.default_budget`); without a recorded device
     the budget stays missing and those schedulers say ``--memory-budget`` is needed.
     """
     if explicit:
         return
-    from .. import schedulers
-    from ..sweep import DEFAULT_MARGIN, default_budget
+    from dcsched import schedulers
+    from dcsched.report.sweep import DEFAULT_MARGIN, default_budget
     budget = default_budget(bundle)
     for algo, opts in options.items():
         if budget is not None and "memory_budget" in schedulers.get(algo).options:
@@ -207,12 +207,12 @@ def schedule(
     for fmt in chosen:
         if fmt.check is not None:
             fmt.check(report_files[fmt.name])
-    from .. import bundle as bundle_io
-    from ..report import scheduled_bundle
+    from dcsched.bundle import core as bundle_io
+    from dcsched.report.compare import scheduled_bundle
     bundle = bundle_io.load(path)
     if sweep_budgets:
-        from ..schedulers.overlap import DEFAULT_SCOPE
-        from ..sweep import sweep_bundle
+        from dcsched.schedulers.overlap.scheduler import DEFAULT_SCOPE
+        from dcsched.report.sweep import sweep_bundle
         scope = budget_scope or DEFAULT_SCOPE
         report = formats.SweepReport(path, scope, sweep_bundle(bundle, scope=scope, progress=progress),
                                      report_files)
@@ -247,9 +247,9 @@ def progress(message: str) -> None:
 
 def run_comparison(bundle: bundle_io.Bundle, algorithms: list[str], options: dict[str, dict], *,
                    assume_zero: bool, explicit_budget: bool, skip_failing: bool) -> Comparison:
-    """Schedule and simulate every graph (:func:`dcsched.report.compare_bundle`), saying on stderr what was
+    """Schedule and simulate every graph (:func:`dcsched.report.compare.compare_bundle`), saying on stderr what was
     skipped, assumed zero or unsized."""
-    from ..report import compare_bundle
+    from dcsched.report.compare import compare_bundle
     apply_default_budget(bundle, options, explicit=explicit_budget)
     # With 'all', a scheduler that cannot run with the options given (one that needs a memory budget, say)
     # is left out with a note rather than stopping the comparison of the others.

@@ -8,8 +8,8 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from ..units import format_bytes, format_ms
-from .app import app, console, safe_text
+from dcsched.units import format_bytes, format_ms
+from dcsched.cli.app import app, console, safe_text
 
 
 @app.command()
@@ -22,8 +22,8 @@ def show(
 
     Also says how the figures were obtained (measured or modelled, device, world size).
     """
-    from .. import bundle as bundle_io  # torch, imported only when a command runs
-    from ..summary import summarize
+    from dcsched.bundle import core as bundle_io  # torch, imported only when a command runs
+    from dcsched.bundle.summary import summarize
     summary = summarize(bundle_io.load(path))
     if as_json:
         console.print_json(json.dumps(summary))

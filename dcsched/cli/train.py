@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, List, Optional
 import typer
 from rich.table import Table
 
-from ..units import format_bytes, format_ms
-from .app import SCRIPT, SCRIPT_ARGS, app, console, err_console, safe_text
+from dcsched.units import format_bytes, format_ms
+from dcsched.cli.app import SCRIPT, SCRIPT_ARGS, app, console, err_console, safe_text
 
 if TYPE_CHECKING:  # torch, imported only when the command runs
-    from ..train.script import TrainResult
+    from dcsched.train.script import TrainResult
 
 #: A compile shorter than this shows no progress display (seconds).
 PROGRESS_DELAY_S = 1.0
@@ -119,8 +119,8 @@ def train(
 
     Example: dcsched train examples/gpt.py --algo overlap --report -- --steps 20
     """  # noqa: E501
-    from ..train.backend import TrainOptions  # torch, imported only when the command runs
-    from ..train.script import ScriptOptions, train_script
+    from dcsched.train.backend import TrainOptions  # torch, imported only when the command runs
+    from dcsched.train.script import ScriptOptions, train_script
 
     options = ScriptOptions(TrainOptions(algo=algo, memory_budget=memory_budget, budget_scope=budget_scope,
                                          cost_model=cost_model, gpu=gpu, compute=compute),

@@ -7,19 +7,19 @@
 
 Each is a :class:`~dcsched.costmodels.base.CostModel` subclass decorated with
 :func:`register`; :func:`build` makes the one a
-:class:`~dcsched.profile.ProfileOptions` names. The formulas they share (GPU
+:class:`~dcsched.profile.measure.ProfileOptions` names. The formulas they share (GPU
 table, roofline, communication time, FLOPs) are in
 :mod:`~dcsched.costmodels.formulas`.
 """
 
-from .base import CostModel, ProfileRun, StaticCostModel
-from .registry import available, build, get, register, unregister
+from dcsched.costmodels.base import CostModel, ProfileRun, StaticCostModel
+from dcsched.costmodels.registry import available, build, get, register, unregister
 
 # Each import registers one model.
-from . import measured  # noqa: F401
-from . import analytic  # noqa: F401
-from . import calibrated  # noqa: F401
-from .calibrated import Calibration, fit_calibration, load_calibration, op_kind
+from dcsched.costmodels import measured  # noqa: F401
+from dcsched.costmodels import analytic  # noqa: F401
+from dcsched.costmodels import calibrated  # noqa: F401
+from dcsched.costmodels.calibrated import Calibration, fit_calibration, load_calibration, op_kind
 
 __all__ = ["CostModel", "ProfileRun", "StaticCostModel", "available", "build", "get", "register", "unregister",
            "Calibration", "fit_calibration", "load_calibration", "op_kind"]

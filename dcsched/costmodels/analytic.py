@@ -14,15 +14,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.fx
 
-from ..errors import DcschedError
-from ..roles import is_view_like
-from ..specs import nbytes, node_bytes, node_specs
-from .base import StaticCostModel
-from .formulas import GPU, GPUS, node_flops, roofline_ms
-from .registry import register
+from dcsched.errors import DcschedError
+from dcsched.graph.roles import is_view_like
+from dcsched.graph.specs import nbytes, node_bytes, node_specs
+from dcsched.costmodels.base import StaticCostModel
+from dcsched.costmodels.formulas import GPU, GPUS, node_flops, roofline_ms
+from dcsched.costmodels.registry import register
 
 if TYPE_CHECKING:
-    from ..profile import ProfileOptions
+    from dcsched.profile.measure import ProfileOptions
 
 
 def _as_meta(node_or_value):

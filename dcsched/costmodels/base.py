@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 import torch
 import torch.fx
 
-from ..bundle import Bundle
-from ..roles import COMM_ROLES, Role, role_of
-from ..specs import node_bytes
-from .formulas import GPU, GPUS, comm_time_ms
+from dcsched.bundle.core import Bundle
+from dcsched.graph.roles import COMM_ROLES, Role, role_of
+from dcsched.graph.specs import node_bytes
+from dcsched.costmodels.formulas import GPU, GPUS, comm_time_ms
 
 if TYPE_CHECKING:
-    from ..profile import ProfileOptions
+    from dcsched.profile.measure import ProfileOptions
 
 #: Nodes that compute nothing and cost nothing.
 FREE_OPS = ("placeholder", "output", "get_attr")

@@ -29,15 +29,15 @@ from typing import TYPE_CHECKING, Any, Iterable
 import torch
 import torch.fx
 
-from ..bundle import Bundle, write_atomic
-from ..errors import DcschedError
-from ..roles import Role, role_of
-from .analytic import AnalyticCostModel, analytic_time, target_gpu
-from .formulas import GPUS
-from .registry import register
+from dcsched.bundle.core import Bundle, write_atomic
+from dcsched.errors import DcschedError
+from dcsched.graph.roles import Role, role_of
+from dcsched.costmodels.analytic import AnalyticCostModel, analytic_time, target_gpu
+from dcsched.costmodels.formulas import GPUS
+from dcsched.costmodels.registry import register
 
 if TYPE_CHECKING:
-    from ..profile import ProfileOptions
+    from dcsched.profile.measure import ProfileOptions
 
 FORMAT = "dcsched-calibration"
 VERSION = 1

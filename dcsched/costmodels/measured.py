@@ -1,4 +1,4 @@
-"""``measured``: the step runs for real (:mod:`dcsched.step`) and every compute node is timed.
+"""``measured``: the step runs for real (:mod:`dcsched.runtime.step`) and every compute node is timed.
 
 Each compute node runs ``warmup`` times untimed, then ``iters`` times timed;
 the median is kept. On a GPU with CUDA events, on the CPU with
@@ -19,17 +19,17 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 import torch.fx
 
-from .. import ops
-from ..bundle import Bundle
-from ..errors import DcschedError
-from ..roles import COMM_ROLES, Role, role_of
-from ..specs import node_specs, shard_numel
-from ..step import build_step, installed, make_state, run_step
-from .base import FREE_OPS, CostModel, ProfileRun, modelled_comm_time, progress_bar
-from .registry import register
+from dcsched.runtime import ops
+from dcsched.bundle.core import Bundle
+from dcsched.errors import DcschedError
+from dcsched.graph.roles import COMM_ROLES, Role, role_of
+from dcsched.graph.specs import node_specs, shard_numel
+from dcsched.runtime.step import build_step, installed, make_state, run_step
+from dcsched.costmodels.base import FREE_OPS, CostModel, ProfileRun, modelled_comm_time, progress_bar
+from dcsched.costmodels.registry import register
 
 if TYPE_CHECKING:
-    from ..profile import ProfileOptions
+    from dcsched.profile.measure import ProfileOptions
 
 
 def default_device() -> torch.device:
@@ -79,7 +79,7 @@ def measure_collective(node: torch.fx.Node, world_size: int, device, timer: Time
     """Median ms of a real all-gather / reduce-scatter of ``node``'s size, the slowest rank's."""
     import torch.distributed as dist
 
-    from ..distributed import all_gather_into_tensor, reduce_scatter_tensor
+    from dcsched.runtime.distributed import all_gather_into_tensor, reduce_scatter_tensor
     (shape, dtype), = node_specs(node)[:1]
     shard = shard_numel(math.prod(shape), world_size)
     full = torch.empty(shard * world_size, dtype=dtype, device=device)

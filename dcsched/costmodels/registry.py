@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, TypeVar
 
-from ..errors import DcschedError
-from .base import CostModel
+from dcsched.errors import DcschedError
+from dcsched.costmodels.base import CostModel
 
 if TYPE_CHECKING:
-    from ..profile import ProfileOptions
+    from dcsched.profile.measure import ProfileOptions
 
 Model = TypeVar("Model", bound=type[CostModel])
 

@@ -6,8 +6,8 @@ so a scheduler's order is exactly what runs). Parameters and inputs of the
 recorded shapes and dtypes are made from a seed; the step runs the forward,
 then the backward fed with the saved tensors and the tangents (ones for the
 loss, zeros for other user outputs). The ZeRO-3 ops run on
-:data:`dcsched.ops.RUNTIME`: a single-process :class:`~dcsched.ops.Zero3Runtime`
-by default, or a :class:`dcsched.distributed.DistributedZero3Runtime` under
+:data:`dcsched.runtime.ops.RUNTIME`: a single-process :class:`~dcsched.runtime.ops.Zero3Runtime`
+by default, or a :class:`dcsched.runtime.distributed.DistributedZero3Runtime` under
 torchrun.
 
 The results of a step are named tensors, in this order: ``loss``, the other
@@ -31,7 +31,7 @@ report), :func:`build_step`, :func:`make_state`, :func:`run_step`,
 :func:`resolve_device`.
 
 The step itself (runnable modules, seeded parameters and inputs, one step) is
-:mod:`dcsched.step`, shared with the profiler and training; its API is
+:mod:`dcsched.runtime.step`, shared with the profiler and training; its API is
 re-exported here. Modules, in the order a replay uses them: ``device`` (devices,
 memory estimates, the fit check), ``measure`` (peak memory, timing), ``run`` (one bundle's
 replay), ``compare`` (two runs' results), ``simulated`` (the simulator's
@@ -41,16 +41,16 @@ figures for the report), ``orders`` (a reordered bundle beside its baseline),
 
 from __future__ import annotations
 
-from .device import resolve_device, estimate_bytes, free_bytes, check_fits
-from ..step import DEFAULT_SEED, Step, build_step, StepState, make_param, make_input, make_state, run_step
-from .measure import Measurement, measure_memory, time_step, measure
-from ..step import installed
-from .run import deterministic, ReplayRun, prepare, replay
-from .compare import TOLERANCES, ResultComparison, compare
-from .simulated import simulated_figures, percent_error, timing_caveat
-from .orders import OrderReport, ReplayReport, placeholder_names, check_same_step, replay_orders
-from .transforms import latest_first
-from .example import example_bundle
+from dcsched.replay.device import resolve_device, estimate_bytes, free_bytes, check_fits
+from dcsched.runtime.step import DEFAULT_SEED, Step, build_step, StepState, make_param, make_input, make_state, run_step
+from dcsched.replay.measure import Measurement, measure_memory, time_step, measure
+from dcsched.runtime.step import installed
+from dcsched.replay.run import deterministic, ReplayRun, prepare, replay
+from dcsched.replay.compare import TOLERANCES, ResultComparison, compare
+from dcsched.replay.simulated import simulated_figures, percent_error, timing_caveat
+from dcsched.replay.orders import OrderReport, ReplayReport, placeholder_names, check_same_step, replay_orders
+from dcsched.replay.transforms import latest_first
+from dcsched.replay.example import example_bundle
 
 __all__ = [
     "resolve_device",

@@ -9,7 +9,7 @@ from typing import Mapping
 import torch
 import torch.fx
 
-from ..errors import ResultMismatch
+from dcsched.errors import ResultMismatch
 
 
 #: (rtol, atol) by dtype where bit-for-bit equality is not asked for.

@@ -8,9 +8,9 @@ import os
 import torch
 import torch.fx
 
-from ..bundle import Bundle
-from ..errors import DcschedError
-from ..units import format_bytes
+from dcsched.bundle.core import Bundle
+from dcsched.errors import DcschedError
+from dcsched.units import format_bytes
 
 
 def resolve_device(name: str | torch.device = "auto") -> torch.device:

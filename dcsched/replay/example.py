@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from .. import ops
-from ..bundle import Bundle, InputInfo, ParamInfo
-from ..step import build_step, installed, make_state, run_step
+from dcsched.runtime import ops
+from dcsched.bundle.core import Bundle, InputInfo, ParamInfo
+from dcsched.runtime.step import build_step, installed, make_state, run_step
 
 
 def _call(graph, op, args, name):
@@ -93,7 +93,7 @@ def example_bundle() -> Bundle:
 
 def _annotate(bundle: Bundle) -> None:
     """Fill ``out``/``tensor_size`` (from one real step) and nominal ``device_time`` on every node."""
-    from ..roles import Role, role_of
+    from dcsched.graph.roles import Role, role_of
 
     nominal = {Role.COMPUTE: 0.01, Role.ALLGATHER: 0.005, Role.REDUCE: 0.005}
     for graph in bundle.graphs.values():

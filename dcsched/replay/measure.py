@@ -9,8 +9,8 @@ import time
 import torch
 import torch.fx
 
-from ..memtrack import LiveBytes
-from ..step import Step, StepState, run_step
+from dcsched.runtime.memtrack import LiveBytes
+from dcsched.runtime.step import Step, StepState, run_step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,7 +118,7 @@ def measure_memory(step: Step, state: StepState) -> tuple[int, int, str]:
         results = run_step(step, state)
         del results
         peak = tracker.peak
-    return peak, resident, "live tensor storages (dcsched.memtrack)"
+    return peak, resident, "live tensor storages (dcsched.runtime.memtrack)"
 
 
 def clock_for(device: torch.device):

@@ -8,17 +8,17 @@ from typing import Callable
 import torch
 import torch.fx
 
-from .. import ops
-from ..bundle import Bundle
-from ..consensus import check_same, plan_fingerprints
-from ..errors import DcschedError, ResultMismatch
-from .compare import ResultComparison, compare
-from .device import check_fits, resolve_device
-from .measure import Measurement, clock_for, synchronize, time_step
-from ..profile import check_replayable
-from .run import ReplayRun, deterministic, prepare, replay
-from .simulated import percent_error, simulated_figures, timing_caveat
-from ..step import DEFAULT_SEED, graph_placeholder_names, installed, run_step
+from dcsched.runtime import ops
+from dcsched.bundle.core import Bundle
+from dcsched.runtime.consensus import check_same, plan_fingerprints
+from dcsched.errors import DcschedError, ResultMismatch
+from dcsched.replay.compare import ResultComparison, compare
+from dcsched.replay.device import check_fits, resolve_device
+from dcsched.replay.measure import Measurement, clock_for, synchronize, time_step
+from dcsched.profile.measure import check_replayable
+from dcsched.replay.run import ReplayRun, deterministic, prepare, replay
+from dcsched.replay.simulated import percent_error, simulated_figures, timing_caveat
+from dcsched.runtime.step import DEFAULT_SEED, graph_placeholder_names, installed, run_step
 
 
 @dataclasses.dataclass

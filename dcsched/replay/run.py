@@ -10,12 +10,12 @@ from typing import Mapping
 import torch
 import torch.fx
 
-from .. import ops
-from ..bundle import Bundle
-from ..profile import check_replayable
-from .device import check_fits, resolve_device
-from .measure import Measurement, synchronize, measure
-from ..step import DEFAULT_SEED, Step, StepState, build_step, installed, make_state, run_step
+from dcsched.runtime import ops
+from dcsched.bundle.core import Bundle
+from dcsched.profile.measure import check_replayable
+from dcsched.replay.device import check_fits, resolve_device
+from dcsched.replay.measure import Measurement, synchronize, measure
+from dcsched.runtime.step import DEFAULT_SEED, Step, StepState, build_step, installed, make_state, run_step
 
 
 @contextlib.contextmanager
@@ -56,8 +56,8 @@ def replay(bundle: Bundle, *, device: torch.device | str = "cpu", seed: int = DE
            placeholder_order: Mapping[str, list[str]] | None = None, memory: bool | None = None) -> ReplayRun:
     """Run ``bundle``'s step: results of one step and, with ``iters`` > 0, measured figures.
 
-    ``runtime`` defaults to a fresh single-process :class:`~dcsched.ops.Zero3Runtime`;
-    pass a :class:`dcsched.distributed.DistributedZero3Runtime` to run sharded.
+    ``runtime`` defaults to a fresh single-process :class:`~dcsched.runtime.ops.Zero3Runtime`;
+    pass a :class:`dcsched.runtime.distributed.DistributedZero3Runtime` to run sharded.
     ``values``: chosen parameter/input tensors by name (see :func:`make_state`).
     ``placeholder_order``: per graph, the placeholder names in the order the
     bundle's placeholder tables describe them (see :func:`build_step`).

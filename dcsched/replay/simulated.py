@@ -7,9 +7,9 @@ from typing import Iterable
 import torch
 import torch.fx
 
-from ..bundle import Bundle
-from ..errors import DcschedError
-from .device import flat_nodes, node_bytes
+from dcsched.bundle.core import Bundle
+from dcsched.errors import DcschedError
+from dcsched.replay.device import flat_nodes, node_bytes
 
 
 def _meta_bytes(nodes: Iterable[torch.fx.Node]) -> int:
@@ -29,8 +29,8 @@ def simulated_figures(bundle: Bundle, world_size: int | None = None) -> tuple[di
     and the backward's peak plus what the real step holds across it (the
     forward's inputs and user outputs that the backward does not take).
     """
-    from ..profile import resharded
-    from ..simulate import simulate
+    from dcsched.profile.measure import resharded
+    from dcsched.sim.simulate import simulate
 
     profiled_for = bundle.provenance.get("world_size")
     resized = world_size is not None and isinstance(profiled_for, int) and profiled_for != world_size

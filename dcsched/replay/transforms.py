@@ -12,7 +12,7 @@ import torch.fx
 def latest_first(graph: torch.fx.Graph) -> torch.fx.Graph:
     """A valid reordering of ``graph``: placeholders first as they were, then always the
     ready node that came latest in the original order (a "reverse-ish" topological order)."""
-    from ..nxview import to_fx, to_networkx
+    from dcsched.graph.nxview import to_fx, to_networkx
 
     view = to_networkx(graph)
     position = {name: data["position"] for name, data in view.nodes(data=True)}

@@ -4,14 +4,14 @@ Importing this package registers every built-in scheduler; see
 :mod:`dcsched.schedulers.registry` for the contract.
 """
 
-from .registry import SchedulerInfo, available, get, register
+from dcsched.schedulers.registry import SchedulerInfo, available, get, register
 
 # Each import registers one algorithm.
-from . import none  # noqa: F401
-from . import list_order  # noqa: F401
-from . import simple_prefetch  # noqa: F401
-from . import fast_free  # noqa: F401
-from . import overlap, ahead  # noqa: F401
-from . import deepcompile  # noqa: F401
+from dcsched.schedulers import none  # noqa: F401
+from dcsched.schedulers import list_order  # noqa: F401
+from dcsched.schedulers import simple_prefetch  # noqa: F401
+from dcsched.schedulers import fast_free  # noqa: F401
+from dcsched.schedulers import overlap, ahead  # noqa: F401
+from dcsched.schedulers import deepcompile  # noqa: F401
 
 __all__ = ["SchedulerInfo", "available", "get", "register"]

@@ -37,7 +37,7 @@ own duration (a fused collective pays its latency once, so this is at most
 ``(members - 1) x latency`` per group slower than DeepSpeed's runtime).
 
 >>> from dcsched.synthetic import layered_stack
->>> from dcsched.nxview import to_networkx, check_order
+>>> from dcsched.graph.nxview import to_networkx, check_order
 >>> view = to_networkx(layered_stack(2).forward)
 >>> plan = deepcompile_plan(view)
 >>> check_order(view, plan.order)
@@ -53,11 +53,11 @@ from typing import Callable, Sequence
 
 import networkx as nx
 
-from ..simulate import ALLGATHER, PLACEHOLDER, CompiledGraph, compile_view
-from ..graphform import GraphForm, paused_gc
-from .fast_free import fast_free_indices
-from .overlap import UNLIMITED, parse_budget
-from .registry import register
+from dcsched.sim.simulate import ALLGATHER, PLACEHOLDER, CompiledGraph, compile_view
+from dcsched.graph.form import GraphForm, paused_gc
+from dcsched.schedulers.fast_free import fast_free_indices
+from dcsched.schedulers.overlap.scheduler import UNLIMITED, parse_budget
+from dcsched.schedulers.registry import register
 
 #: DeepSpeed's prefetch pass: a group may hold at most this many bytes, all buffered groups together
 #: at most MAX_BUFFERED_BYTES; an all-gather joins a group when fusing costs less than FUSE_SLACK

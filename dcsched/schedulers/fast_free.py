@@ -23,7 +23,7 @@ The implementation is incremental, so a round costs about what it changes,
 not the size of the graph: a scheduled-mark array instead of rebuilt sets; the
 pending all-gathers as one bitset (a Python int) and each last use's
 all-gather ancestors as another, so a tier count is one ``&`` and a popcount
-(kept packed, :mod:`dcsched.schedulers._gather_sets`, so they take memory linear in the graph);
+(kept packed, :mod:`dcsched.schedulers.gather_sets`, so they take memory linear in the graph);
 a lazily updated heap of lower bounds on the counts (a count can fall by at
 most the number of all-gathers scheduled since it was taken); the all-gathers
 at count 1 (their count stays 1 until they run) in a second such heap, keyed
@@ -39,7 +39,7 @@ difference within float rounding error makes the two paths be built and
 summed in DeepSpeed's order (so float ties still break as in DeepSpeed).
 
 >>> from dcsched.synthetic import layered_stack
->>> from dcsched.nxview import to_networkx, check_order
+>>> from dcsched.graph.nxview import to_networkx, check_order
 >>> view = to_networkx(layered_stack(2).forward)
 >>> order = fast_free(view)
 >>> check_order(view, order)
@@ -52,10 +52,10 @@ import math
 
 import networkx as nx
 
-from ..lastuse import last_use_indices
-from ..graphform import PLACEHOLDER, REDUCE, GraphForm, schedule_indexed
-from ._gather_sets import EMPTY, Packed, allgather_ancestors, pack, packed_count, total_size, union, unpack
-from .registry import register
+from dcsched.graph.lastuse import last_use_indices
+from dcsched.graph.form import PLACEHOLDER, REDUCE, GraphForm, schedule_indexed
+from dcsched.schedulers.gather_sets import EMPTY, Packed, allgather_ancestors, pack, packed_count, total_size, union, unpack
+from dcsched.schedulers.registry import register
 
 
 @register("fast-free", description="DeepCompile's fast_free_schedule (DeepSpeed 0.19.8 order, no budget): "

@@ -18,7 +18,7 @@ node's own tensor size at *every* release and at reduce-grad. dcsched uses
 the rule above.)
 
 >>> from dcsched.synthetic import layered_stack
->>> from dcsched.nxview import to_networkx, check_order
+>>> from dcsched.graph.nxview import to_networkx, check_order
 >>> view = to_networkx(layered_stack(1).forward)
 >>> order = list_order(view)
 >>> check_order(view, order)
@@ -32,9 +32,9 @@ import heapq
 
 import networkx as nx
 
-from ..errors import GraphError
-from ..graphform import ALLGATHER, RELEASE, GraphForm, schedule_indexed
-from .registry import register
+from dcsched.errors import GraphError
+from dcsched.graph.form import ALLGATHER, RELEASE, GraphForm, schedule_indexed
+from dcsched.schedulers.registry import register
 
 
 @register("list", description="greedy: run the runnable node with the smallest memory delta "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import networkx as nx
 
-from .registry import register
+from dcsched.schedulers.registry import register
 
 
 @register("none", description="the input order, unchanged")

@@ -1,10 +1,10 @@
 """Schedulers by name. A scheduler is one module that registers one pure function.
 
-A scheduler takes the networkx view of a graph (:mod:`dcsched.nxview`) and
+A scheduler takes the networkx view of a graph (:mod:`dcsched.graph.nxview`) and
 keyword options, and returns the vertices (node names) in the order to run
 them: a topological order holding every vertex exactly once. One registered
 with ``takes_form=True`` also takes the graph's
-:class:`~dcsched.graphform.GraphForm` instead of the view, so
+:class:`~dcsched.graph.form.GraphForm` instead of the view, so
 :func:`dcsched.schedule` can skip building the view.
 
 >>> import networkx as nx
@@ -24,8 +24,8 @@ from typing import Callable
 
 import networkx as nx
 
-from ..errors import DcschedError
-from ..graphform import GraphForm, output_last
+from dcsched.errors import DcschedError
+from dcsched.graph.form import GraphForm, output_last
 
 Scheduler = Callable[..., list]
 
@@ -37,7 +37,7 @@ class SchedulerInfo:
     description: str
     #: keyword options the function accepts (besides the view)
     options: tuple[str, ...]
-    #: whether the function also takes a :class:`~dcsched.graphform.GraphForm` for the view
+    #: whether the function also takes a :class:`~dcsched.graph.form.GraphForm` for the view
     takes_form: bool = False
 
     def __call__(self, view: "nx.DiGraph | GraphForm", **options) -> list:

@@ -19,7 +19,7 @@ number; everything else about a trial is unaffected by what the other rounds
 schedule.
 
 >>> from dcsched.synthetic import layered_stack
->>> from dcsched.nxview import to_networkx, check_order
+>>> from dcsched.graph.nxview import to_networkx, check_order
 >>> view = to_networkx(layered_stack(2).forward)
 >>> check_order(view, simple_prefetch(view))
 """
@@ -30,9 +30,9 @@ import heapq
 
 import networkx as nx
 
-from ..errors import GraphError
-from ..graphform import GraphForm, schedule_indexed
-from .registry import register
+from dcsched.errors import GraphError
+from dcsched.graph.form import GraphForm, schedule_indexed
+from dcsched.schedulers.registry import register
 
 
 @register("simple-prefetch", description="DeepCompile's simple_prefetch (DeepSpeed 0.19.8 order): "

@@ -37,10 +37,10 @@ True
 
 from __future__ import annotations
 
-from .builder import GraphBuilder, GraphPair
-from .digest import graph_digest
-from .moe import moe_graph
-from .random_dag import random_graph
-from .stacks import layered_stack
+from dcsched.synthetic.builder import GraphBuilder, GraphPair
+from dcsched.synthetic.digest import graph_digest
+from dcsched.synthetic.moe import moe_graph
+from dcsched.synthetic.random_dag import random_graph
+from dcsched.synthetic.stacks import layered_stack
 
 __all__ = ["GraphBuilder", "GraphPair", "graph_digest", "layered_stack", "moe_graph", "random_graph"]

@@ -9,9 +9,7 @@ import random
 import torch
 import torch.fx
 
-from .. import ops
-
-
+from dcsched.runtime import ops
 def _comm_ops(namespace: str):
     if namespace == ops.DEEPSPEED_NAMESPACE:
         ops.ensure_deepspeed_ops()

@@ -16,8 +16,8 @@ def graph_digest(graph: torch.fx.Graph) -> str:
     """
     import hashlib
 
-    from ..nxview import input_nodes
-    from ..roles import qualified_name
+    from dcsched.graph.nxview import input_nodes
+    from dcsched.graph.roles import qualified_name
 
     h = hashlib.sha256()
     for node in graph.nodes:

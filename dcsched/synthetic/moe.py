@@ -8,7 +8,7 @@ import random
 import torch
 import torch.fx
 
-from .builder import GraphBuilder
+from dcsched.synthetic.builder import GraphBuilder
 
 aten = torch.ops.aten
 _MM, _MUL, _ADD = aten.mm.default, aten.mul.Tensor, aten.add.Tensor

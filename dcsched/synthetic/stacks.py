@@ -9,7 +9,7 @@ import random
 import torch
 import torch.fx
 
-from .builder import GraphBuilder, GraphPair
+from dcsched.synthetic.builder import GraphBuilder, GraphPair
 
 aten = torch.ops.aten
 

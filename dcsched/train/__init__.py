@@ -8,9 +8,9 @@ through the scheduled forward and backward graphs;
 
 from __future__ import annotations
 
-from .backend import Backend, TrainOptions, backend
-from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from .sharding import ShardSpec, Sharding, ShardingError, shard, sharding_of
+from dcsched.train.backend import Backend, TrainOptions, backend
+from dcsched.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from dcsched.train.sharding import ShardSpec, Sharding, ShardingError, shard, sharding_of
 
 __all__ = ["Backend", "TrainOptions", "backend", "CheckpointError", "load_checkpoint", "save_checkpoint",
            "ShardSpec", "Sharding", "ShardingError", "shard", "sharding_of"]

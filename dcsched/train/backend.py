@@ -14,13 +14,13 @@ On its first call TorchDynamo traces the module (with the full-size
 stand-ins :func:`dcsched.shard` installed) and calls the backend, which:
 
 1. captures the forward and backward aten graphs through AOT autograd
-   (:func:`dcsched.capture.capture_compiled`) and inserts the ZeRO-3 ops;
+   (:func:`dcsched.profile.capture.capture_compiled`) and inserts the ZeRO-3 ops;
 2. profiles them (``cost_model``: ``measured`` runs each node once here,
    ``analytic`` estimates them for ``gpu``) so the schedulers have costs;
 3. reorders both graphs with ``algo`` (``memory_budget`` for the schedulers
    that take one; by default the target device's memory less 10%, unlimited
    where none is known);
-4. returns a :class:`~dcsched.train.runtime.ScheduledProgram`, which runs
+4. returns a :class:`~dcsched.runtime.local.ScheduledProgram`, which runs
    every later step: the scheduled graphs' aten ops one by one
    (``compute="eager"``, what the simulator models) or compiled by inductor
    with the ZeRO-3 ops kept in place (``compute="inductor"``,
@@ -37,15 +37,15 @@ import math
 
 import torch
 
-from .. import schedulers
-from ..capture import capture_compiled
-from ..consensus import check_same, plan_fingerprints
-from ..errors import DcschedError
-from ..profile import ProfileOptions, profile_bundle
-from ..reorder import schedule
-from .runtime import ScheduledProgram
-from .full_state import any_sharded
-from .sharding import ShardingError, sharding_for_inputs
+from dcsched import schedulers
+from dcsched.profile.capture import capture_compiled
+from dcsched.runtime.consensus import check_same, plan_fingerprints
+from dcsched.errors import DcschedError
+from dcsched.profile.measure import ProfileOptions, profile_bundle
+from dcsched.schedulers.reorder import schedule
+from dcsched.runtime.local import ScheduledProgram
+from dcsched.train.full_state import any_sharded
+from dcsched.train.sharding import ShardingError, sharding_for_inputs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,16 +65,16 @@ class TrainOptions:
     def check(self) -> None:
         """Raise :class:`DcschedError` (one line) for options no compile can use, before anything runs."""
         accepted = schedulers.get(self.algo).options  # raises for an unknown name
-        from .inductor import COMPUTE_MODES
+        from dcsched.train.inductor import COMPUTE_MODES
         if self.compute not in COMPUTE_MODES:
             raise DcschedError(f"unknown compute {self.compute!r}: choose one of {', '.join(COMPUTE_MODES)}")
         if self.memory_budget is not None:
-            from ..units import parse_budget
+            from dcsched.units import parse_budget
             parse_budget(self.memory_budget)
             if "memory_budget" not in accepted:
                 raise DcschedError(f"scheduler '{self.algo}' takes no memory budget")
         if self.budget_scope is not None:
-            from ..schedulers.overlap import check_scope
+            from dcsched.schedulers.overlap.scheduler import check_scope
             check_scope(self.budget_scope)
             if "budget_scope" not in accepted:
                 raise DcschedError(f"scheduler '{self.algo}' takes no budget scope")
@@ -90,7 +90,7 @@ class TrainOptions:
         if "memory_budget" in accepted:
             budget = self.memory_budget
             if budget is None:
-                from ..sweep import default_budget
+                from dcsched.report.sweep import default_budget
                 budget = default_budget(bundle)
             options["memory_budget"] = math.inf if budget is None else budget
         elif self.memory_budget is not None:
@@ -150,7 +150,7 @@ def _rng_devices(sharding) -> list:
 
 def compile_program(gm: torch.fx.GraphModule, example_inputs, sharding, options: TrainOptions) -> ScheduledProgram:
     """Capture, profile and schedule ``gm`` (a TorchDynamo graph of the sharded module) into a program."""
-    from ..replay.simulated import simulated_figures
+    from dcsched.replay.simulated import simulated_figures
 
     with torch.random.fork_rng(devices=_rng_devices(sharding)):
         captured = capture_compiled(gm, example_inputs, sharding.module,

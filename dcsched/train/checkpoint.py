@@ -52,10 +52,10 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from ..errors import DcschedError
-from .checkpoint_files import SafeReader, verify_checksums, write_checksums
-from .full_state import local_state_dict
-from .sharding import Sharding, sharding_of
+from dcsched.errors import DcschedError
+from dcsched.train.checkpoint_files import SafeReader, verify_checksums, write_checksums
+from dcsched.train.full_state import local_state_dict
+from dcsched.train.sharding import Sharding, sharding_of
 
 MODEL, STATE, GROUPS, EXTRA = "model.", "optim.state.", "optim.param_groups", "extra."
 

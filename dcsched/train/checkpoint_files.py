@@ -22,8 +22,8 @@ from pathlib import Path
 
 from torch.distributed.checkpoint import FileSystemReader
 
-from ..errors import DcschedError
-from ..loadchecks import DTYPES
+from dcsched.errors import DcschedError
+from dcsched.bundle.checks import DTYPES
 
 #: The file of a checkpoint that holds its other files' SHA-256 digests.
 CHECKSUMS = "dcsched-checksums.json"

@@ -44,9 +44,9 @@ from typing import Iterator
 
 import torch
 
-from ..distributed import shard_of
-from ..errors import first_line
-from . import grad_norm
+from dcsched.runtime.distributed import shard_of
+from dcsched.errors import first_line
+from dcsched.train import grad_norm
 
 #: Every module's Sharding, to find the shards among tensors handed to torch (gradient norms, graph pieces).
 _SHARDINGS: "weakref.WeakSet" = weakref.WeakSet()
@@ -76,7 +76,7 @@ STATE_DICT_WAIT_S = 60.0
 def _all_ranks_ask(sharding, group) -> None:
     import torch.distributed as dist
 
-    from .sharding import ShardingError  # (sharding.py imports this module)
+    from dcsched.train.sharding import ShardingError  # (sharding.py imports this module)
     try:
         dist.barrier(group=group)
     except RuntimeError as error:  # gloo's timeout: the other ranks are not gathering
@@ -92,7 +92,7 @@ def full_parameter(sharding, spec, group=None) -> torch.Tensor:
     shard = spec.param.detach()
     if sharding.world_size == 1:
         return shard[:spec.numel].view(spec.shape).clone()
-    from ..distributed import all_gather_into_tensor
+    from dcsched.runtime.distributed import all_gather_into_tensor
     local = shard.to("cpu").contiguous()  # the state-dict group is gloo's, whatever the device
     gathered = torch.empty(local.numel() * sharding.world_size, dtype=local.dtype)
     all_gather_into_tensor(gathered, local, group=group)

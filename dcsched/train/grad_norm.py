@@ -33,7 +33,7 @@ _TORCH: dict[str, object] = {}  # torch's own functions, once replaced
 
 def _shard_groups() -> dict[int, object]:
     """id(gradient) -> process group, for the current gradient of every shard over more than one rank."""
-    from .full_state import shardings
+    from dcsched.train.full_state import shardings
     groups = {}
     for sharding in shardings():
         if sharding.world_size > 1:

@@ -30,8 +30,8 @@ from typing import Callable, ContextManager, Mapping, Sequence
 import torch
 import torch.fx
 
-from ..errors import DcschedError, first_line
-from ..roles import Role, role_of_target
+from dcsched.errors import DcschedError, first_line
+from dcsched.graph.roles import Role, role_of_target
 
 #: inductor settings for a scheduled graph (see the module docstring).
 INDUCTOR_CONFIG = {
@@ -82,13 +82,13 @@ class _Inlining(torch.fx.Interpreter):
 def compile_graph(module: torch.fx.GraphModule, inline: Mapping[Role, Callable] | None = None,
                   order: Sequence[str] | None = None,
                   compiling: Callable[[], ContextManager] | None = None) -> "InductorGraph":
-    """``module`` (a scheduled graph taking one list of inputs, as :mod:`dcsched.step` builds) for inductor.
+    """``module`` (a scheduled graph taking one list of inputs, as :mod:`dcsched.runtime.step` builds) for inductor.
 
     The result takes the same list (and empties it) and returns the same
     outputs. It compiles on its first call, for the shapes, strides and
     devices of that call's inputs (a sharded parameter's placeholder holds
     the full-size shape, its input is this rank's 1-D shard). The ZeRO-3 ops'
-    fake kernels read :data:`dcsched.ops.RUNTIME`, so the runtime the graph
+    fake kernels read :data:`dcsched.runtime.ops.RUNTIME`, so the runtime the graph
     runs on must be installed then, as it is for every run.
 
     ``inline`` (role -> kernel): ZeRO-3 ops whose work the runtime can say in
@@ -96,7 +96,7 @@ def compile_graph(module: torch.fx.GraphModule, inline: Mapping[Role, Callable] 
     whole flat shard, a wait or a release nothing, a reduce a reshape), so
     inductor compiles them away; the other ops stay opaque calls. ``order``:
     the placeholder names in the order the list holds them, where the module
-    takes them in another than the graph's (:attr:`dcsched.step.Step.orders`).
+    takes them in another than the graph's (:attr:`dcsched.runtime.step.Step.orders`).
     ``compiling()``: a context manager the compile runs in (a progress display).
     """
     return InductorGraph(module, inline, order, compiling)

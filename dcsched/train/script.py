@@ -1,6 +1,6 @@
 """``dcsched train``'s core: run a user's training script with every compiled module trained by dcsched.
 
-:func:`train_script` runs the script as ``__main__`` (:mod:`dcsched.scripts`)
+:func:`train_script` runs the script as ``__main__`` (:mod:`dcsched.profile.scripts`)
 with ``torch.compile`` intercepted. At each ``torch.compile(model, ...)``
 call it shards the module (:func:`dcsched.shard`, in place: an optimizer
 built before or after sees the shards) and compiles it for real with
@@ -11,7 +11,7 @@ ranks (:mod:`dcsched.train.failures`).
 
 With ``measure`` each compiled graph's first step has its peak memory
 tracked and every later one is timed
-(:class:`~dcsched.train.runtime.ScheduledProgram`), and
+(:class:`~dcsched.runtime.local.ScheduledProgram`), and
 :class:`TrainResult` sets those figures beside the simulator's for the
 schedule. The per-step losses are the compiled forward's first output where
 that is a 0-d tensor (a script whose module returns its loss).
@@ -30,11 +30,11 @@ from typing import Callable, ContextManager, Sequence
 
 import torch
 
-from ..errors import DcschedError
-from ..scripts import compile_interceptor, describe_exception, run_script
-from .backend import Backend, TrainOptions
-from .runtime import ScheduledProgram
-from .sharding import shard
+from dcsched.errors import DcschedError
+from dcsched.profile.scripts import compile_interceptor, describe_exception, run_script
+from dcsched.train.backend import Backend, TrainOptions
+from dcsched.runtime.local import ScheduledProgram
+from dcsched.train.sharding import shard
 
 #: The process-group timeout when none is given, in seconds.
 DEFAULT_TIMEOUT_S = 120.0
@@ -214,7 +214,7 @@ def train_script(path: str | os.PathLike, argv: Sequence[str] = (), options: Scr
     an optimizer that stepped before the compile) and :class:`ScriptFailed`
     (the script raised).
     """
-    from .. import distributed
+    from dcsched.runtime import distributed
     path = Path(path)
     options.check()
     if not path.is_file():
@@ -253,11 +253,11 @@ def train_script(path: str | os.PathLike, argv: Sequence[str] = (), options: Scr
 
 def _join(timeout_s: float):
     """Under torchrun, join the process group with ``timeout_s`` and start watching the peers; None alone."""
-    from .. import distributed
+    from dcsched.runtime import distributed
     if not distributed.launched():
         return None
     import torch.distributed as dist
-    from .failures import Watch
+    from dcsched.train.failures import Watch
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     timeout = datetime.timedelta(seconds=timeout_s)
     # The ranks start at different times: joining may take longer than a collective may.
@@ -293,7 +293,7 @@ def _result(path: Path, options: ScriptOptions, backends: list[_RecordingBackend
         for k, program in enumerate(backend.programs):
             label = backend.name if len(backend.programs) == 1 else f"{backend.name} ({k + 1})"
             graphs.extend(_figures(label, program))
-    from ..replay.simulated import timing_caveat
+    from dcsched.replay.simulated import timing_caveat
     losses = next(([float(v) for v in b.losses] for b in backends if b.losses), None)
     programs = [p for b in backends for p in b.programs]
     caveat = timing_caveat(programs[0].bundle.provenance) if programs else None

@@ -3,7 +3,7 @@
 Each trainable parameter (a tied one once, under its first name) keeps its
 ``nn.Parameter`` object, so an optimizer built before or after holds the same
 objects; its ``.data`` becomes this rank's slice of the flattened parameter,
-zero-padded to ``ceil(numel / W)`` elements (:func:`dcsched.distributed.shard_of`).
+zero-padded to ``ceil(numel / W)`` elements (:func:`dcsched.runtime.distributed.shard_of`).
 Buffers (BatchNorm statistics) and frozen parameters stay whole on every rank.
 
 TorchDynamo must still trace the module with full-size parameters. So each
@@ -35,9 +35,9 @@ import weakref
 import torch
 import torch.nn as nn
 
-from ..distributed import padded_numel, shard_of
-from ..errors import DcschedError
-from . import full_state
+from dcsched.runtime.distributed import padded_numel, shard_of
+from dcsched.errors import DcschedError
+from dcsched.train import full_state
 
 
 class ShardingError(DcschedError):

@@ -1,0 +1,571 @@
+"""The graph bundle: one versioned file holding a captured training step.
+
+A bundle (``graph.pt`` by convention) holds the forward and backward FX graphs
+of one training step with their ZeRO-3 ops and profiled costs, the parameter
+table, how the forward's outputs feed the backward, the step's non-parameter
+inputs, and how every figure was obtained (provenance).
+
+On disk it is a ``torch.save`` of plain data only (dicts, lists, tuples, str,
+int, float, bool, None and tensors), read back with
+``torch.load(weights_only=True)``: loading never executes code from the file.
+Call targets are stored as qualified names (``'aten.mm.default'``) and resolved
+only from an allow-list of namespaces (aten, prims, operator, dcsched, dc).
+The schema is documented in ``docs/bundle-format.md``.
+
+Python API: :func:`load` and :func:`save` (atomic).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import operator
+import os
+import pickle
+import warnings
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+import torch
+import torch.fx
+
+from dcsched.bundle import checks as loadchecks
+
+from dcsched.runtime import ops
+from dcsched.errors import BundleError
+from dcsched.outputs import write_atomic  # noqa: F401  (re-exported: dcsched.bundle.core.write_atomic)
+from dcsched.graph.roles import qualified_name
+
+FORMAT = "dcsched-bundle"
+#: Bump when the on-disk schema changes; readers refuse newer versions.
+BUNDLE_VERSION = 1
+
+#: Python functions a graph may call, besides torch ops.
+ALLOWED_OPERATORS = frozenset({
+    "getitem", "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "neg", "pos", "abs",
+    "eq", "ne", "lt", "le", "gt", "ge", "and_", "or_", "xor", "not_", "invert", "lshift", "rshift",
+})
+ALLOWED_OP_NAMESPACES = ("aten", "prims", "dcsched", "dc")
+
+_NODE_OPS = ("placeholder", "call_function", "get_attr", "output")
+#: Largest figures a bundle may hold: beyond them a number is a corruption or a typo, not a measurement
+#: (1 PiB in one tensor or parameter; a day of device time for one node).
+MAX_BYTES = 2**50
+MAX_NODE_MS = 24 * 3600 * 1000.0
+#: Node meta kept in a bundle; everything else (FakeTensors, stack traces) is dropped.
+KEPT_META = ("device_time", "tensor_size", "out", "ds_id", "time_source")
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamInfo:
+    """A trainable parameter, sharded ZeRO-3 style. ``shape``/``dtype`` are the full parameter's."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    ds_id: int
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype.itemsize
+
+
+@dataclasses.dataclass(frozen=True)
+class InputInfo:
+    """A non-parameter input of the step (batch, targets, buffers).
+
+    ``value`` holds the tensor itself when it was small enough to keep;
+    otherwise ``low``/``high`` bound its values (inclusive), so replay can make
+    valid ones, e.g. token ids below the vocabulary size.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    value: torch.Tensor | None = None
+    low: float | None = None
+    high: float | None = None
+
+
+@dataclasses.dataclass
+class Bundle:
+    """One captured training step. See the module docstring and ``docs/bundle-format.md``.
+
+    ``forward_placeholders[i]`` says what the forward graph's i-th placeholder
+    is: ``{"kind": "param", "ds_id": d}`` or ``{"kind": "input", "index": k}``
+    (into ``inputs``). The forward graph outputs ``num_user_outputs`` user
+    outputs (the loss first) followed by the tensors saved for the backward.
+    ``backward_placeholders[j]`` is ``{"kind": "saved", "index": i}`` (the
+    forward's i-th output) or ``{"kind": "tangent", "index": k}`` (the gradient
+    fed for the k-th user output). The backward's i-th output is the gradient
+    of the forward's i-th placeholder: for a parameter, the ``reduce_grad``
+    node's output (this rank's shard); None where there is none.
+    """
+
+    forward: torch.fx.Graph
+    backward: torch.fx.Graph | None
+    params: list[ParamInfo]
+    inputs: list[InputInfo]
+    forward_placeholders: list[dict]
+    backward_placeholders: list[dict]
+    num_user_outputs: int = 1
+    graph_ids: dict[str, int] = dataclasses.field(default_factory=lambda: {"forward": 0, "backward": 1})
+    constants: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    provenance: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def graphs(self) -> dict[str, torch.fx.Graph]:
+        """The graphs by name, forward first; a bundle without backward has one."""
+        found = {"forward": self.forward}
+        if self.backward is not None:
+            found["backward"] = self.backward
+        return found
+
+    def with_graphs(self, **graphs: torch.fx.Graph) -> "Bundle":
+        """A copy with some graphs replaced (e.g. ``with_graphs(forward=g)``)."""
+        return dataclasses.replace(self, **graphs, provenance=dict(self.provenance))
+
+    def param_by_ds_id(self) -> dict[int, ParamInfo]:
+        return {p.ds_id: p for p in self.params}
+
+
+# ---------------------------------------------------------------------------
+# Encoding graph arguments as plain data
+# ---------------------------------------------------------------------------
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    return loadchecks.from_table(loadchecks.DTYPES, name, "dtype")
+
+
+def _encode(value: Any) -> Any:
+    if isinstance(value, torch.fx.Node):
+        return {"$node": value.name}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, torch.dtype):
+        return {"$dtype": _dtype_name(value)}
+    if isinstance(value, torch.device):
+        return {"$device": str(value)}
+    if isinstance(value, torch.layout):
+        return {"$layout": str(value).removeprefix("torch.")}
+    if isinstance(value, torch.memory_format):
+        return {"$memory_format": str(value).removeprefix("torch.")}
+    if isinstance(value, slice):
+        return {"$slice": [_encode(value.start), _encode(value.stop), _encode(value.step)]}
+    if isinstance(value, tuple):  # torch.Size included
+        return {"$tuple": [_encode(v) for v in value]}
+    if isinstance(value, list):
+        return [_encode(v) for v in value]
+    if isinstance(value, dict):
+        return {"$dict": [[str(k), _encode(v)] for k, v in value.items()]}
+    raise TypeError(f"cannot store a graph argument of type {type(value).__name__}")
+
+
+def _decode(value: Any, env: dict[str, torch.fx.Node], refs: list[str]) -> Any:
+    if isinstance(value, list):
+        return [_decode(v, env, refs) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if len(value) != 1:
+        raise ValueError(f"malformed argument {value!r}")
+    (tag, payload), = value.items()
+    if tag == "$node":
+        refs.append(payload)
+        return env[payload]
+    if tag == "$tuple":
+        return tuple(_decode(v, env, refs) for v in payload)
+    if tag == "$dict":
+        return {k: _decode(v, env, refs) for k, v in payload}
+    if tag == "$dtype":
+        return dtype_from_name(payload)
+    if tag == "$device":
+        return torch.device(payload)
+    if tag == "$layout":
+        return loadchecks.from_table(loadchecks.LAYOUTS, payload, "layout")
+    if tag == "$memory_format":
+        return loadchecks.from_table(loadchecks.MEMORY_FORMATS, payload, "memory format")
+    if tag == "$slice":
+        return slice(*(_decode(v, env, refs) for v in payload))
+    raise ValueError(f"unknown argument tag {tag!r}")
+
+
+def _output_spec(val: Any) -> Any:
+    """Shapes and dtypes of a node's output, from its FakeTensor ``meta['val']``."""
+    if isinstance(val, torch.Tensor):
+        return {"shape": [int(s) for s in val.shape], "dtype": _dtype_name(val.dtype)}
+    if isinstance(val, (tuple, list)):
+        return [_output_spec(v) for v in val]
+    return None
+
+
+def _plain(value: Any) -> bool:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    return False
+
+
+def _encode_meta(node: torch.fx.Node) -> dict:
+    meta = {key: node.meta[key] for key in KEPT_META if key in node.meta and _plain(node.meta[key])}
+    if "out" not in meta and "val" in node.meta:
+        meta["out"] = _output_spec(node.meta["val"])
+    return meta
+
+
+def encode_graph(graph: torch.fx.Graph) -> list[dict]:
+    """The plain-data form of an FX graph: one dict per node, in graph order."""
+    nodes = []
+    for node in graph.nodes:
+        if node.op not in _NODE_OPS:
+            raise BundleError(None, f"node {node.name}: op {node.op!r} cannot be stored (only {_NODE_OPS})")
+        target = node.target if node.op != "call_function" else qualified_name(node.target)
+        try:
+            args, kwargs = _encode(node.args), _encode(dict(node.kwargs))
+        except TypeError as exc:
+            raise BundleError(None, f"node {node.name}: {exc}") from None
+        nodes.append({"name": node.name, "op": node.op, "target": target,
+                      "args": args, "kwargs": kwargs, "meta": _encode_meta(node)})
+    return nodes
+
+
+def resolve_target(name: str):
+    """The callable a stored qualified op name stands for, from the allow-list only.
+
+    Raises ValueError with the reason when the name is not allowed or unknown.
+    """
+    namespace, _, rest = name.partition(".")
+    if namespace == "operator":
+        if rest not in ALLOWED_OPERATORS:
+            raise ValueError(f"'{name}' is not an allowed operator function")
+        return getattr(operator, rest)
+    if namespace not in ALLOWED_OP_NAMESPACES:
+        raise ValueError(f"target '{name}' is not an allowed op (allowed: aten, prims, operator, dcsched, dc)")
+    if namespace == "dc":
+        ops.ensure_deepspeed_ops()
+    op_name, _, overload = rest.partition(".")
+    overload = overload or "default"
+    for part in (op_name, overload):
+        loadchecks.check_op_name(part, name)
+    loadchecks.check_registered_op(namespace, op_name, overload, name)
+    try:
+        target = getattr(getattr(getattr(torch.ops, namespace), op_name), overload)
+    except (AttributeError, RuntimeError):
+        raise ValueError(f"unknown op '{name}' (not in torch {torch.__version__})") from None
+    loadchecks.check_op(target, name)
+    return target
+
+
+def decode_graph(nodes: list[dict], graph_name: str, constants: set[str] | None = None) -> torch.fx.Graph:
+    """Rebuild an FX graph from :func:`encode_graph`'s form, checking it on the way.
+
+    Raises ValueError naming the problem: a dangling node reference, a cycle,
+    an unknown, disallowed or mutating op, a name that is not a plain
+    identifier, arguments nested too deep (:mod:`dcsched.bundle.checks`), a
+    malformed node. ``constants``: the names ``get_attr`` nodes may read.
+    """
+    if not isinstance(nodes, list):
+        raise ValueError(f"graph '{graph_name}' is not a list of nodes")
+    names = [n.get("name") if isinstance(n, dict) else None for n in nodes]
+    if any(not isinstance(n, str) for n in names):
+        raise ValueError(f"graph '{graph_name}' holds a node without a name")
+    if len(set(names)) != len(names):
+        raise ValueError(f"graph '{graph_name}' holds two nodes of one name")
+    for entry in nodes:
+        loadchecks.check_identifier(entry["name"], f"graph '{graph_name}': node name")
+        loadchecks.check_arguments([entry.get("args"), entry.get("kwargs"), entry.get("meta")],
+                                   f"graph '{graph_name}': node {entry['name']}")
+    _check_references(nodes, set(names), graph_name)
+    for entry in nodes:
+        meta = entry.get("meta") or {}
+        check_figures(meta, f"graph '{graph_name}': node {entry['name']}")
+        loadchecks.check_output_spec(meta.get("out"), f"graph '{graph_name}': node {entry['name']}")
+
+    graph = torch.fx.Graph()
+    env: dict[str, torch.fx.Node] = {}
+    for entry in nodes:
+        name, op = entry["name"], entry.get("op")
+        if op not in _NODE_OPS:
+            raise ValueError(f"node {name}: unknown node kind {op!r}")
+        refs: list[str] = []
+        args = _decode(entry.get("args", {"$tuple": []}), env, refs)
+        kwargs = _decode(entry.get("kwargs", {"$dict": []}), env, refs)
+        if not isinstance(args, tuple) or not isinstance(kwargs, dict):
+            raise ValueError(f"node {name}: malformed args or kwargs")
+        target = _node_target(entry, op, constants or set())
+        if op == "call_function" and isinstance(target, torch._ops.OpOverload) and \
+                target.namespace in ("dcsched", "dc"):
+            loadchecks.check_comm_arguments(target._opname, args, kwargs, f"node {name}")
+        node = graph.create_node(op, target, args, kwargs, name=name)
+        if node.name != name:
+            raise ValueError(f"node name {name!r} is not a valid FX node name")
+        node.meta.update(entry.get("meta", {}))
+        env[name] = node
+    graph.lint()
+    return graph
+
+
+def _node_target(entry: dict, op: str, constants: set[str]):
+    """A node's target: an allowed op, a placeholder's identifier (its argument name), a stored constant."""
+    name = entry["name"]
+    try:
+        if op == "call_function":
+            return resolve_target(entry["target"])
+        target = entry.get("target", name)
+        if op == "placeholder":
+            loadchecks.check_identifier(target, "placeholder target")
+        elif op == "get_attr":
+            loadchecks.check_get_attr_target(target, constants)
+        return target
+    except ValueError as exc:
+        raise ValueError(f"node {name}: {exc}") from None
+
+
+def _check_number(value: Any, limit: float, what: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{what} is {value!r}, not a number")
+    if not math.isfinite(value):
+        raise ValueError(f"{what} is {value}, not a finite number")
+    if value < 0:
+        raise ValueError(f"{what} is negative ({value})")
+    if value > limit:
+        raise ValueError(f"{what} is {value:.6g}, over the largest believable ({limit:.6g})")
+
+
+def check_figures(meta: dict, where: str) -> None:
+    """Refuse a node's ``device_time`` (ms) / ``tensor_size`` (bytes) that is not a finite, believable figure.
+
+    ``where`` names the node in the message. A missing figure (None) passes:
+    the scheduler and simulator say what to do about those.
+
+    >>> check_figures({"device_time": 0.5, "tensor_size": 64}, "node mm")
+    >>> check_figures({"device_time": float("inf")}, "node mm")
+    Traceback (most recent call last):
+    ...
+    ValueError: node mm: device_time is inf, not a finite number
+    """
+    for key, limit in (("device_time", MAX_NODE_MS), ("tensor_size", MAX_BYTES)):
+        if meta.get(key) is not None:
+            _check_number(meta[key], limit, f"{where}: {key}")
+
+
+def _shape(entry: dict, dtype: torch.dtype, what: str) -> tuple[int, ...]:
+    """A parameter's or input's shape, refusing negative, non-integer or unbelievably large ones."""
+    shape = entry["shape"]
+    if not isinstance(shape, (list, tuple)) or not all(isinstance(s, int) and not isinstance(s, bool) for s in shape):
+        raise ValueError(f"{what}: shape {shape!r} is not a list of integers")
+    nbytes = dtype.itemsize
+    for s in shape:
+        if s < 0:
+            raise ValueError(f"{what}: shape {list(shape)} has a negative dimension")
+        nbytes *= s
+    if nbytes > MAX_BYTES:
+        raise ValueError(f"{what}: shape {list(shape)} holds {nbytes:.6g} bytes, over the largest believable "
+                         f"({MAX_BYTES:.6g})")
+    return tuple(shape)
+
+
+def _param(p: dict) -> ParamInfo:
+    dtype = dtype_from_name(p["dtype"])
+    return ParamInfo(p["name"], _shape(p, dtype, f"parameter {p['name']!r}"), dtype, int(p["ds_id"]))
+
+
+def _input(i: dict) -> InputInfo:
+    dtype = dtype_from_name(i["dtype"])
+    what = f"input {i['name']!r}"
+    value, low, high = i.get("value"), i.get("low"), i.get("high")
+    if value is not None and not isinstance(value, torch.Tensor):
+        raise ValueError(f"{what}: its stored value is a {type(value).__name__}, not a tensor")
+    for bound in (low, high):
+        if bound is not None and (isinstance(bound, bool) or not isinstance(bound, (int, float))
+                                  or not math.isfinite(bound)):
+            raise ValueError(f"{what}: range bound {bound!r} is not a finite number")
+    if low is not None and high is not None and low > high:
+        raise ValueError(f"{what}: its range [{low}, {high}] is empty (low above high)")
+    return InputInfo(i["name"], _shape(i, dtype, what), dtype, value, low, high)
+
+
+def _constants(stored: Any) -> dict[str, torch.Tensor]:
+    """The constants table: plain-identifier names (no graph module attribute) to tensors."""
+    if not isinstance(stored, dict):
+        raise ValueError("the constants table is not a mapping")
+    for name, value in stored.items():
+        loadchecks.check_constant_name(name)
+        if not isinstance(value, torch.Tensor):
+            raise ValueError(f"constant {name!r} is a {type(value).__name__}, not a tensor")
+    return dict(stored)
+
+
+def _references(value: Any, out: list[str]) -> None:
+    if isinstance(value, list):
+        for v in value:
+            _references(v, out)
+    elif isinstance(value, dict):
+        if set(value) == {"$node"}:
+            out.append(value["$node"])
+        else:
+            for v in value.values():
+                _references(v, out)
+
+
+def _check_references(nodes: list[dict], names: set[str], graph_name: str) -> None:
+    """Dangling references and cycles, reported before any graph is built."""
+    deps = nx.DiGraph()
+    out_of_order = None
+    seen: set[str] = set()
+    for entry in nodes:
+        refs: list[str] = []
+        _references([entry.get("args"), entry.get("kwargs")], refs)
+        for ref in refs:
+            if ref not in names:
+                raise ValueError(f"graph '{graph_name}': node {entry['name']} refers to '{ref}', "
+                                 "which is not in the graph")
+            deps.add_edge(ref, entry["name"])
+            if ref not in seen and out_of_order is None:
+                out_of_order = (entry["name"], ref)
+        seen.add(entry["name"])
+    if out_of_order is None:
+        return
+    try:
+        cycle = nx.find_cycle(deps)
+    except nx.NetworkXNoCycle:
+        raise ValueError(f"graph '{graph_name}': node {out_of_order[0]} reads {out_of_order[1]}, "
+                         "which comes after it (nodes must be stored in a topological order)") from None
+    path = " -> ".join([edge[0] for edge in cycle] + [cycle[0][0]])
+    raise ValueError(f"graph '{graph_name}' has a cycle: {path}")
+
+
+# ---------------------------------------------------------------------------
+# The file
+# ---------------------------------------------------------------------------
+
+def to_data(bundle: Bundle) -> dict:
+    """The plain-data form of a bundle, as stored on disk."""
+    graphs = {name: {"graph_id": bundle.graph_ids.get(name), "nodes": encode_graph(graph)}
+              for name, graph in bundle.graphs.items()}
+    return {
+        "format": FORMAT,
+        "version": BUNDLE_VERSION,
+        "graphs": graphs,
+        "params": [{"name": p.name, "shape": list(p.shape), "dtype": _dtype_name(p.dtype), "ds_id": p.ds_id}
+                   for p in bundle.params],
+        "inputs": [{"name": i.name, "shape": list(i.shape), "dtype": _dtype_name(i.dtype),
+                    "value": i.value, "low": i.low, "high": i.high} for i in bundle.inputs],
+        "forward_placeholders": [dict(p) for p in bundle.forward_placeholders],
+        "backward_placeholders": [dict(p) for p in bundle.backward_placeholders],
+        "num_user_outputs": bundle.num_user_outputs,
+        "constants": dict(bundle.constants),
+        "provenance": dict(bundle.provenance),
+    }
+
+
+def from_data(data: Any, path=None) -> Bundle:
+    """Check and rebuild a bundle from its plain-data form (see :func:`to_data`)."""
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise BundleError(path, "not a dcsched graph bundle (no 'dcsched-bundle' header)")
+    version = data.get("version")
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise BundleError(path, f"bundle version {version!r} is not a version number (1 or more)")
+    if version > BUNDLE_VERSION:
+        raise BundleError(path, f"bundle version {version} was written by a newer dcsched "
+                                f"(this one reads up to version {BUNDLE_VERSION}); upgrade dcsched")
+    try:
+        for part in ("provenance", "forward_placeholders", "backward_placeholders", "inputs", "params"):
+            loadchecks.check_arguments(data.get(part), f"the bundle's {part}")
+        constants = _constants(data.get("constants", {}))
+        graphs = {name: decode_graph(entry["nodes"], name, set(constants)) for name, entry in data["graphs"].items()}
+        if "forward" not in graphs:
+            raise ValueError("bundle has no forward graph")
+        params = [_param(p) for p in data["params"]]
+        inputs = [_input(i) for i in data.get("inputs", [])]
+        return Bundle(
+            forward=graphs["forward"],
+            backward=graphs.get("backward"),
+            params=params,
+            inputs=inputs,
+            forward_placeholders=list(data.get("forward_placeholders", [])),
+            backward_placeholders=list(data.get("backward_placeholders", [])),
+            num_user_outputs=int(data.get("num_user_outputs", 1)),
+            graph_ids={name: entry.get("graph_id") for name, entry in data["graphs"].items()},
+            constants=constants,
+            provenance=dict(data.get("provenance", {})),
+        )
+    except BundleError:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError, RuntimeError) as exc:
+        detail = str(exc) if not isinstance(exc, KeyError) else f"missing field {exc}"
+        raise BundleError(path, detail) from None
+
+
+def load(path: str | os.PathLike) -> Bundle:
+    """Read a bundle. Never executes code from the file; raises :class:`BundleError` with the reason."""
+    path = Path(path)
+    if not path.is_file():
+        raise BundleError(path, "no such file" if not path.exists() else "not a file")
+    _check_magic(path)
+    try:
+        with warnings.catch_warnings():  # torch's note on a foreign pickle's protocol says nothing to a user
+            warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
+            data = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        text = str(exc)
+        if "weights only" in text.lower() or "global" in text.lower():
+            raise BundleError(path, "not a dcsched bundle: it holds objects other than plain data "
+                                    "(refused without running them)") from None
+        raise BundleError(path, "not a dcsched bundle (unreadable pickle)") from None
+    except (EOFError, zipfile.BadZipFile):
+        raise BundleError(path, "file is truncated or corrupt") from None
+    except RuntimeError as exc:
+        text = str(exc).lower()
+        if "zip" in text or "central directory" in text or "failed finding" in text or "eof" in text:
+            raise BundleError(path, "file is truncated or corrupt") from None
+        raise BundleError(path, f"not a readable torch file ({str(exc).splitlines()[0][:120]})") from None
+    except Exception:  # any other parse failure of foreign bytes; nothing was executed
+        raise BundleError(path, "not a dcsched bundle (not readable as a torch file)") from None
+    return from_data(data, path)
+
+
+#: How a file torch.save wrote begins: a zip archive (the format since torch 1.6) or a bare pickle.
+TORCH_FILE_MAGIC = (b"PK\x03\x04", b"\x80")
+
+
+def _check_magic(path: Path) -> None:
+    """Refuse, before unpickling anything, a file that begins like neither a torch file nor a pickle."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(4)
+    except OSError as exc:
+        raise BundleError(path, f"cannot be read ({exc.strerror or type(exc).__name__})") from None
+    if not head:
+        raise BundleError(path, "not a dcsched bundle (the file is empty)")
+    if not head.startswith(TORCH_FILE_MAGIC):
+        raise BundleError(path, "not a dcsched bundle (neither a torch file nor a pickle)")
+
+
+def save(bundle: Bundle, path: str | os.PathLike, *, overwrite: bool = True) -> Path:
+    """Write ``bundle`` to ``path`` atomically (:func:`dcsched.outputs.write_atomic`).
+
+    With ``overwrite=False`` an existing file is an error, also one that appears while the bundle is
+    written (the rename never replaces it).
+    """
+    path = Path(path)
+    if not overwrite and path.exists():
+        raise BundleError(path, "exists already (pass --force / overwrite=True to replace it)")
+    data = to_data(bundle)
+    write_atomic(path, lambda handle: torch.save(data, handle), overwrite=overwrite)
+    return path

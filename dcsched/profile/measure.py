@@ -1,0 +1,227 @@
+"""Profile a bundle: ``device_time`` (ms) and ``tensor_size`` (bytes) for every node, with provenance.
+
+Compute times come from a cost model (:mod:`dcsched.costmodels`, one module
+each, chosen by name):
+
+* ``measured``: the graphs run for real through :mod:`dcsched.runtime.step` (forward,
+  then backward on the forward's saved tensors with the step runner's tangents:
+  ones for the loss, zeros for other outputs); each compute node is run
+  ``warmup`` times, then timed ``iters`` times, and the median is kept. On a
+  GPU with CUDA events, on the CPU with ``time.perf_counter_ns``.
+* ``analytic``: nothing runs; a roofline estimate for a named GPU from each
+  node's FLOPs and the bytes of its inputs and outputs, so a laptop can plan
+  for a cluster.
+* ``calibrated``: the analytic estimate times per-op-kind factors measured on a
+  GPU (``ProfileOptions(calibration="factors.json")``; with the analytic model a
+  calibration file selects this one).
+
+Communication nodes: in one process (no process group, or one of size 1) the
+all-gather and the gradient reduce-scatter are modelled from their bytes with
+``bytes*(W-1)/W / bandwidth + latency`` for the stated world size W; wait and
+release cost 0. Under ``torchrun`` with a process group of size > 1 they are
+measured with real collectives of the same size.
+
+Under a process group every rank profiles, and the figures are then made the
+same on every rank (:mod:`dcsched.runtime.consensus`): each node's ``device_time`` is
+the maximum over the ranks, the target memory the smallest, after a check that
+every rank holds the same step. A scheduler run on each rank then makes one
+plan.
+
+``tensor_size`` is the bytes of a node's outputs, from the recorded shapes,
+with ZeRO-3 sharding over W ranks applied: a parameter placeholder holds its
+shard (``ceil(numel/W) * itemsize``), an all-gather the gathered parameter
+(full size), a reduce-grad this rank's gradient shard.
+
+Every node also gets ``time_source`` (``measured``, ``modelled``, ``analytic``,
+``calibrated`` or ``none`` for placeholders and outputs); ``bundle.provenance``
+records how the figures were obtained.
+
+>>> from dcsched import replay
+>>> profiled = profile_bundle(replay.example_bundle(), ProfileOptions(cost_model="analytic", gpu="h100",
+...                                                                  progress=False))
+>>> profiled.provenance["device"], profiled.provenance["target_memory_bytes"] == 81559 * 2**20
+('h100 (analytic, not run)', True)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Mapping, Sequence
+
+import torch
+
+from dcsched import costmodels
+
+from dcsched.runtime import consensus
+from dcsched.bundle.core import Bundle
+from dcsched.costmodels.formulas import GPUS
+from dcsched.errors import DcschedError
+from dcsched.graph.nxview import copy_graph
+from dcsched.graph.roles import Role, role_of
+from dcsched.graph.specs import node_bytes, sharded_bytes
+
+
+#: ``provenance['data']`` of a bundle profiled with ``--meta``; ``provenance['planned']`` is True there.
+PLANNED = "none: planned from shapes on the meta device, not measured (no weights, no input values)"
+
+
+def check_replayable(bundle: Bundle) -> None:
+    """Raise :class:`DcschedError` for a bundle planned without data (``profile --meta``): nothing to run."""
+    if bundle.provenance.get("planned"):
+        raise DcschedError("this bundle was planned without data (dcsched profile --meta): it holds shapes, no "
+                           "weights or input values, so it can be scheduled but not replayed; profile the script "
+                           "without --meta to replay it")
+
+
+@dataclasses.dataclass(frozen=True)
+class ProfileOptions:
+    """How to profile. Times in ms, bandwidth in GB/s (10^9 bytes/s), latency in microseconds."""
+
+    #: A name from :func:`dcsched.costmodels.available`.
+    cost_model: str = "measured"
+    iters: int = 5
+    warmup: int = 2
+    world_size: int = 8
+    bandwidth_gbps: float = 100.0
+    latency_us: float = 20.0
+    #: Target GPU ('h100', 'a100', 'h200'): required by the analytic model; with
+    #: a measured profile it only names the target device's memory.
+    gpu: str | None = None
+    #: Where a measured profile runs: default CUDA if available, else CPU.
+    device: str | None = None
+    progress: bool = True
+    #: A calibration file (JSON, :class:`dcsched.costmodels.Calibration`) for the calibrated model.
+    calibration: str | os.PathLike | None = None
+
+    def check(self) -> None:
+        """Raise :class:`DcschedError` (one line) for options no profile can use."""
+        if self.gpu is not None and self.gpu.lower() not in GPUS:
+            raise DcschedError(f"unknown GPU {self.gpu!r} (choose from {', '.join(GPUS)})")
+        if self.iters < 1:
+            raise DcschedError("--iters must be at least 1")
+        if self.warmup < 0:
+            raise DcschedError("--warmup must not be negative")
+        if self.world_size < 1:
+            raise DcschedError("--world-size must be at least 1")
+        if not self.bandwidth_gbps > 0:
+            raise DcschedError("--bandwidth must be positive (GB/s)")
+        if self.latency_us < 0:
+            raise DcschedError("--latency must not be negative (us)")
+        costmodels.build(self)
+
+
+# ---------------------------------------------------------------------------
+# Sizes
+# ---------------------------------------------------------------------------
+
+def tensor_sizes(bundle: Bundle, world_size: int) -> dict[str, dict[str, int]]:
+    """``tensor_size`` (bytes) per node of each graph, ZeRO-3 sharding over ``world_size`` ranks applied."""
+    param_placeholders = {"forward": _param_placeholder_names(bundle, "forward"),
+                          "backward": _param_placeholder_names(bundle, "backward")}
+    sizes: dict[str, dict[str, int]] = {}
+    for name, graph in bundle.graphs.items():
+        out = {}
+        for node in graph.nodes:
+            role = role_of(node)
+            if role is Role.OUTPUT:
+                out[node.name] = 0
+            elif (role is Role.PLACEHOLDER and node.name in param_placeholders[name]) or role is Role.REDUCE:
+                out[node.name] = sharded_bytes(node, world_size)
+            else:
+                out[node.name] = node_bytes(node)
+        sizes[name] = out
+    return sizes
+
+
+def resharded(bundle: Bundle, world_size: int) -> Bundle:
+    """A copy of ``bundle`` whose ``tensor_size`` figures are those of a run over ``world_size`` ranks.
+
+    Times are kept; only shard-dependent sizes (parameter shards, reduced
+    gradients) change, so a bundle profiled for 8 ranks can be compared with a
+    single-process replay.
+    """
+    sizes = tensor_sizes(bundle, world_size)
+    graphs = {}
+    for name, graph in bundle.graphs.items():
+        copy = copy_graph(graph)
+        for node in copy.nodes:
+            if "tensor_size" in node.meta:
+                node.meta["tensor_size"] = sizes[name][node.name]
+        graphs[name] = copy
+    result = bundle.with_graphs(**graphs)
+    result.provenance["world_size"] = world_size
+    return result
+
+
+def _param_placeholder_names(bundle: Bundle, graph_name: str) -> set[str]:
+    """Placeholders holding a parameter shard: the forward's params, and the backward's saved copies of them.
+
+    The backward reads a saved parameter under its forward placeholder name.
+    """
+    forward = [n for n in bundle.forward.nodes if n.op == "placeholder"]
+    names = {node.name for node, kind in zip(forward, bundle.forward_placeholders) if kind.get("kind") == "param"}
+    graph = bundle.graphs.get(graph_name)
+    if graph_name == "forward" or graph is None:
+        return names if graph is not None else set()
+    return {n.name for n in graph.nodes if n.op == "placeholder" and n.name in names}
+
+
+# ---------------------------------------------------------------------------
+# The profiler
+# ---------------------------------------------------------------------------
+
+def _with_sizes(bundle: Bundle, world_size: int) -> Bundle:
+    """A copy of ``bundle`` (graphs copied) whose nodes carry ``tensor_size`` for ``world_size`` ranks."""
+    bundle = bundle.with_graphs(**{name: copy_graph(g) for name, g in bundle.graphs.items()})
+    sizes = tensor_sizes(bundle, world_size)
+    for name, graph in bundle.graphs.items():
+        for node in graph.nodes:
+            node.meta["tensor_size"] = sizes[name][node.name]
+    return bundle
+
+
+def _provenance(model: costmodels.CostModel, options: ProfileOptions, run: costmodels.ProfileRun,
+                device: str) -> dict:
+    target_gpu = model.target_gpu(options)
+    how = model.provenance(options)
+    return {
+        "cost_model": model.name,
+        "device_time": how["device_time"],
+        "comm_time": ("measured with real collectives" if run.distributed
+                      else "modelled: bytes*(W-1)/W / bandwidth + latency"),
+        "tensor_size": "bytes of node outputs from recorded shapes; parameters and gradients as 1/W shards",
+        "device": device,
+        "gpu": target_gpu.name if target_gpu else None,
+        "target_memory_bytes": model.target_memory(options),
+        "torch": str(torch.__version__),
+        "world_size": run.world_size,
+        "bandwidth_GBps": None if run.distributed else options.bandwidth_gbps,
+        "latency_us": None if run.distributed else options.latency_us,
+        "iters": how["iters"],
+        "warmup": how["warmup"],
+    }
+
+
+def profile_bundle(bundle: Bundle, options: ProfileOptions = ProfileOptions(), *,
+                   params: Mapping[int, torch.Tensor] | None = None,
+                   inputs: Sequence[torch.Tensor] | None = None) -> Bundle:
+    """A copy of ``bundle`` whose nodes carry ``device_time``, ``tensor_size`` and ``time_source``.
+
+    ``params`` (ds_id -> tensor) and ``inputs`` (``bundle.inputs`` order) are
+    the real tensors to run a measured profile with; without them, parameters
+    and inputs are the step runner's seeded ones (:func:`dcsched.runtime.step.make_state`).
+    """
+    options.check()
+    model = costmodels.build(options)
+    world = consensus.group_size()
+    distributed = world > 1
+    run = costmodels.ProfileRun(params, inputs, world if distributed else options.world_size, distributed)
+    bundle = _with_sizes(bundle, run.world_size)
+    # Under a process group: the same step on every rank before the profile's collectives pair up, and the
+    # same figures after (each rank timed its own nodes), so every rank's scheduler makes the same plan.
+    consensus.check_same(consensus.step_fingerprints(bundle), "compiled")
+    device = model.annotate(bundle, options, run)
+    bundle.provenance = {**bundle.provenance, **_provenance(model, options, run, device)}
+    consensus.agree_figures(bundle)
+    return bundle

@@ -1,0 +1,216 @@
+"""The schedule report: before and after figures of each algorithm, per graph, as plain data.
+
+:func:`compare_bundle` runs the schedulers on every graph of a bundle and
+simulates the input order ("before") and each algorithm's order ("after");
+:meth:`Comparison.to_dict` is the JSON form ``dcsched schedule --json`` prints.
+Nothing here reads or writes files or prints.
+
+>>> import torch, torch.fx
+>>> from dcsched.runtime import ops
+>>> g = torch.fx.Graph()
+>>> w = g.placeholder("w")
+>>> ag = g.call_function(ops.allgather_param, (w, 0, 0)); ag.meta.update(device_time=1.0, tensor_size=8)
+>>> wt = g.call_function(ops.wait_allgather, (ag, 0, 0)); wt.meta.update(device_time=0.0, tensor_size=8)
+>>> _ = g.output((wt,))
+>>> cmp = compare_graph(g, ["none"], name="forward")
+>>> cmp.to_dict()["after"]["none"]["step_ms"], cmp.to_dict()["before"]["gathered_peak_bytes"]
+(1.0, 8)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable, Iterable
+
+import networkx as nx
+import torch.fx
+
+from dcsched import schedulers
+from dcsched.bundle.core import Bundle
+from dcsched.errors import DcschedError, GraphError
+from dcsched.graph.nxview import check_order, to_fx, to_networkx
+from dcsched.graph.form import ALLGATHER, REDUCE
+from dcsched.sim.simulate import CompiledGraph, SimResult, compile_view
+
+#: JSON schema version of :meth:`Comparison.to_dict`.
+REPORT_VERSION = 1
+
+#: The figures a report shows per order, in display order (bytes, ms, percent).
+FIGURE_KEYS = ("peak_bytes", "gathered_peak_bytes", "step_ms", "exposed_comm_ms", "overlap_pct", "scheduler_s")
+
+Progress = Callable[[str], None]
+
+
+@dataclasses.dataclass
+class GraphComparison:
+    """One graph: the input order's simulation and each algorithm's order, simulation and run time."""
+
+    name: str
+    compiled: CompiledGraph
+    before: SimResult
+    after: dict[str, SimResult]
+    orders: dict[str, list[str]]
+    #: seconds each scheduler took to compute its order
+    scheduler_s: dict[str, float]
+
+    @property
+    def nodes(self) -> int:
+        return len(self.compiled)
+
+    def to_dict(self, *, params: bool = False) -> dict:
+        bounds = self.compiled.bounds
+        data = {
+            "nodes": self.nodes,
+            "allgathers": self.compiled.num_allgathers,
+            "reduces": self.compiled.num_reduces,
+            "compute_ms": self.compiled.compute_ms,
+            "comm_ms": self.compiled.comm_ms,
+            "lower_bound_ms": bounds.simple,
+            "tight_lower_bound_ms": bounds.tight,
+            "assumed_zero": {key: len(names) for key, names in self.compiled.missing.items()},
+            "unsized_inputs": len(self.compiled.unsized_inputs),
+            "before": _figures(self.before, None),
+            "after": {algo: _figures(result, self.scheduler_s[algo]) for algo, result in self.after.items()},
+        }
+        if params:
+            data["params"] = {"before": [p.to_dict() for p in self.before.params],
+                              **{algo: [p.to_dict() for p in r.params] for algo, r in self.after.items()}}
+        return data
+
+
+@dataclasses.dataclass
+class Comparison:
+    """Every graph of a bundle compared across ``algorithms``.
+
+    ``skipped`` maps an algorithm left out to the reason (only with
+    ``skip_failing``, e.g. a scheduler that needs an option not given).
+    """
+
+    algorithms: list[str]
+    graphs: dict[str, GraphComparison]
+    skipped: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def to_dict(self, *, params: bool = False, **extra) -> dict:
+        """JSON-able report; ``extra`` keys (e.g. ``input``, ``outputs``) are added at the top level."""
+        return {"version": REPORT_VERSION, **extra, "algorithms": list(self.algorithms),
+                "skipped": dict(self.skipped),
+                "graphs": {name: g.to_dict(params=params) for name, g in self.graphs.items()}}
+
+
+def _figures(result: SimResult, scheduler_s: float | None) -> dict:
+    figures = result.figures()
+    figures["scheduler_s"] = scheduler_s
+    return figures
+
+
+def check_graph(view: nx.DiGraph | torch.fx.Graph, *, name: str, assume_zero: bool = False) -> CompiledGraph:
+    """Compile ``view`` for simulation, refusing what cannot be scheduled.
+
+    Raises :class:`GraphError` for a cycle, negative figures, missing figures
+    (unless ``assume_zero``) and a graph with no parameters (no all-gather and
+    no reduce-grad: nothing for a ZeRO-3 scheduler to place).
+    """
+    compiled = compile_view(view, assume_zero=assume_zero, name=name)
+    if not any(k in (ALLGATHER, REDUCE) for k in compiled.kind):
+        raise GraphError(f"graph '{name}' has no parameters (no allgather_param or reduce_grad node): "
+                         "nothing to schedule")
+    return compiled
+
+
+def _zero_filled(view: nx.DiGraph) -> nx.DiGraph:
+    """A copy of ``view`` with missing device_time/tensor_size set to 0 (for --assume-zero)."""
+    filled = view.copy()
+    for _, data in filled.nodes(data=True):
+        for key in ("device_time", "tensor_size"):
+            if data.get(key) is None:
+                data[key] = 0
+    return filled
+
+
+def run_scheduler(view: nx.DiGraph, algo: str, **options) -> tuple[list[str], float]:
+    """``(order, seconds)``: scheduler ``algo``'s order of ``view``, checked topological."""
+    scheduler = schedulers.get(algo)
+    started = time.perf_counter()
+    order = scheduler(view, **options)
+    seconds = time.perf_counter() - started
+    try:
+        check_order(view, order)
+    except GraphError as exc:
+        raise GraphError(f"scheduler '{algo}' returned an invalid order: {exc}") from None
+    return list(order), seconds
+
+
+def compare_graph(graph: torch.fx.Graph | nx.DiGraph, algorithms: Iterable[str], *, name: str,
+                  assume_zero: bool = False, compiled: CompiledGraph | None = None,
+                  progress: Progress | None = None, options: dict | None = None,
+                  skipped: dict[str, str] | None = None) -> GraphComparison:
+    """Simulate ``graph``'s input order and each algorithm's order.
+
+    ``options`` = {algorithm: {option: value}}. With a ``skipped`` dict, an
+    algorithm that raises :class:`DcschedError` is recorded there (name ->
+    message) and left out instead of stopping the comparison.
+    """
+    view = to_networkx(graph) if isinstance(graph, torch.fx.Graph) else graph
+    compiled = compiled or compile_view(view, assume_zero=assume_zero, name=name)
+    sched_view = _zero_filled(view) if compiled.missing else view
+    before = compiled.simulate(None)
+    after, orders, seconds = {}, {}, {}
+    for algo in algorithms:
+        if skipped is not None and algo in skipped:
+            continue
+        if progress:
+            progress(f"{name}: scheduling {compiled.num_allgathers} all-gathers of {len(compiled)} nodes "
+                     f"with {algo}")
+        try:
+            order, seconds[algo] = run_scheduler(sched_view, algo, **(options or {}).get(algo, {}))
+        except DcschedError as exc:
+            if skipped is None:
+                raise
+            skipped[algo] = str(exc)
+            continue
+        orders[algo] = order
+        after[algo] = compiled.simulate(order, check=False)
+    return GraphComparison(name, compiled, before, after, orders, seconds)
+
+
+def compare_bundle(bundle: Bundle, algorithms: Iterable[str], *, assume_zero: bool = False,
+                   progress: Progress | None = None, options: dict | None = None,
+                   skip_failing: bool = False) -> Comparison:
+    """Check every graph first (nothing is scheduled if one is bad), then compare each.
+
+    ``options`` = {algorithm: {option: value}}. ``skip_failing``: an algorithm
+    that refuses a graph (:class:`DcschedError`) is left out of every graph and
+    listed in :attr:`Comparison.skipped`, instead of stopping everything.
+    """
+    algorithms = list(algorithms)
+    for algo in algorithms:
+        schedulers.get(algo)  # an unknown name fails before any work
+    views = {name: to_networkx(graph) for name, graph in bundle.graphs.items()}
+    compiled = {name: check_graph(view, name=name, assume_zero=assume_zero) for name, view in views.items()}
+    skipped: dict[str, str] | None = {} if skip_failing else None
+    graphs = {name: compare_graph(view, algorithms, name=name, compiled=compiled[name], progress=progress,
+                                  options=options, skipped=skipped)
+              for name, view in views.items()}
+    skipped = skipped or {}
+    for cmp in graphs.values():  # an algorithm skipped on a later graph leaves the earlier ones too
+        for algo in skipped:
+            cmp.after.pop(algo, None)
+            cmp.orders.pop(algo, None)
+            cmp.scheduler_s.pop(algo, None)
+    return Comparison([a for a in algorithms if a not in skipped], graphs, skipped)
+
+
+def scheduled_bundle(bundle: Bundle, comparison: Comparison, algo: str, *, input_name: str) -> Bundle:
+    """``bundle`` with every graph in ``algo``'s order (same nodes, edges and meta), linted.
+
+    ``provenance["schedule"]`` records the algorithm and ``input_name`` (the input's file name).
+    """
+    graphs = {}
+    for name, graph in bundle.graphs.items():
+        new_graph = to_fx(graph, comparison.graphs[name].orders[algo])
+        new_graph.lint()
+        graphs[name] = new_graph
+    result = bundle.with_graphs(**graphs)
+    result.provenance["schedule"] = {"algorithm": algo, "input": input_name}
+    return result

@@ -1,0 +1,236 @@
+"""Running a scheduled step in training: an autograd Function around the scheduled forward and backward graphs.
+
+:class:`ScheduledProgram` is what :func:`dcsched.backend` hands TorchDynamo
+for a compiled module. Each call:
+
+1. puts the module's parameter shards (``dcsched.shard``) where the traced
+   graph takes the full-size stand-ins;
+2. runs :class:`_ScheduledStep`, an ``autograd.Function`` whose forward runs
+   the scheduled forward graph (through :mod:`dcsched.runtime.step`) and keeps the
+   tensors the backward reads, and whose backward runs the scheduled backward
+   graph with autograd's incoming gradients as tangents, freeing each saved
+   tensor after its last use. Its gradients for the shards are the
+   reduce-scattered (averaged) local gradient shards, which autograd
+   accumulates into each shard's ``.grad``;
+3. copies the new values of mutated inputs (BatchNorm's running statistics)
+   back into them.
+
+The ZeRO-3 ops run on this program's runtime: a
+:class:`~dcsched.runtime.distributed.DistributedZero3Runtime` under a process group
+(all-gathers started asynchronously at their node, waited at the wait node,
+freed at the last release, gradients reduce-scattered with AVG; on CUDA the
+collectives run on NCCL's streams, the reduce-scatters asynchronously too,
+waited on at the end of the backward graph), else
+:class:`LocalZero3Runtime` (world size 1: the shard is the whole flattened
+parameter).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from typing import Callable, ContextManager, Sequence
+
+import torch
+
+from dcsched.runtime import ops
+from dcsched.bundle.core import Bundle, ParamInfo
+from dcsched.runtime.memtrack import LiveBytes
+from dcsched.graph.roles import Role
+from dcsched.runtime.step import build_step, graph_placeholder_names, installed, run_backward, run_forward
+from dcsched.train.sharding import Sharding
+
+
+class LocalZero3Runtime(ops.Zero3Runtime):
+    """World size 1 with 1-D shards: the gather views the flat shard in the parameter's shape, into a fresh buffer."""
+
+    def __init__(self, params: Sequence[ParamInfo]) -> None:
+        super().__init__()
+        self.shapes = {p.ds_id: tuple(p.shape) for p in params}
+
+    def allgather(self, shard, graph_id, ds_id, dtype):
+        full = shard.view(self.shapes[ds_id])
+        full = full.to(dtype=dtype, copy=True) if dtype is not None else full.clone()
+        self.gathered[(graph_id, ds_id)] = full
+        return full
+
+    def reduce(self, grad, graph_id, ds_id):
+        return grad.reshape(-1)
+
+    def gathered_like(self, shard, graph_id, ds_id, dtype):
+        return shard.new_empty(self.shapes[ds_id], dtype=dtype if dtype is not None else shard.dtype)
+
+    def reduced_shard_like(self, grad, graph_id, ds_id):
+        return grad.new_empty(grad.numel())
+
+    def inline_kernels(self) -> dict:
+        """The ops as aten for inductor to trace in (:func:`dcsched.train.inductor.compile_graph`).
+
+        With nothing to communicate, a gather is the flat shard viewed in the
+        parameter's shape (no fresh buffer: nothing is freed at its release,
+        which would free the parameter), a wait and a release pass their
+        input on, a reduce flattens the gradient.
+        """
+        def allgather(shard, graph_id, ds_id, dtype=None):
+            full = shard.view(self.shapes[ds_id])
+            return full if dtype is None or dtype == full.dtype else full.to(dtype)
+
+        def passed_on(value, *_ids):
+            return value
+
+        return {Role.ALLGATHER: allgather, Role.WAIT: passed_on, Role.RELEASE: passed_on,
+                Role.REDUCE: lambda grad, graph_id, ds_id: grad.reshape(-1)}
+
+
+def runtime_for(bundle: Bundle, sharding: Sharding) -> ops.Zero3Runtime:
+    """The distributed runtime over the sharding's process group, or the local one without a process group."""
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        from dcsched.runtime.distributed import DistributedZero3Runtime
+        runtime = DistributedZero3Runtime(bundle.params, group=sharding.group)
+        # NCCL: reduce-scatters overlap the rest of the backward, waited on at its end (ScheduledProgram).
+        runtime.async_reduce = sharding.specs[0].param.device.type == "cuda"
+        return runtime
+    return LocalZero3Runtime(bundle.params)
+
+
+@dataclasses.dataclass
+class GraphStats:
+    """Measured figures of one graph run: milliseconds and (when tracked) peak live bytes."""
+
+    ms: float
+    peak_bytes: int | None = None
+
+
+@dataclasses.dataclass
+class StepStats:
+    forward: GraphStats
+    backward: GraphStats | None = None
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class ScheduledProgram:
+    """A compiled module's scheduled step, callable as TorchDynamo's compiled function."""
+
+    def __init__(self, sharding: Sharding, bundle: Bundle, original: Bundle, mutated_inputs: Sequence[int],
+                 algo: str, simulated: dict | None = None, compute: str = "eager") -> None:
+        self.sharding, self.bundle, self.algo = sharding, bundle, algo
+        self.simulated = simulated or {}
+        device = sharding.specs[0].param.device
+        order = {name: graph_placeholder_names(graph) for name, graph in original.graphs.items()}
+        self.step = build_step(bundle, device, placeholder_order=order)
+        self.device = device
+        self.runtime = runtime_for(bundle, sharding)
+        self.compute = compute
+        #: ``compiling(what)`` -> a context manager around inductor's compile of a graph (a progress display).
+        self.compiling: Callable[[str], ContextManager] = lambda _graph: contextlib.nullcontext()
+        if compute == "inductor":
+            from dcsched.train.inductor import compile_graph
+            inline = getattr(self.runtime, "inline_kernels", dict)()
+            orders = self.step.orders  # each compiles on its first run
+            around = lambda graph: self.compiling(f"{graph} graph with inductor")  # noqa: E731 (read when compiling)
+            self.step.forward = compile_graph(self.step.forward, inline, orders.get("forward"),
+                                              lambda: around("forward"))
+            if self.step.backward is not None:
+                self.step.backward = compile_graph(self.step.backward, inline, orders.get("backward"),
+                                                   lambda: around("backward"))
+        self.param_at = {pos: sharding.specs[int(entry["ds_id"])]
+                         for pos, entry in enumerate(bundle.forward_placeholders) if entry.get("kind") == "param"}
+        self.mutated_inputs = list(mutated_inputs)
+        self.num_outputs = bundle.num_user_outputs - len(self.mutated_inputs)
+        #: Set True to time every graph run and track its peak memory (for --report); stats go to ``stats``.
+        self.measure = False
+        #: With ``measure``: track memory too (the tracker slows the run; False: time alone, ``peak_bytes`` None).
+        #: Inductor's kernels allocate their buffers without a dispatched op, where the tracker cannot see them.
+        self.track_memory = compute == "eager"
+        self.stats: list[StepStats] = []
+
+    def __call__(self, *args):
+        self.sharding.check_intact()
+        forward_args = [self.param_at[pos].param if pos in self.param_at else value
+                        for pos, value in enumerate(args)]
+        outputs = _ScheduledStep.apply(self, *forward_args)
+        with torch.no_grad():
+            for k, pos in enumerate(self.mutated_inputs):
+                args[pos].copy_(outputs[self.num_outputs + k])
+        return list(outputs[:self.num_outputs])
+
+    # -- the two graphs ----------------------------------------------------
+    def _timed(self, run, tracked: list):
+        if not self.measure:
+            return run(), None
+        _sync(self.device)
+        tracker = LiveBytes() if self.track_memory else None
+        with tracker if tracker is not None else contextlib.nullcontext():
+            if tracker is not None:
+                tracker.track(tracked)
+                tracker.reset_peak()
+            start = time.perf_counter_ns()
+            result = run()
+            _sync(self.device)
+            ms = (time.perf_counter_ns() - start) / 1e6
+        return result, GraphStats(ms, tracker.peak if tracker is not None else None)
+
+    def run_forward(self, args: list) -> list:
+        with installed(self.runtime):
+            outputs, stats = self._timed(lambda: run_forward(self.step, args), [args, self.step.constants])
+        if stats is not None:
+            self.stats.append(StepStats(stats))
+        return outputs
+
+    def _backward(self, saved: list, tangents: list) -> list:
+        grads = run_backward(self.step, saved, tangents)
+        finish = getattr(self.runtime, "finish", None)
+        if finish is not None:
+            finish()  # asynchronous reduce-scatters (CUDA): their shards are ready once waited on
+        return grads
+
+    def run_backward(self, saved: list, tangents: list) -> list:
+        with installed(self.runtime):
+            grads, stats = self._timed(lambda: self._backward(saved, tangents),
+                                       [saved, tangents, self.step.constants])
+        if stats is not None and self.stats:
+            self.stats[-1].backward = stats
+        return grads
+
+
+def _differentiable(value) -> bool:
+    return isinstance(value, torch.Tensor) and (value.is_floating_point() or value.is_complex())
+
+
+class _ScheduledStep(torch.autograd.Function):
+    """Forward graph forward, backward graph backward; the program rides along as the first argument."""
+
+    @staticmethod
+    def forward(ctx, program: ScheduledProgram, *args):
+        outputs = program.run_forward(list(args))
+        n_user = program.bundle.num_user_outputs
+        user = outputs[:n_user]
+        # The saved tensors alone (the user outputs are returned, not kept here: that would make a cycle);
+        # the backward empties the list as it goes, freeing each after its last use.
+        ctx.saved = [None] * n_user + outputs[n_user:]
+        ctx.program = program
+        ctx.specs = [(tuple(v.shape), v.dtype, v.device) if isinstance(v, torch.Tensor) else None for v in user]
+        outputs.clear()
+        frozen = [v for k, v in enumerate(user) if isinstance(v, torch.Tensor)
+                  and (k >= program.num_outputs or not _differentiable(v))]
+        if frozen:
+            ctx.mark_non_differentiable(*frozen)
+        return tuple(user)
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        program: ScheduledProgram = ctx.program
+        tangents = []
+        for grad, spec in zip(grad_outputs, ctx.specs):
+            if grad is None and spec is not None:
+                grad = torch.zeros(spec[0], dtype=spec[1], device=spec[2])
+            tangents.append(grad)
+        saved, ctx.saved = ctx.saved, None
+        grads = program.run_backward(saved, tangents)
+        return (None, *grads)

@@ -1,0 +1,571 @@
+"""Simulate one order of a ZeRO-3 graph: memory over time, two-stream step time, overlap.
+
+The model (documented in full, with the lower bounds' proofs, in ``docs/simulator.md``):
+
+Memory, in program order
+    Every node allocates its ``tensor_size`` when it runs. View-like nodes
+    (views, in-place ops, ``_unsafe_view``, ``getitem``, wait, release) allocate
+    nothing and keep their source alive. A value is freed after its last reader
+    (readers of its views included). Each output of a multi-output op is freed
+    on its own: after its getitem's last reader, once the tuple is gone. Graph
+    inputs are resident from the start; parameter shards (placeholders an
+    all-gather reads) stay resident, at their sharded size.
+    A gathered parameter's buffer is freed at its ``n_users``-th release,
+    whatever views of it remain. A gradient is freed after its reduce-grad,
+    which is its last reader.
+
+Time, two streams
+    Compute nodes run in order on the compute stream. All-gathers and
+    reduce-grads are issued in program order onto one communication stream
+    when the program reaches them and run there one at a time. A wait, or any
+    reader of a gathered parameter (or of a reduce-grad's result), blocks the
+    compute stream until that communication has finished. Waits, releases,
+    placeholders and the output take no time.
+
+:func:`simulate` works on a plain ``torch.fx.Graph`` or on the networkx view
+(:func:`dcsched.graph.nxview.to_networkx`) with an order. Code that simulates many
+orders of one graph (a scheduler's search) compiles it once with
+:func:`compile_view` and calls :meth:`CompiledGraph.simulate`, which is O(N + E)
+per order over plain integer arrays.
+
+>>> import torch, torch.fx
+>>> from dcsched.runtime import ops
+>>> g = torch.fx.Graph()
+>>> w = g.placeholder("w"); w.meta["tensor_size"] = 25
+>>> ag = g.call_function(ops.allgather_param, (w, 0, 0)); ag.meta.update(device_time=2.0, tensor_size=100)
+>>> wt = g.call_function(ops.wait_allgather, (ag, 0, 0)); wt.meta.update(device_time=0.0, tensor_size=100)
+>>> y = g.create_node("call_function", torch.ops.aten.relu.default, (wt,), name="relu")
+>>> y.meta.update(device_time=3.0, tensor_size=100)
+>>> r = g.call_function(ops.release_param, (y, 0, 0, 1)); r.meta.update(device_time=0.0, tensor_size=100)
+>>> _ = g.output((r,))
+>>> res = simulate(g)
+>>> res.peak_bytes, res.peak_node, res.gathered_peak_bytes, res.step_ms, res.exposed_comm_ms
+(225, 'relu', 100, 5.0, 2.0)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import operator
+from typing import Sequence
+
+import networkx as nx
+import torch.fx
+
+from dcsched.errors import GraphError
+from dcsched.sim.result import Clocks, ParamLifetime, SimResult  # noqa: F401  (simulate's results, imported from here too)
+from dcsched.graph.form import (ALLGATHER, COMM_KINDS, COMPUTE, CONSTANT, KIND_NAMES, OUTPUT, PLACEHOLDER, REDUCE, RELEASE,
+                        GraphForm)
+
+
+
+@dataclasses.dataclass(frozen=True)
+class Bounds:
+    """Lower bounds on the step time that no order beats (proofs in docs/simulator.md)."""
+
+    compute_ms: float
+    comm_ms: float
+    critical_path_ms: float
+    #: first communication any parameter-dependent compute can wait for, plus that compute
+    first_comm_then_dependent_ms: float
+    #: earliest communication start, all communication, shortest tail after a communication
+    comm_with_head_and_tail_ms: float
+
+    @property
+    def simple(self) -> float:
+        return max(self.compute_ms, self.comm_ms)
+
+    @property
+    def tight(self) -> float:
+        return max(self.compute_ms, self.comm_ms, self.critical_path_ms, self.first_comm_then_dependent_ms,
+                   self.comm_with_head_and_tail_ms)
+
+
+class CompiledGraph(GraphForm):
+    """A graph's :class:`~dcsched.graph.form.GraphForm` with the simulator's storage model, for simulating
+    many orders fast.
+
+    Nodes are numbered by their position in the input order. Beside the
+    form's lists (``names``, ``kind``, ``preds``, ``succs``, ``size``, ...),
+    indexed by node number: ``duration`` (ms; 0 for nodes that take no time),
+    ``alloc`` (bytes the node allocates when it runs), ``root`` (the node
+    owning the storage a node's output lives in), ``reads`` (distinct storage
+    roots a node reads), ``gates`` (communication nodes whose end a node must
+    wait for), ``owned`` (bytes freed with a storage root: ``size`` except for
+    a multi-output op, which keeps what its getitems do not own), ``part_of``
+    (for a getitem owning one output of a multi-output op, that op's number;
+    else -1).
+
+    ``graph`` is a networkx view, an FX graph or a form (whose lists are
+    shared). Raises :class:`GraphError` (naming the nodes) for a cycle,
+    negative, NaN or non-numeric figures, and (unless ``assume_zero``) missing
+    ``device_time`` or ``tensor_size`` (placeholders, constants and the
+    output need none).
+    """
+
+    def __init__(self, graph: nx.DiGraph | torch.fx.Graph | GraphForm, *, assume_zero: bool = False,
+                 name: str | None = None):
+        label = f"graph '{name}'" if name else "graph"
+        super().__init__(graph, label=label)
+        self.name = name
+        self.missing = self._check_figures(label, assume_zero)
+        #: Inputs (placeholders, constants) with no size at all, counted as 0 bytes.
+        self.unsized_inputs = [self.names[i] for i, (k, nbytes) in enumerate(zip(self.kind, self.tensor_size))
+                               if nbytes is None and k in (PLACEHOLDER, CONSTANT)]
+        kind, time = self.kind, self.time
+        self.duration = [float(time[i]) if kind[i] in (COMPUTE, ALLGATHER, REDUCE) else 0.0 for i in range(len(kind))]
+        self.owned, self.part_of = self._split_multi_output()
+        self._place_storage()
+        self.compute_ms = sum(d for k, d in zip(kind, self.duration) if k == COMPUTE)
+        self.comm_ms = sum(d for k, d in zip(kind, self.duration) if k in COMM_KINDS)
+        self.num_allgathers = sum(1 for k in kind if k == ALLGATHER)
+        self.num_reduces = sum(1 for k in kind if k == REDUCE)
+        self._bounds: Bounds | None = None
+
+    # -- construction helpers ------------------------------------------------
+    def _check_figures(self, label: str, assume_zero: bool) -> dict[str, list[str]]:
+        """The nodes missing a figure, by figure; raises for bad figures (and missing ones unless assumed 0)."""
+        if all(_plain_figures(column) for column in (self.device_time, self.tensor_size)):
+            return {}  # the usual profiled graph: every figure a non-negative int or float (checked at C speed)
+        missing: dict[str, list[str]] = {"device_time": [], "tensor_size": []}
+        bad: list[str] = []
+        needs_none = (PLACEHOLDER, OUTPUT, CONSTANT)
+        for i, (k, time, nbytes) in enumerate(zip(self.kind, self.device_time, self.tensor_size)):
+            for key, value in (("device_time", time), ("tensor_size", nbytes)):
+                if value is None:
+                    if k not in needs_none:
+                        missing[key].append(self.names[i])
+                elif isinstance(value, bool) or not isinstance(value, (int, float)):
+                    bad.append(f"{self.names[i]} {key}={value!r}")
+                elif value < 0 or math.isnan(value):
+                    bad.append(f"{self.names[i]} {key}={value}")
+        if bad:
+            raise GraphError(f"{label}: negative, NaN or non-numeric figures on {_some(bad)}")
+        missing = {key: names for key, names in missing.items() if names}
+        if missing and not assume_zero:
+            what = "; ".join(f"no {key} on {_some(names)}" for key, names in missing.items())
+            raise GraphError(f"{label}: {what} (profile the graph, or pass --assume-zero / assume_zero=True "
+                             "to count missing figures as 0)")
+        return missing
+
+    def _split_multi_output(self) -> tuple[list[int], list[int]]:
+        """``(owned, part_of)``: the bytes each storage root frees, and each getitem's multi-output op.
+
+        Multi-output ops (native_group_norm, convolution_backward, ...) return fresh tensors
+        that die separately: each getitem owns its element's bytes, freed after its own
+        readers (and not before the tuple, which lives until its last getitem). The op keeps
+        the bytes no getitem takes. Only where every getitem has a figure and they add up
+        to at most the op's own; otherwise the whole output lives as one storage.
+        """
+        kind, size, view_like, getitem, tensor_size = self.kind, self.size, self.view_like, self.getitem, \
+            self.tensor_size
+        owned = list(size)
+        part_of = [-1] * len(kind)
+        for i, users in enumerate(self.succs):
+            if kind[i] != COMPUTE or view_like[i]:
+                continue
+            items = [s for s in users if getitem[s]]
+            if not items or any(tensor_size[s] is None for s in items):
+                continue
+            taken = sum(size[s] for s in items)
+            if taken > size[i]:
+                continue
+            owned[i] = size[i] - taken
+            for s in items:
+                part_of[s] = i
+        return owned, part_of
+
+    def _place_storage(self) -> None:
+        """``root``, ``reads``, ``gates``, ``alloc``, what is resident and pinned, and the storage ``owners``."""
+        kind, preds, view_like, part_of, size = self.kind, self.preds, self.view_like, self.part_of, self.size
+        n = len(kind)
+        # Storage: a view-like node lives in its first input's storage.
+        root = list(range(n))
+        for i in self.topo:
+            if view_like[i] and preds[i] and kind[i] not in (PLACEHOLDER, OUTPUT) and part_of[i] < 0:
+                root[i] = root[preds[i][0]]
+        self.root = root
+        reads = []
+        gates = []
+        no_gates = ()
+        for i, ps in enumerate(preds):
+            if len(ps) == 1:
+                r = (root[ps[0]],)
+            else:
+                r = tuple(dict.fromkeys([root[p] for p in ps]))
+            reads.append(r)
+            if kind[i] in COMM_KINDS or not r:
+                gates.append(no_gates)
+            else:
+                gates.append(tuple([x for x in r if kind[x] in COMM_KINDS]) or no_gates)
+        # An order-only edge (random ops kept in stream order, dcsched.graph.nxview) reads no value.
+        for s, i in self.order_only:
+            reads[i] = tuple(dict.fromkeys([root[p] for p in self.preds[i] if p != s]))
+        self.reads: list[tuple[int, ...]] = reads
+        self.gates: list[tuple[int, ...]] = gates
+        self.alloc = [size[i] if kind[i] in (COMPUTE, ALLGATHER, REDUCE) and not view_like[i] else 0
+                      for i in range(n)]
+        # Inputs resident from the start; parameter shards (what an all-gather reads) never leave.
+        resident = [k in (PLACEHOLDER, CONSTANT) for k in kind]
+        self.pinned = [kind[i] == CONSTANT or (kind[i] == PLACEHOLDER
+                       and any(kind[s] == ALLGATHER for s in self.succs[i])) for i in range(n)]
+        self.resident_bytes = sum(size[i] for i in range(n) if resident[i])
+        #: nodes owning storage that may be freed during the step
+        self.owners = [i for i in range(n) if root[i] == i and self.owned[i] > 0 and not self.pinned[i]
+                       and (self.alloc[i] > 0 or resident[i] or part_of[i] >= 0)]
+        self.is_input = resident
+        self._index_for_simulation()
+
+    def _index_for_simulation(self) -> None:
+        """What the simulation loops read per node: ``readers_of`` (per storage root, the nodes reading it),
+        ``gathered_alloc``, ``is_comm``, ``timed`` (the node can move a clock), ``gather_or_release``,
+        ``reduce_or_release`` and
+        ``integral_sizes`` (every byte figure an int, so sums are exact in any order)."""
+        kind, alloc = self.kind, self.alloc
+        readers_of: list[list[int]] = [[] for _ in kind]
+        for i, r in enumerate(self.reads):
+            for x in r:
+                readers_of[x].append(i)
+        self.readers_of = readers_of
+        self.gathered_alloc = [a if k == ALLGATHER else 0 for k, a in zip(kind, alloc)]
+        self.is_comm = [k in COMM_KINDS for k in kind]
+        self.timed = [c or bool(g) or d != 0 for c, g, d in zip(self.is_comm, self.gates, self.duration)]
+        self.gather_or_release = [k == ALLGATHER or k == RELEASE for k in kind]
+        self.reduce_or_release = [k == REDUCE or k == RELEASE for k in kind]
+        self.integral_sizes = type(self.resident_bytes) is int and all(type(a) is int for a in alloc) \
+            and all(type(o) is int for o in self.owned)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    # -- lower bounds ----------------------------------------------------------
+    @property
+    def bounds(self) -> Bounds:
+        """Order-independent lower bounds on the step time (computed once, O(N + E))."""
+        if self._bounds is None:
+            self._bounds = self._compute_bounds()
+        return self._bounds
+
+    def _compute_bounds(self) -> Bounds:
+        kind, dur, preds, succs, topo = self.kind, self.duration, self.preds, self.succs, self.topo
+        n = len(kind)
+        # head[i]: longest chain of durations that must finish before i starts
+        head = [0.0] * n
+        for i in topo:
+            best = 0.0
+            for p in preds[i]:
+                t = head[p] + dur[p]
+                if t > best:
+                    best = t
+            head[i] = best
+        # tail[i]: longest chain of durations that must run after i ends
+        tail = [0.0] * n
+        has_dependent_compute = [False] * n
+        for i in reversed(topo):
+            best = 0.0
+            dependent = False
+            for s in succs[i]:
+                t = dur[s] + tail[s]
+                if t > best:
+                    best = t
+                if has_dependent_compute[s] or (kind[s] == COMPUTE and dur[s] > 0):
+                    dependent = True
+            tail[i] = best
+            has_dependent_compute[i] = dependent
+        critical = max((head[i] + dur[i] for i in range(n)), default=0.0)
+        # Compute that depends (transitively) on some communication.
+        after_comm = [False] * n
+        for i in topo:
+            after_comm[i] = kind[i] in COMM_KINDS or any(after_comm[p] for p in preds[i])
+        dependent_compute = sum(dur[i] for i in range(n) if kind[i] == COMPUTE and after_comm[i])
+        comm = [i for i in range(n) if kind[i] in COMM_KINDS]
+        gating = [head[c] + dur[c] for c in comm if has_dependent_compute[c]]
+        first_then_dependent = (min(gating) + dependent_compute) if gating else 0.0
+        with_head_tail = (min(head[c] for c in comm) + self.comm_ms + min(tail[c] for c in comm)) if comm else 0.0
+        return Bounds(self.compute_ms, self.comm_ms, critical, first_then_dependent, with_head_tail)
+
+    # -- the simulation ----------------------------------------------------------
+    def order_indices(self, order: Sequence | None, *, check: bool = True) -> list[int]:
+        """Node numbers of ``order`` (names or numbers; None = the input order), checked topological."""
+        if order is None:
+            return list(self.topo)
+        if isinstance(order, torch.fx.Graph):
+            order = [node.name for node in order.nodes]
+        idx = list(order)
+        if idx and not isinstance(idx[0], int):
+            try:
+                idx = [self.index[v] for v in idx]
+            except KeyError as exc:
+                raise GraphError(f"order names {exc.args[0]!r}, which is not in the graph") from None
+        if check:
+            self.check(idx)
+        return idx
+
+    def check(self, idx: Sequence[int]) -> None:
+        """Raise :class:`GraphError` unless ``idx`` runs every node once, inputs first."""
+        n = len(self.names)
+        placed = [False] * n
+        if len(idx) != n:
+            raise GraphError(f"order holds {len(idx)} nodes for a graph of {n}")
+        for i in idx:
+            if placed[i]:
+                raise GraphError(f"order runs {self.names[i]!r} twice")
+            for p in self.preds[i]:
+                if not placed[p]:
+                    raise GraphError(f"order runs {self.names[i]!r} before its input {self.names[p]!r}")
+            placed[i] = True
+
+    def free_positions(self, idx: Sequence[int], owners: Sequence[int] | None = None) -> list[int]:
+        """For each node number, the position in ``idx`` after which its storage is freed (-1: never).
+
+        Only storage owners (:attr:`owners`, or those of them given as ``owners``) get a position;
+        others get -1.
+        """
+        n_nodes = len(self.names)
+        # Each node's (last) position; a storage root dies after its last reader, found per owner
+        # from its readers' positions.
+        pos_of = [-1] * n_nodes
+        for pos, i in enumerate(idx):
+            pos_of[i] = pos
+        released = self._released(idx)
+        free = [-1] * n_nodes
+        part_of, readers, is_input = self.part_of, self.readers_of, self.is_input
+        at = pos_of.__getitem__
+        for r in self.owners if owners is None else owners:
+            p = released.get(r)
+            if p is None:
+                rs = readers[r]
+                p = max(map(at, rs)) if rs else -1
+            if part_of[r] >= 0:  # an element of a multi-output op: the tuple holds it too
+                rs = readers[part_of[r]]
+                if rs:
+                    p = max(p, max(map(at, rs)))
+            if p < 0 and not is_input[r]:
+                p = pos_of[r]  # nobody reads it: freed right after it runs
+            free[r] = p
+        return free
+
+    @property
+    def gather_owners(self) -> list[int]:
+        """The all-gathers among the storage :attr:`owners` (what a placement needs the frees of)."""
+        if getattr(self, "_gather_owners", None) is None:
+            kind = self.kind
+            self._gather_owners = [r for r in self.owners if kind[r] == ALLGATHER]
+        return self._gather_owners
+
+    def _released(self, idx: Sequence[int]) -> dict[int, int]:
+        """Position of the release that frees each gathered buffer (its all-gather's number -> position)."""
+        kind, ds_id, n_users, tracked = self.kind, self.ds_id, self.n_users, self.gather_or_release
+        released: dict[int, int] = {}
+        current: dict = {}
+        count: dict = {}
+        for pos in itertools.compress(range(len(idx)), map(tracked.__getitem__, idx)):
+            i = idx[pos]
+            if kind[i] == ALLGATHER:
+                current[ds_id[i]] = i
+                count[ds_id[i]] = 0
+            else:
+                d = ds_id[i]
+                gather = current.get(d)
+                if gather is not None:
+                    c = count[d] + 1
+                    if c >= n_users[i]:
+                        released[gather] = pos
+                        del current[d]
+                    else:
+                        count[d] = c
+        return released
+
+    def simulate(self, order: Sequence | None = None, *, detail: bool | str = True, check: bool = True) -> SimResult:
+        """Simulate ``order`` (names or node numbers; None = input order). O(N + E).
+
+        ``detail``: True (everything), False (scalars only) or ``"series"`` (also the
+        per-node series and the order as node numbers, ``indices``; no names, ``kinds``
+        or ``params``).
+        """
+        return self.simulate_with_frees(self.order_indices(order, check=check), detail=detail)[0]
+
+    def simulate_with_frees(self, idx: list[int], *, detail: bool | str = "series") -> tuple[SimResult, list[int]]:
+        """:meth:`simulate` of the node numbers ``idx`` (taken as they are, unchecked), and
+        :meth:`free_positions` of them (computed on the way)."""
+        kind = self.kind
+        memory, gathered, free = self.memory_with_frees(idx)
+        peak, peak_pos = _first_peak(memory)
+        gpeak, gpeak_pos = _first_peak(gathered)
+        record = bool(detail)
+        step, reach, start, end = self._timeline(idx, record)
+        result = self._result(idx, step, peak, peak_pos, gpeak, gpeak_pos, record and detail != "series")
+        if record:
+            result.memory, result.gathered_memory = memory, gathered
+            result.reach_ms, result.start_ms, result.end_ms = reach, start, end
+            if detail == "series":
+                result.indices = idx
+            else:
+                result.kinds = [KIND_NAMES[kind[i]] for i in idx]
+                result.params = self._lifetimes(idx, free, reach, start, end)
+        return result, free
+
+    def memory_with_frees(self, idx: list[int]) -> tuple[list, list, list[int]]:
+        """The memory of all tensors and of gathered buffers while each position of the node numbers
+        ``idx`` (unchecked) runs, and :meth:`free_positions`: :meth:`simulate`'s memory model without
+        its clocks."""
+        kind, owned = self.kind, self.owned
+        free = self.free_positions(idx)
+        free_all = [0] * len(idx)
+        free_gathered = [0] * len(idx)
+        for r in self.owners:
+            p = free[r]
+            if p >= 0:
+                free_all[p] += owned[r]
+                if kind[r] == ALLGATHER:
+                    free_gathered[p] += owned[r]
+        return (*self._memory_series(idx, free_all, free_gathered), free)
+
+    def clocks(self, idx: list[int]) -> Clocks:
+        """The step time and each position's reach, start and end (ms) for the node numbers ``idx``
+        (unchecked): :meth:`simulate`'s timing without its memory model, at a third of its cost."""
+        step, reach, start, end = self._timeline(idx, True)
+        return Clocks(idx, step, reach, start, end)
+
+    def _memory_series(self, idx: list[int], free_all: list, free_gathered: list) -> tuple[list, list]:
+        """Memory of all tensors and of gathered buffers while each position's node runs (after it
+        allocated, before what it frees)."""
+        allocs = list(map(self.alloc.__getitem__, idx))
+        gallocs = list(map(self.gathered_alloc.__getitem__, idx))
+        if self.integral_sizes:  # exact in any summation order: running sums at C speed
+            memory = list(map(operator.sub, itertools.islice(itertools.accumulate(allocs, initial=self.resident_bytes),
+                                                            1, None), itertools.accumulate(free_all, initial=0)))
+            gathered = list(map(operator.sub, itertools.islice(itertools.accumulate(gallocs, initial=0), 1, None),
+                                itertools.accumulate(free_gathered, initial=0)))
+            return memory, gathered
+        memory, gathered = [], []
+        mem, gmem = self.resident_bytes, 0
+        for a, ga, f, gf in zip(allocs, gallocs, free_all, free_gathered):
+            if a:
+                mem += a
+                if ga:
+                    gmem += ga
+            memory.append(mem)
+            gathered.append(gmem)
+            if f:
+                mem -= f
+                gmem -= gf
+        return memory, gathered
+
+    def _timeline(self, idx: list[int], record: bool) -> tuple[float, list, list, list]:
+        """The two streams' clocks: the step's end and, if ``record``, each position's reach, start and end (ms)."""
+        is_comm, dur, gates = self.is_comm, self.duration, self.gates
+        tc = tq = 0.0  # compute stream's clock; when the communication stream is next free
+        done: list = [None] * len(self.names)
+        reach: list[float] = []
+        start: list[float] = []
+        end: list[float] = []
+        if not record:  # nodes that take no time and wait for nothing leave both clocks as they are
+            for i in itertools.compress(idx, map(self.timed.__getitem__, idx)):
+                if is_comm[i]:
+                    s = tc if tc > tq else tq
+                    tq = done[i] = s + dur[i]
+                else:
+                    for g in gates[i]:
+                        e = done[g]
+                        if e > tc:
+                            tc = e
+                    tc += dur[i]
+            return (tc if tc > tq else tq), reach, start, end
+        add_reach, add_start, add_end = reach.append, start.append, end.append
+        for i in idx:
+            if is_comm[i]:
+                s = tc if tc > tq else tq
+                tq = done[i] = s + dur[i]
+                add_reach(tc)
+                add_start(s)
+                add_end(tq)
+            else:
+                add_reach(tc)
+                for g in gates[i]:
+                    e = done[g]
+                    if e > tc:
+                        tc = e
+                add_start(tc)
+                tc += dur[i]
+                add_end(tc)
+        return (tc if tc > tq else tq), reach, start, end
+
+    def _result(self, idx, step: float, peak: int, peak_pos: int, gpeak: int, gpeak_pos: int,
+                with_order: bool) -> SimResult:
+        """The scalars of a simulation that ended at ``step`` ms with these peaks."""
+        n = len(idx)
+        exposed = max(0.0, step - self.compute_ms)
+        overlap = 100.0 if self.comm_ms <= 0 else min(100.0, max(0.0, 100.0 * (self.comm_ms - exposed) / self.comm_ms))
+        names = self.names
+        return SimResult(
+            order=[names[i] for i in idx] if with_order else [],
+            peak_bytes=max(peak, self.resident_bytes) if n else self.resident_bytes,
+            peak_node=names[idx[peak_pos]] if peak_pos >= 0 else None,
+            gathered_peak_bytes=max(gpeak, 0),
+            gathered_peak_node=names[idx[gpeak_pos]] if gpeak > 0 else None,
+            step_ms=step,
+            compute_ms=self.compute_ms,
+            comm_ms=self.comm_ms,
+            exposed_comm_ms=exposed,
+            overlap_pct=overlap,
+            bounds=self._bounds if self._bounds is not None else (lambda: self.bounds),
+            resident_bytes=self.resident_bytes,
+        )
+
+    def _lifetimes(self, idx, free, reach, start, end) -> list[ParamLifetime]:
+        names, kind = self.names, self.kind
+        lifetimes = []
+        for pos, i in enumerate(idx):
+            if kind[i] != ALLGATHER:
+                continue
+            p = free[i]
+            lifetimes.append(ParamLifetime(
+                ds_id=self.ds_id[i], size_bytes=self.size[i], gather_node=names[i], gather_index=pos,
+                free_node=names[idx[p]] if p >= 0 else None, free_index=p if p >= 0 else None,
+                issued_ms=reach[pos], ready_ms=end[pos], freed_ms=end[p] if p >= 0 else end[-1]))
+        return lifetimes
+
+
+def _plain_figures(values: list) -> bool:
+    """Whether every value is an int or a float (not a bool), none negative and none NaN."""
+    return not values or (set(map(type, values)) <= {int, float} and min(values) >= 0
+                          and not any(map(math.isnan, values)))
+
+
+def _first_peak(series: list) -> tuple:
+    """The largest value of ``series`` and its first position; (-1, -1) when no value exceeds -1."""
+    peak = max(series, default=-1)
+    return (peak, series.index(peak)) if peak > -1 else (-1, -1)
+
+
+def _some(names: list[str], limit: int = 8) -> str:
+    shown = ", ".join(names[:limit])
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return f"{len(names)} node{'s' if len(names) != 1 else ''} ({shown}{more})"
+
+
+def compile_view(view: nx.DiGraph | torch.fx.Graph, *, assume_zero: bool = False,
+                 name: str | None = None) -> CompiledGraph:
+    """Check ``view``'s costs and compile it for fast repeated simulation.
+
+    Raises :class:`GraphError` (naming the nodes) for a cycle, negative or NaN
+    figures, and — unless ``assume_zero`` — missing ``device_time`` or
+    ``tensor_size`` (placeholders, get_attr constants and the output need none).
+    """
+    return CompiledGraph(view, assume_zero=assume_zero, name=name)
+
+
+def simulate(graph: torch.fx.Graph | nx.DiGraph | CompiledGraph, order: Sequence | None = None, *,
+             assume_zero: bool = False, detail: bool = True, name: str | None = None) -> SimResult:
+    """Simulate ``graph`` run in ``order`` (node names; None = the graph's own order).
+
+    ``graph`` is a ``torch.fx.Graph`` (dcsched or DeepSpeed ``dc`` ZeRO-3 ops,
+    costs in ``node.meta['device_time']`` ms and ``['tensor_size']`` bytes), its
+    networkx view, or a :class:`CompiledGraph`. See the module docstring for
+    the model. ``detail=False`` skips the per-node series and lifetimes.
+    """
+    compiled = graph if isinstance(graph, CompiledGraph) else compile_view(graph, assume_zero=assume_zero, name=name)
+    return compiled.simulate(order, detail=detail)
