@@ -361,11 +361,12 @@ def test_bundle_convention_violations_are_graph_errors(mlp):
 
 
 # ---------------------------------------------------------------------------
-# Captured models and the sample bundles (when those parts of dcsched exist)
+# Captured models and the sample bundles
 # ---------------------------------------------------------------------------
 
 def _capture():
-    return pytest.importorskip("dcsched.capture").capture
+    from dcsched.profile.capture import capture
+    return capture
 
 
 def test_captured_model_replays_to_eager_gradients():

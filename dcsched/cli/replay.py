@@ -96,14 +96,12 @@ def replay(
     reference = bundle_io.load(baseline) if baseline is not None else None
     target = resolve_device(device)
     launch = None
-    runtime_factory = None
     if distributed.launched():
         launch = distributed.init(target.type)
         target = launch.device
-        runtime_factory = lambda bundle: distributed.DistributedZero3Runtime(bundle.params)  # noqa: E731
     try:
         report = replay_orders(candidate, reference, device=target, seed=seed, iters=iters, warmup=warmup,
-                               runtime_factory=runtime_factory, exact=exact,
+                               exact=exact,
                                paths=(str(baseline) if baseline else None, str(path)))
     except BaseException:
         if launch is not None:

@@ -9,6 +9,7 @@ import torch
 import torch.fx
 
 from dcsched.runtime import ops
+from dcsched.runtime.select import runtime_for
 from dcsched.bundle.core import Bundle
 from dcsched.runtime.consensus import check_same, plan_fingerprints
 from dcsched.errors import DcschedError, ResultMismatch
@@ -154,13 +155,14 @@ def replay_orders(candidate: Bundle, baseline: Bundle | None = None, *, device: 
     ``exact`` (default: on the CPU) asks for bit-for-bit equality, else
     :data:`TOLERANCES`. Raises :class:`ResultMismatch` naming the first
     differing output. ``runtime_factory(bundle)`` makes each run's ZeRO-3
-    runtime (default: single process).
+    runtime (default: :func:`dcsched.runtime.select.runtime_for`'s pick: over the process group under
+    ``torchrun``, else single process).
     """
     for bundle in (candidate, baseline):
         if bundle is not None:
             check_replayable(bundle)
     device = resolve_device(device) if isinstance(device, str) else device
-    factory = runtime_factory or (lambda _bundle: ops.Zero3Runtime())
+    factory = runtime_factory or (lambda bundle: runtime_for(bundle.params, flat_shards=False))
     exact = (device.type == "cpu") if exact is None else exact
     order = None
     runs: list[tuple[str, str | None, Bundle, ReplayRun]] = []

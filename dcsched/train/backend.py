@@ -20,7 +20,7 @@ stand-ins :func:`dcsched.shard` installed) and calls the backend, which:
 3. reorders both graphs with ``algo`` (``memory_budget`` for the schedulers
    that take one; by default the target device's memory less 10%, unlimited
    where none is known);
-4. returns a :class:`~dcsched.runtime.local.ScheduledProgram`, which runs
+4. returns a :class:`~dcsched.train.program.ScheduledProgram`, which runs
    every later step: the scheduled graphs' aten ops one by one
    (``compute="eager"``, what the simulator models) or compiled by inductor
    with the ZeRO-3 ops kept in place (``compute="inductor"``,
@@ -43,7 +43,7 @@ from dcsched.runtime.consensus import check_same, plan_fingerprints
 from dcsched.errors import DcschedError
 from dcsched.profile.measure import ProfileOptions, profile_bundle
 from dcsched.schedulers.reorder import schedule
-from dcsched.runtime.local import ScheduledProgram
+from dcsched.train.program import ScheduledProgram
 from dcsched.train.full_state import any_sharded
 from dcsched.train.sharding import ShardingError, sharding_for_inputs
 

@@ -20,9 +20,10 @@ The ZeRO-3 ops run on this program's runtime: a
 (all-gathers started asynchronously at their node, waited at the wait node,
 freed at the last release, gradients reduce-scattered with AVG; on CUDA the
 collectives run on NCCL's streams, the reduce-scatters asynchronously too,
-waited on at the end of the backward graph), else
-:class:`LocalZero3Runtime` (world size 1: the shard is the whole flattened
-parameter).
+waited on at the end of the backward graph), else a
+:class:`~dcsched.runtime.local.LocalZero3Runtime` (world size 1: the shard is
+the whole flattened parameter); :func:`dcsched.runtime.select.runtime_for`
+picks.
 """
 
 from __future__ import annotations
@@ -34,65 +35,11 @@ from typing import Callable, ContextManager, Sequence
 
 import torch
 
-from dcsched.runtime import ops
-from dcsched.bundle.core import Bundle, ParamInfo
+from dcsched.runtime.select import runtime_for
+from dcsched.bundle.core import Bundle
 from dcsched.runtime.memtrack import LiveBytes
-from dcsched.graph.roles import Role
 from dcsched.runtime.step import build_step, graph_placeholder_names, installed, run_backward, run_forward
 from dcsched.train.sharding import Sharding
-
-
-class LocalZero3Runtime(ops.Zero3Runtime):
-    """World size 1 with 1-D shards: the gather views the flat shard in the parameter's shape, into a fresh buffer."""
-
-    def __init__(self, params: Sequence[ParamInfo]) -> None:
-        super().__init__()
-        self.shapes = {p.ds_id: tuple(p.shape) for p in params}
-
-    def allgather(self, shard, graph_id, ds_id, dtype):
-        full = shard.view(self.shapes[ds_id])
-        full = full.to(dtype=dtype, copy=True) if dtype is not None else full.clone()
-        self.gathered[(graph_id, ds_id)] = full
-        return full
-
-    def reduce(self, grad, graph_id, ds_id):
-        return grad.reshape(-1)
-
-    def gathered_like(self, shard, graph_id, ds_id, dtype):
-        return shard.new_empty(self.shapes[ds_id], dtype=dtype if dtype is not None else shard.dtype)
-
-    def reduced_shard_like(self, grad, graph_id, ds_id):
-        return grad.new_empty(grad.numel())
-
-    def inline_kernels(self) -> dict:
-        """The ops as aten for inductor to trace in (:func:`dcsched.train.inductor.compile_graph`).
-
-        With nothing to communicate, a gather is the flat shard viewed in the
-        parameter's shape (no fresh buffer: nothing is freed at its release,
-        which would free the parameter), a wait and a release pass their
-        input on, a reduce flattens the gradient.
-        """
-        def allgather(shard, graph_id, ds_id, dtype=None):
-            full = shard.view(self.shapes[ds_id])
-            return full if dtype is None or dtype == full.dtype else full.to(dtype)
-
-        def passed_on(value, *_ids):
-            return value
-
-        return {Role.ALLGATHER: allgather, Role.WAIT: passed_on, Role.RELEASE: passed_on,
-                Role.REDUCE: lambda grad, graph_id, ds_id: grad.reshape(-1)}
-
-
-def runtime_for(bundle: Bundle, sharding: Sharding) -> ops.Zero3Runtime:
-    """The distributed runtime over the sharding's process group, or the local one without a process group."""
-    import torch.distributed as dist
-    if dist.is_available() and dist.is_initialized():
-        from dcsched.runtime.distributed import DistributedZero3Runtime
-        runtime = DistributedZero3Runtime(bundle.params, group=sharding.group)
-        # NCCL: reduce-scatters overlap the rest of the backward, waited on at its end (ScheduledProgram).
-        runtime.async_reduce = sharding.specs[0].param.device.type == "cuda"
-        return runtime
-    return LocalZero3Runtime(bundle.params)
 
 
 @dataclasses.dataclass
@@ -125,7 +72,9 @@ class ScheduledProgram:
         order = {name: graph_placeholder_names(graph) for name, graph in original.graphs.items()}
         self.step = build_step(bundle, device, placeholder_order=order)
         self.device = device
-        self.runtime = runtime_for(bundle, sharding)
+        # NCCL: reduce-scatters overlap the rest of the backward, waited on at its end (:meth:`__call__`).
+        self.runtime = runtime_for(bundle.params, flat_shards=True, group=sharding.group,
+                                   async_reduce=sharding.specs[0].param.device.type == "cuda")
         self.compute = compute
         #: ``compiling(what)`` -> a context manager around inductor's compile of a graph (a progress display).
         self.compiling: Callable[[str], ContextManager] = lambda _graph: contextlib.nullcontext()

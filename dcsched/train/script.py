@@ -11,7 +11,7 @@ ranks (:mod:`dcsched.train.failures`).
 
 With ``measure`` each compiled graph's first step has its peak memory
 tracked and every later one is timed
-(:class:`~dcsched.runtime.local.ScheduledProgram`), and
+(:class:`~dcsched.train.program.ScheduledProgram`), and
 :class:`TrainResult` sets those figures beside the simulator's for the
 schedule. The per-step losses are the compiled forward's first output where
 that is a 0-d tensor (a script whose module returns its loss).
@@ -33,7 +33,7 @@ import torch
 from dcsched.errors import DcschedError
 from dcsched.profile.scripts import compile_interceptor, describe_exception, run_script
 from dcsched.train.backend import Backend, TrainOptions
-from dcsched.runtime.local import ScheduledProgram
+from dcsched.train.program import ScheduledProgram
 from dcsched.train.sharding import shard
 
 #: The process-group timeout when none is given, in seconds.
