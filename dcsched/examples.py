@@ -20,6 +20,7 @@ scalar loss (the identity here, since the models compute their loss).
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -428,7 +429,7 @@ class ConvNet(nn.Module):
 # ---------------------------------------------------------------------------
 
 #: Default configurations: small enough for tests and sample graphs.
-DEFAULTS = {
+DEFAULTS: dict[str, dict[str, Any]] = {
     "gpt": {"n_layers": 2, "d_model": 128, "n_heads": 4, "vocab": 512, "seq": 64, "batch": 4, "dropout": 0.0},
     "llama": {"n_layers": 2, "d_model": 128, "n_heads": 4, "vocab": 512, "seq": 64, "batch": 4, "rotary": True,
               "hidden": None},
@@ -466,10 +467,12 @@ def build(name: str, *, seed: int = 0, dtype: torch.dtype = torch.float32, devic
     unknown = set(config) - set(DEFAULTS[name])
     if unknown:
         raise ValueError(f"unknown option(s) for {name}: {', '.join(sorted(unknown))}")
-    cfg = {**DEFAULTS[name], **config}
+    cfg: dict[str, Any] = {**DEFAULTS[name], **config}
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     batch = cfg.pop("batch")
+    model: nn.Module
+    inputs: tuple[torch.Tensor, ...]
     if name == "gpt":
         model = GPT(**cfg)
         idx = torch.randint(0, cfg["vocab"], (batch, cfg["seq"]), generator=generator)

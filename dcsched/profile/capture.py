@@ -217,7 +217,7 @@ class _Backend:
                     self.on_backward(record)
                 return out
 
-            run_then_maybe_stop._boxed_call = True
+            run_then_maybe_stop._boxed_call = True  # type: ignore[attr-defined]  # AOT's flag for boxed calls
             return run_then_maybe_stop
 
         from torch._functorch import config as functorch_config
@@ -289,7 +289,9 @@ def _input_info(name: str, value: torch.Tensor) -> InputInfo:
 
 def _forward_inputs(record: _Recorded, fw_placeholders: list[torch.fx.Node], params: list[ParamInfo]):
     """What each forward placeholder is (a parameter by ds_id, or a step input), with the inputs' infos and values."""
-    step, positions = record.step, record.step.param_positions or {}
+    step = record.step
+    assert step is not None  # a step was recorded before its inputs are read
+    positions = step.param_positions or {}
     param_nodes: list[zero3.ParamNode] = []
     forward_placeholders: list[dict] = []
     inputs: list[InputInfo] = []
@@ -317,13 +319,14 @@ def _backward_inputs(record: _Recorded, forward: torch.fx.Graph, backward: torch
     values, then the saved tensors).
     """
     step = record.step
+    assert step is not None  # a step was recorded before its graphs are read
     output_node = next(n for n in reversed(forward.nodes) if n.op == "output")
     if step.num_mutated:
         # User outputs first (the loss at 0), then mutated inputs' new values (e.g. BatchNorm's running
         # statistics), then the saved tensors; all but the saved ones count as user outputs.
         outs, n_mut = list(output_node.args[0]), step.num_mutated
         output_node.args = (tuple(outs[n_mut:num_user] + outs[:n_mut] + outs[num_user:]),)
-    saved_index = {}
+    saved_index: dict[str, int] = {}
     for i, value in enumerate(output_node.args[0]):
         if isinstance(value, torch.fx.Node) and i >= num_user:
             saved_index.setdefault(value.name, i)
@@ -446,8 +449,8 @@ def capture_step(model: nn.Module, example_inputs: Sequence[torch.Tensor], loss_
         compiled = torch.compile(step, backend=backend, fullgraph=True, dynamic=False)
         try:
             out = compiled(*example_inputs)
-        except Exception as exc:
-            exc = unwrap_dynamo_error(exc)
+        except Exception as raised:
+            exc = unwrap_dynamo_error(raised)
             if isinstance(exc, CaptureError):
                 raise exc from None
             if _is_graph_break(exc):
@@ -559,10 +562,11 @@ def capture_script_step(path: str | os.PathLike, argv: Sequence[str] = (), modul
         if module is not None and interceptor.target() is None:
             names = ", ".join(sorted({r.name for r in interceptor.compiled}))
             raise CaptureError(f"{path} compiles no module named {module!r} (it compiles: {names})")
-        target = interceptor.target()
+        recorded = interceptor.target()
+        assert recorded is not None  # a module was compiled (checked above)
         ran = "ended" if finished else "stopped"
-        how = (" (it only ran under no_grad or inference mode)" if target.forward_only else "")
-        raise CaptureError(f"{path} {ran} before {target.name} ran a forward and a backward pass{how}: call "
+        how = (" (it only ran under no_grad or inference mode)" if recorded.forward_only else "")
+        raise CaptureError(f"{path} {ran} before {recorded.name} ran a forward and a backward pass{how}: call "
                            "loss.backward() on a loss computed from its output")
     captured = _build(record)
     if meta:  # the graphs name the meta device where the script's ran; a plan is for whatever device runs it

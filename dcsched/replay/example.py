@@ -128,4 +128,4 @@ def _record_outputs(module: torch.fx.GraphModule, seen: dict, graph_name: str) -
             return value
 
     interpreter = Recorder(module)
-    module.forward = lambda args: interpreter.run(*args)  # type: ignore[method-assign]
+    module.forward = lambda args: interpreter.run(*args)

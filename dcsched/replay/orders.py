@@ -195,11 +195,13 @@ def replay_orders(candidate: Bundle, baseline: Bundle | None = None, *, device: 
                               factory=factory, placeholder_order=order)
     for k, (label, path, bundle, run) in enumerate(runs):
         m = run.measurement
+        assert m is not None  # each order ran alone above, measured
         run.measurement = Measurement.from_samples(device, warmup, times[k], m.peak_bytes, m.resident_bytes,
                                     clock_for(device).name, m.memory_source)
     orders = []
     for label, path, bundle, run in runs:
         simulated, note = simulated_figures(bundle, run.world_size)
+        assert run.measurement is not None
         orders.append(OrderReport(label, path, _slowest_rank(run.measurement), simulated, note,
                                   timing_caveat(bundle.provenance)))
     world_size = runs[-1][3].world_size

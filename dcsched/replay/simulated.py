@@ -34,7 +34,7 @@ def simulated_figures(bundle: Bundle, world_size: int | None = None) -> tuple[di
 
     profiled_for = bundle.provenance.get("world_size")
     resized = world_size is not None and isinstance(profiled_for, int) and profiled_for != world_size
-    if resized:
+    if resized and world_size is not None:
         bundle = resharded(bundle, world_size)
     try:
         forward = simulate(bundle.forward, detail=False)

@@ -16,7 +16,7 @@ def latest_first(graph: torch.fx.Graph) -> torch.fx.Graph:
 
     view = to_networkx(graph)
     position = {name: data["position"] for name, data in view.nodes(data=True)}
-    placeholders = [n for n in sorted(view.nodes, key=position.get) if view.nodes[n]["role"] == "placeholder"]
+    placeholders = [n for n in sorted(view.nodes, key=position.__getitem__) if view.nodes[n]["role"] == "placeholder"]
     waiting = {name: view.in_degree(name) for name in view.nodes}
     for name in placeholders:
         for succ in view.succ[name]:

@@ -205,10 +205,14 @@ def _random(shape, dtype: torch.dtype, generator: torch.Generator, low=None, hig
         hi = int(high) if high is not None else max(lo, 1)
         return torch.randint(lo, hi + 1, shape, generator=generator, dtype=torch.int64).to(dtype)
     if low is not None or high is not None:
-        lo = float(low) if low is not None else float(high) - 1.0
-        hi = float(high) if high is not None else lo + 1.0
-        values = torch.rand(shape, generator=generator, dtype=torch.float64) * (hi - lo) + lo
-        return values.clamp_(lo, hi).to(dtype)
+        if low is not None:
+            lo_f = float(low)
+            hi_f = float(high) if high is not None else lo_f + 1.0
+        else:
+            hi_f = float(high)  # one of the two is set: the branch's test
+            lo_f = hi_f - 1.0
+        values = torch.rand(shape, generator=generator, dtype=torch.float64) * (hi_f - lo_f) + lo_f
+        return values.clamp_(lo_f, hi_f).to(dtype)
     if scale is not None:
         return ((torch.rand(shape, generator=generator) * 2 - 1) * scale).to(dtype)
     return torch.randn(shape, generator=generator).to(dtype)
@@ -354,6 +358,8 @@ def _graph_failed(graph_name: str, node: str | None, exc: Exception) -> GraphErr
 
 def _run(step: Step, graph_name: str, args: list, on_node: NodeHook | None) -> list:
     module = step.forward if graph_name == "forward" else step.backward
+    if module is None:
+        raise GraphError(f"the bundle has no {graph_name} graph to run")
     if on_node is None:
         try:
             return _as_list(module(args))

@@ -187,8 +187,8 @@ class _Ends:
             for p in preds[i]:
                 m |= below[p]
             below[i] = m
-        longest = sorted(comm, key=lambda i: (-dur[i], i))[:tails]
-        self.tails = list(dict.fromkeys(longest + comm[-tails:]))
+        slowest = sorted(comm, key=lambda i: (-dur[i], i))[:tails]
+        self.tails = list(dict.fromkeys(slowest + comm[-tails:]))
         self.bit, self.canc, self.cdesc, self.below = bit, canc, cdesc, below
         self.head_groups: dict[tuple[int, int], float] = {}
         self.tail_groups: dict[int, float] = {}
@@ -503,9 +503,9 @@ class _BudgetBound:
         own = [g for g in gathers_read[u] if self.held_through(g, u)]
         live = sum(alloc[g] for g in own)
         between = self.desc[u] & self.anc[v]
-        nearby = dict.fromkeys(g for x in readers[at_u + 1:at_v + 1] if (between >> x) & 1
-                               for g in gathers_read[x] if g not in own)
-        nearby = [g for g in nearby if self.held_through(g, u)]
+        candidates = dict.fromkeys(g for x in readers[at_u + 1:at_v + 1] if (between >> x) & 1
+                                   for g in gathers_read[x] if g not in own)
+        nearby = [g for g in candidates if self.held_through(g, u)]
         fill = self.compute_mask & ~self.anc[u] & ~self.desc[v]  # compute that could run between them
         best = 0.0
         for w in gathers_read[v]:

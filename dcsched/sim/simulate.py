@@ -187,10 +187,11 @@ class CompiledGraph(GraphForm):
             if view_like[i] and preds[i] and kind[i] not in (PLACEHOLDER, OUTPUT) and part_of[i] < 0:
                 root[i] = root[preds[i][0]]
         self.root = root
-        reads = []
-        gates = []
-        no_gates = ()
+        no_gates: tuple[int, ...] = ()
+        reads: list[tuple[int, ...]] = []
+        gates: list[tuple[int, ...]] = []
         for i, ps in enumerate(preds):
+            r: tuple[int, ...]
             if len(ps) == 1:
                 r = (root[ps[0]],)
             else:
@@ -203,8 +204,8 @@ class CompiledGraph(GraphForm):
         # An order-only edge (random ops kept in stream order, dcsched.graph.nxview) reads no value.
         for s, i in self.order_only:
             reads[i] = tuple(dict.fromkeys([root[p] for p in self.preds[i] if p != s]))
-        self.reads: list[tuple[int, ...]] = reads
-        self.gates: list[tuple[int, ...]] = gates
+        self.reads = reads
+        self.gates = gates
         self.alloc = [size[i] if kind[i] in (COMPUTE, ALLGATHER, REDUCE) and not view_like[i] else 0
                       for i in range(n)]
         # Inputs resident from the start; parameter shards (what an all-gather reads) never leave.

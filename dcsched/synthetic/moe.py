@@ -71,7 +71,7 @@ class _MoeStack:
     # -- forward -------------------------------------------------------------
     def forward(self) -> torch.fx.Graph:
         b, w, use = self.b, self.w, self.use
-        x, saved = self.acts[0], []
+        x, saved = self.acts[0], list[torch.fx.Node]()
         for i in range(self.n_layers):
             h = use(_MUL, (x, w[f"l{i}_attn_norm"]), f"l{i}_attn_norm")
             q, k, v = (use(_MM, (h, w[f"l{i}_{n}"]), f"l{i}_{n}") for n in "qkv")
@@ -101,7 +101,7 @@ class _MoeStack:
 
     # -- backward ------------------------------------------------------------
     def backward(self) -> torch.fx.Graph:
-        g, grads = self.acts[0], []
+        g, grads = self.acts[0], list[torch.fx.Node]()
         for i in reversed(range(self.n_layers)):
             gh2 = self.experts_backward(i, g, grads)
             g = self.attention_backward(i, g, gh2, grads)

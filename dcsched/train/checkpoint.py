@@ -100,7 +100,8 @@ class _Layout:
     def stored(self, local: torch.Tensor, spec) -> torch.Tensor:
         """What the checkpoint holds for a padded 1-D shard ``local`` of ``spec``'s parameter."""
         chunk = local.numel()
-        valid = max(0, min(chunk, spec.numel - self.sharding.rank * chunk))
+        rank = self.sharding.rank if self.sharding is not None else 0
+        valid = max(0, min(chunk, spec.numel - rank * chunk))
         part = local.detach()[:valid]
         if self.mesh is None:
             return part

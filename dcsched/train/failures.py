@@ -69,8 +69,9 @@ class Watch:
         self.seen_at: dict[int, float] = {r: now for r in self.peers}
         #: This rank's progress: the ZeRO-3 collectives it has issued (see the module docstring).
         if progress is None:
-            from dcsched.runtime.distributed import collectives_issued as progress
-        self.progress = progress
+            from dcsched.runtime.distributed import collectives_issued
+            progress = collectives_issued
+        self.progress: Callable[[], int] = progress
         self.peer_progress: dict[int, tuple[int, float]] = {r: (-1, now) for r in self.peers}  # (count, since)
         self.own_progress: tuple[int, float] = (-1, now)
         self.finishing = False

@@ -24,11 +24,11 @@ wherever a dcsched shard's gradient is among the tensors.
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 
-_TORCH: dict[str, object] = {}  # torch's own functions, once replaced
+_TORCH: dict[str, Callable] = {}  # torch's own functions, once replaced
 
 
 def _shard_groups() -> dict[int, object]:

@@ -113,7 +113,7 @@ class InductorGraph:
     def __init__(self, module: torch.fx.GraphModule, inline: Mapping[Role, Callable] | None = None,
                  order: Sequence[str] | None = None, compiling: Callable[[], ContextManager] | None = None) -> None:
         self.inline, self.compiling = dict(inline or {}), compiling or contextlib.nullcontext
-        self.compiled = None
+        self.compiled: Callable[[list], Sequence] | None = None
         self.strides: list[tuple | None] = []
         self.lifted, self.constants = _lifted(module, order)
 
@@ -154,6 +154,7 @@ class InductorGraph:
         inputs = [_laid_out(value, stride) for value, stride in zip(args, self.strides)]
         args.clear()  # as the eager module does: the caller's list no longer holds the inputs
         inputs.extend(self.constants)
+        assert self.compiled is not None  # _compile set it
         return list(self.compiled(inputs))
 
 

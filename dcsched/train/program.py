@@ -80,7 +80,7 @@ class ScheduledProgram:
         self.compiling: Callable[[str], ContextManager] = lambda _graph: contextlib.nullcontext()
         if compute == "inductor":
             from dcsched.train.inductor import compile_graph
-            inline = getattr(self.runtime, "inline_kernels", dict)()
+            inline: dict = getattr(self.runtime, "inline_kernels", dict)()
             orders = self.step.orders  # each compiles on its first run
             around = lambda graph: self.compiling(f"{graph} graph with inductor")  # noqa: E731 (read when compiling)
             self.step.forward = compile_graph(self.step.forward, inline, orders.get("forward"),
