@@ -166,7 +166,33 @@ def _target_info(node: torch.fx.Node) -> tuple:
 
 
 def to_networkx(graph: torch.fx.Graph) -> nx.DiGraph:
-    """Build the networkx view of ``graph`` (see the module docstring)."""
+    """Build the networkx view of ``graph`` (see the module docstring).
+
+    Parameters
+    ----------
+    graph : torch.fx.Graph
+        A graph with dcsched or DeepSpeed ``dc`` ZeRO-3 ops.
+
+    Returns
+    -------
+    networkx.DiGraph
+        One node per FX node, named alike, with its ``role``, ``position``
+        and costs; an edge per value read (and per order-only dependency).
+
+    Raises
+    ------
+    GraphError
+        A node whose recorded metadata cannot be read.
+
+    Examples
+    --------
+    >>> import torch, torch.fx
+    >>> g = torch.fx.Graph()
+    >>> x = g.placeholder("x")
+    >>> _ = g.output((g.create_node("call_function", torch.ops.aten.relu.default, (x,), name="relu"),))
+    >>> sorted(to_networkx(g).edges)
+    [('relu', 'output'), ('x', 'relu')]
+    """
     return view_of_columns(FxColumns(graph))
 
 
@@ -247,8 +273,32 @@ def check_order(view: nx.DiGraph, order: Sequence[str]) -> None:
 def to_fx(graph: torch.fx.Graph, order: Iterable[str]) -> torch.fx.Graph:
     """A new FX graph holding ``graph``'s nodes (names, targets, args, meta) in ``order``.
 
-    ``order`` must be a topological order of all of ``graph``'s node names
-    (:func:`dcsched.graph.fxbuild.rebuild`).
+    Parameters
+    ----------
+    graph : torch.fx.Graph
+        The graph to reorder (left unchanged).
+    order : iterable of str
+        A topological order of all of ``graph``'s node names.
+
+    Returns
+    -------
+    torch.fx.Graph
+        A new graph (:func:`dcsched.graph.fxbuild.rebuild`).
+
+    Raises
+    ------
+    GraphError
+        ``order`` misses or repeats a node, names one the graph lacks, or puts
+        a node before one it reads.
+
+    Examples
+    --------
+    >>> import torch, torch.fx
+    >>> g = torch.fx.Graph()
+    >>> a, b = g.placeholder("a"), g.placeholder("b")
+    >>> _ = g.output((a, b))
+    >>> [n.name for n in to_fx(g, ["b", "a", "output"]).nodes]
+    ['b', 'a', 'output']
     """
     return rebuild(graph, order)
 

@@ -90,6 +90,27 @@ _ROLE_MEMO: dict = {}
 
 
 def role_of(node: torch.fx.Node) -> Role:
+    """What ``node`` does in a ZeRO-3 graph, read from its op (dcsched's or DeepSpeed's ``dc`` ops alike).
+
+    Parameters
+    ----------
+    node : torch.fx.Node
+
+    Returns
+    -------
+    Role
+        ``PLACEHOLDER``, ``OUTPUT``, ``ALLGATHER``, ``WAIT``, ``RELEASE``,
+        ``REDUCE`` or ``COMPUTE`` (everything else).
+
+    Examples
+    --------
+    >>> import torch, torch.fx
+    >>> from dcsched.runtime import ops
+    >>> g = torch.fx.Graph()
+    >>> w = g.placeholder("w")
+    >>> role_of(w), role_of(g.call_function(ops.allgather_param, (w, 0, 0)))
+    (<Role.PLACEHOLDER: 'placeholder'>, <Role.ALLGATHER: 'allgather'>)
+    """
     # Memoised by (op, target): views of 10^5-node graphs ask this several times per node.
     key = (node.op, node.target)
     try:

@@ -487,9 +487,36 @@ def _forward_arg_names(model: nn.Module) -> dict[str, str]:
 def capture(model: nn.Module, example_inputs: Sequence[torch.Tensor], loss_fn: Callable | None = None) -> Bundle:
     """Capture ``loss_fn(model(*example_inputs))``'s forward and backward as a ZeRO-3 bundle (unprofiled).
 
-    ``loss_fn`` maps the model's output to a scalar loss; without it the model
-    must return the loss itself (or a tuple with the loss first). Profile the
-    result with :func:`dcsched.profile.measure.profile_bundle`.
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The module to capture; its trainable parameters become the bundle's
+        sharded parameters (ZeRO-3 ops inserted where DeepCompile inserts them).
+    example_inputs : sequence of torch.Tensor
+        The inputs of one step, as ``model(*example_inputs)`` takes them.
+    loss_fn : callable, optional
+        Maps the model's output to a scalar loss; without it the model must
+        return the loss itself (or a tuple with the loss first).
+
+    Returns
+    -------
+    Bundle
+        Forward and backward graphs without costs: profile the result with
+        :func:`dcsched.profile_bundle`.
+
+    Raises
+    ------
+    CaptureError
+        The model does not compile into one graph (a graph break), has no
+        trainable parameter, or its output gives no scalar loss.
+
+    Examples
+    --------
+    >>> import torch, dcsched
+    >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    >>> bundle = dcsched.capture(model, [torch.randn(2, 4)], loss_fn=lambda out: out.sum())
+    >>> [p.name for p in bundle.params]
+    ['0.weight', '0.bias', '2.weight', '2.bias']
     """
     return capture_step(model, example_inputs, loss_fn).bundle
 

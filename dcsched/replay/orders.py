@@ -152,11 +152,49 @@ def replay_orders(candidate: Bundle, baseline: Bundle | None = None, *, device: 
     Each order first runs alone for its results and peak memory; the results
     are compared; then both are timed in alternating rounds (``warmup`` untimed
     rounds, ``iters`` timed ones), so a busy machine slows both alike.
-    ``exact`` (default: on the CPU) asks for bit-for-bit equality, else
-    :data:`TOLERANCES`. Raises :class:`ResultMismatch` naming the first
-    differing output. ``runtime_factory(bundle)`` makes each run's ZeRO-3
-    runtime (default: :func:`dcsched.runtime.select.runtime_for`'s pick: over the process group under
-    ``torchrun``, else single process).
+
+    Parameters
+    ----------
+    candidate, baseline : Bundle
+        The reordered bundle and, optionally, the one it must compute the same as.
+    device : torch.device or str
+        Where to run (``"cpu"``, ``"cuda"``, ``"cuda:1"``).
+    seed : int
+        Seeds the parameters and inputs both orders are given.
+    iters, warmup : int
+        Timed and untimed rounds.
+    runtime_factory : callable, optional
+        ``runtime_factory(bundle)`` makes each run's ZeRO-3 runtime (default:
+        :func:`dcsched.runtime.select.runtime_for`'s pick: over the process
+        group under ``torchrun``, else single process).
+    exact : bool, optional
+        Bit-for-bit equality (default on the CPU), else :data:`TOLERANCES`.
+    labels, paths : tuple
+        How the report names the two orders.
+
+    Returns
+    -------
+    ReplayReport
+        Each order's measured figures beside the simulator's, and the comparison.
+
+    Raises
+    ------
+    ResultMismatch
+        The orders computed different results (names the first differing output).
+    DcschedError
+        A bundle that cannot run here (planned without data, too big for the
+        device, or ranks that loaded different bundles).
+
+    Examples
+    --------
+    >>> import dcsched, torch
+    >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    >>> bundle = dcsched.capture(model, [torch.randn(2, 4)], loss_fn=lambda out: out.sum())
+    >>> bundle = dcsched.profile_bundle(bundle, dcsched.ProfileOptions(cost_model="analytic", gpu="h100"))
+    >>> scheduled = bundle.with_graphs(forward=dcsched.schedule(bundle.forward, "fast-free"))
+    >>> report = replay_orders(scheduled, bundle, iters=1)
+    >>> report.comparison.exact, report.comparison.max_abs_error
+    (True, 0.0)
     """
     for bundle in (candidate, baseline):
         if bundle is not None:

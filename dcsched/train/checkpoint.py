@@ -188,8 +188,33 @@ def save_checkpoint(path, model: nn.Module, optimizer: torch.optim.Optimizer | N
     """Write ``model``'s (and ``optimizer``'s) state to the DCP checkpoint directory ``path``; every rank calls it.
 
     The checkpoint is written beside ``path`` and renamed into place once
-    complete, replacing an earlier checkpoint there; ``extra`` (tensors or
-    plain Python values) comes back from :func:`load_checkpoint`.
+    complete, replacing an earlier checkpoint there.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The checkpoint directory (``torch.distributed.checkpoint`` layout).
+    model : torch.nn.Module
+        A module sharded with :func:`dcsched.shard` (each rank writes its
+        shards as DTensor shards) or a plain one.
+    optimizer : torch.optim.Optimizer, optional
+        Its state is saved sharded alike.
+    extra : dict, optional
+        Tensors or plain Python values that :func:`load_checkpoint` returns.
+
+    Raises
+    ------
+    CheckpointError
+        ``path`` cannot be written, or the ranks disagree on what they save.
+
+    Examples
+    --------
+    >>> import tempfile, torch
+    >>> model = torch.nn.Linear(2, 2)
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     save_checkpoint(f"{d}/ckpt", model, extra={"step": 3})
+    ...     load_checkpoint(f"{d}/ckpt", torch.nn.Linear(2, 2))["step"]
+    3
     """
     import torch.distributed.checkpoint as dcp
     path = Path(path)
@@ -270,7 +295,35 @@ def _destination(layout: _Layout, metadata: dict, key: str, param, buffers: dict
 
 
 def load_checkpoint(path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict:
-    """Load the checkpoint at ``path`` into ``model`` (and ``optimizer``) in place; returns its ``extra``."""
+    """Load the checkpoint at ``path`` into ``model`` (and ``optimizer``) in place; returns its ``extra``.
+
+    Every rank calls it; each reads the shards it holds (any world size the
+    checkpoint was written with).
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        A directory :func:`save_checkpoint` wrote.
+    model : torch.nn.Module
+        The same architecture, sharded with :func:`dcsched.shard` or not.
+    optimizer : torch.optim.Optimizer, optional
+        Receives the saved optimizer state.
+
+    Returns
+    -------
+    dict
+        The ``extra`` values given to :func:`save_checkpoint`.
+
+    Raises
+    ------
+    CheckpointError
+        No checkpoint at ``path``, a damaged one (checksums), names or shapes
+        that differ from ``model``'s, or no optimizer state when asked for.
+
+    Examples
+    --------
+    See :func:`save_checkpoint`.
+    """
     import torch.distributed.checkpoint as dcp
     path = Path(path)
     metadata = _metadata(path)
