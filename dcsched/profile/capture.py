@@ -53,6 +53,7 @@ from dcsched.profile.scripts import (ScriptError, StopScript, compile_intercepto
                       unwrap_dynamo_error)
 
 CPU = torch.device("cpu")
+META = torch.device("meta")
 #: Step inputs up to this many bytes are stored in the bundle as tensors.
 KEEP_INPUT_BYTES = 64 * 1024
 
@@ -165,11 +166,16 @@ class _Backend:
     training step, not an evaluation under no_grad) is kept.
     """
 
-    def __init__(self, record: _Recorded, on_backward: Callable[[_Recorded], None], eager_backward: bool = False):
+    def __init__(self, record: _Recorded, on_backward: Callable[[_Recorded], None], eager_backward: bool = False,
+                 trace_device: torch.device | None = None):
         self.record = record
         self.on_backward = on_backward
         #: Compile the backward right away instead of at its first run (capture without running a step).
         self.eager_backward = eager_backward
+        #: profile --meta: the script's tensors are meta tensors claiming this device when traced
+        #: (:func:`_meta_claims`); AOT autograd traces with it as the default device, and the compiled
+        #: graphs run on the meta device (:func:`_on_meta`).
+        self.trace_device = trace_device
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs):
         from functorch.compile import make_boxed_func
@@ -194,22 +200,26 @@ class _Backend:
             return min_cut_rematerialization_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs,
                                                        **kwargs)
 
+        def runnable(gm: torch.fx.GraphModule):
+            """What runs the traced graph on the script's tensors (on the meta device, under --meta)."""
+            return make_boxed_func((gm if self.trace_device is None else _on_meta(gm)).forward)
+
         def forward_compiler(fw: torch.fx.GraphModule, _inputs):
             graphs.forward = fw
             graphs.mutated_inputs, graphs.tangent_outputs = _output_layout()
             graphs.num_mutated = len(graphs.mutated_inputs)
-            return make_boxed_func(fw.forward)
+            return runnable(fw)
 
         def inference_compiler(fw: torch.fx.GraphModule, _inputs):
             record.forward_only = True
-            return make_boxed_func(fw.forward)
+            return runnable(fw)
 
         def backward_compiler(bw: torch.fx.GraphModule, _inputs):
             kept = record.step is None
             if kept:
                 graphs.backward = bw
                 record.step = graphs
-            run = make_boxed_func(bw.forward)
+            run = runnable(bw)
 
             def run_then_maybe_stop(args):
                 out = run(args)
@@ -221,10 +231,105 @@ class _Backend:
             return run_then_maybe_stop
 
         from torch._functorch import config as functorch_config
-        with functorch_config.patch(force_non_lazy_backward_lowering=self.eager_backward):
+        # Under --meta the inputs claim trace_device when made fake (_meta_claims), and so do the tensors
+        # AOT autograd's decompositions make without naming a device.
+        device = self.trace_device if self.trace_device is not None else contextlib.nullcontext()
+        with functorch_config.patch(force_non_lazy_backward_lowering=self.eager_backward), device:
             return aot_module_simplified(gm, example_inputs, fw_compiler=forward_compiler,
                                          bw_compiler=backward_compiler, inference_compiler=inference_compiler,
                                          partition_fn=partition)
+
+
+@contextlib.contextmanager
+def _meta_claims(device: torch.device):
+    """While open, a meta tensor made fake (TorchDynamo's and AOT autograd's tracing) claims ``device``.
+
+    A fake tensor is a meta tensor that says which device it is on; TorchDynamo and AOT autograd trace
+    with fake copies of the script's tensors, so with its meta tensors claiming ``device`` the graphs are
+    those of a run on ``device``, from tensors that hold no data. Traced as meta tensors they were not:
+
+    * the model's Python code tests the device before any tracing (Mixtral's auxiliary loss: ``histc`` in
+      float32 on the CPU, int32 elsewhere; transformers' grouped-mm choice);
+    * kernels choose by device: ``scaled_dot_product_attention`` takes the CPU's flash kernel on the CPU
+      and the math path (the scores a tensor of the graph) on meta;
+    * torch's Python dispatcher, on during AOT autograd's tracing, sends a composite op that has a Python
+      meta kernel (``aten.nll_loss``: ``cross_entropy``) on a meta tensor to that kernel, below autograd, so
+      the joint graph had no gradient of the loss (``nll_loss_backward``) and the partitioner saved other
+      tensors for the backward.
+    """
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorConverter
+
+    real_from_real_tensor = FakeTensorConverter.from_real_tensor
+
+    class Claiming:
+        def __init__(self, converter):
+            self.converter = converter
+
+        def __getattr__(self, name):
+            return getattr(self.converter, name)
+
+        def __call__(self, t, *args, callback, **kwargs):
+            def claim(make_meta, **more):
+                if torch.device(more.get("device", "meta")).type == "meta":
+                    more["device"] = device
+                return callback(make_meta, **more)
+            return self.converter(t, *args, callback=claim, **kwargs)
+
+    def from_real_tensor(self, fake_mode, t, *args, **kwargs):
+        if isinstance(t, FakeTensor) or not (isinstance(t, torch.Tensor) and t.is_meta):
+            return real_from_real_tensor(self, fake_mode, t, *args, **kwargs)
+        converter = self.meta_converter
+        self.meta_converter = Claiming(converter)
+        try:
+            return real_from_real_tensor(self, fake_mode, t, *args, **kwargs)
+        finally:
+            self.meta_converter = converter
+
+    FakeTensorConverter.from_real_tensor = from_real_tensor  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        FakeTensorConverter.from_real_tensor = real_from_real_tensor  # type: ignore[method-assign]
+
+
+def _planning_device(traced_as: torch.device):
+    """The script's default device under ``--meta``: meta when it runs, ``traced_as`` where TorchDynamo traces.
+
+    A tensor the compiled code makes without naming a device (``torch.ones(n)``) is then made on the device
+    the traced inputs claim (see :func:`_meta_claims`), as in a run there; the script itself, outside the
+    compiled module, makes its model and inputs on the meta device.
+    """
+    from torch.utils._device import DeviceContext, _device_constructors
+
+    class PlanningDevice(DeviceContext):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func in _device_constructors() and kwargs.get("device") is None:
+                kwargs["device"] = traced_as if torch.compiler.is_compiling() else self.device
+            return func(*args, **kwargs)
+
+    return PlanningDevice(META)
+
+
+def _on_meta(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A copy of ``gm`` that runs on meta tensors (the devices it names and its constants on meta)."""
+    import copy
+
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    graph = copy.deepcopy(gm.graph)
+    for node in graph.nodes:
+        if node.op == "call_function":
+            node.args, node.kwargs = on_device(node.args, META), on_device(node.kwargs, META)
+    runnable = torch.fx.GraphModule(gm, graph)
+    for node in graph.nodes:
+        if node.op == "get_attr":
+            owner, _, name = str(node.target).rpartition(".")
+            module = runnable.get_submodule(owner) if owner else runnable
+            value = getattr(module, name)
+            if isinstance(value, torch.Tensor) and not value.is_meta:
+                with unset_fake_temporarily():  # compiled while AOT autograd traces
+                    setattr(module, name, value.to(META))
+    return runnable
 
 
 def _output_layout() -> tuple[list[int], list[int] | None]:
@@ -529,8 +634,10 @@ def capture(model: nn.Module, example_inputs: Sequence[torch.Tensor], loss_fn: C
 class _ScriptCapture:
     """Stands in for ``torch.compile`` while a script runs."""
 
-    def __init__(self, wanted: str | None, real_compile):
+    def __init__(self, wanted: str | None, real_compile, meta: bool = False):
         self.wanted = wanted
+        #: The script runs on the meta device: its step is traced as on the CPU (see _meta_claims).
+        self.meta = meta
         self.real_compile = real_compile
         self.compiled: list[_Recorded] = []
         self.done: _Recorded | None = None
@@ -550,7 +657,8 @@ class _ScriptCapture:
         record = _Recorded(name=type(module).__name__, module=module,
                            n_params=sum(p.numel() for _, p in _trainable(module)))
         self.compiled.append(record)
-        return self.real_compile(model, backend=_Backend(record, self.on_backward), fullgraph=True, dynamic=False)
+        backend = _Backend(record, self.on_backward, trace_device=CPU if self.meta else None)
+        return self.real_compile(model, backend=backend, fullgraph=True, dynamic=False)
 
 
 def capture_script_step(path: str | os.PathLike, argv: Sequence[str] = (), module: str | None = None,
@@ -559,12 +667,14 @@ def capture_script_step(path: str | os.PathLike, argv: Sequence[str] = (), modul
 
     ``meta``: the script runs with the meta device as the default device, so its model and inputs hold shapes
     and dtypes but no storage: a model of any size is captured in little memory, and nothing can be measured
-    (see docs/profile.md, "Planning without the weights").
+    (see docs/profile.md, "Planning without the weights"). Its step is traced as the CPU's (its meta tensors
+    claim the CPU when made fake, :func:`_meta_claims`), so the graphs are those of a capture without ``meta``.
     """
     path = Path(path)
-    interceptor = _ScriptCapture(module, torch.compile)
+    interceptor = _ScriptCapture(module, torch.compile, meta=meta)
     try:
-        with torch.device("meta") if meta else contextlib.nullcontext():
+        with _planning_device(CPU) if meta else contextlib.nullcontext(), \
+                _meta_claims(CPU) if meta else contextlib.nullcontext():
             run = run_script(path, argv, interceptor.compile)
     except ScriptError as exc:
         raise CaptureError(str(exc)) from None
@@ -595,13 +705,7 @@ def capture_script_step(path: str | os.PathLike, argv: Sequence[str] = (), modul
         how = (" (it only ran under no_grad or inference mode)" if recorded.forward_only else "")
         raise CaptureError(f"{path} {ran} before {recorded.name} ran a forward and a backward pass{how}: call "
                            "loss.backward() on a loss computed from its output")
-    captured = _build(record)
-    if meta:  # the graphs name the meta device where the script's ran; a plan is for whatever device runs it
-        for graph in captured.bundle.graphs.values():
-            for node in graph.nodes:
-                if node.op == "call_function":
-                    node.args, node.kwargs = on_device(node.args, CPU), on_device(node.kwargs, CPU)
-    return captured
+    return _build(record)  # under --meta, traced as on the CPU: the graphs name no meta device
 
 
 def capture_script(path: str | os.PathLike, argv: Sequence[str] = (), module: str | None = None) -> Bundle:
