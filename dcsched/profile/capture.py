@@ -285,11 +285,11 @@ def _meta_claims(device: torch.device):
         finally:
             self.meta_converter = converter
 
-    FakeTensorConverter.from_real_tensor = from_real_tensor  # type: ignore[method-assign]
+    FakeTensorConverter.from_real_tensor = from_real_tensor
     try:
         yield
     finally:
-        FakeTensorConverter.from_real_tensor = real_from_real_tensor  # type: ignore[method-assign]
+        FakeTensorConverter.from_real_tensor = real_from_real_tensor
 
 
 def _planning_device(traced_as: torch.device):
