@@ -10,14 +10,15 @@ against in ``benchmarks/bench_quality.py``.
 >>> from dcsched.synthetic import layered_stack
 >>> from dcsched.graph.nxview import to_networkx, check_order
 >>> view = to_networkx(layered_stack(2).forward)
->>> check_order(view, prefetch_ahead(view, k=2))
+>>> from dcsched.graph.form import GraphForm
+>>> check_order(view, prefetch_ahead(GraphForm(view), k=2).order)
 """
 
 from __future__ import annotations
 
-import networkx as nx
-
-from dcsched.errors import DcschedError
+from dcsched.errors import OptionError
+from dcsched.graph.form import GraphForm
+from dcsched.schedulers.plan import Plan
 from dcsched.schedulers.overlap.scheduler import OverlapPlanner
 from dcsched.schedulers.registry import register
 
@@ -25,9 +26,9 @@ DEFAULT_K = 2
 
 
 @register("prefetch-ahead", description="naive baseline: fast-free's compute order, each all-gather issued "
-                                        "k all-gathers ahead of its need (default k=2), memory ignored", takes_form=True)
-def prefetch_ahead(view: nx.DiGraph, *, k: int = DEFAULT_K) -> list[str]:
+                                        "k all-gathers ahead of its need (default k=2), memory ignored")
+def prefetch_ahead(form: GraphForm, *, k: int = DEFAULT_K) -> Plan:
     if isinstance(k, bool) or not isinstance(k, int):
-        raise DcschedError(f"prefetch-ahead: k must be a whole number of all-gathers, not {k!r}")
-    planner = OverlapPlanner(view)
-    return planner.names(planner.assemble(planner.ahead_slots(k)))
+        raise OptionError("k", f"prefetch-ahead: k must be a whole number of all-gathers, not {k!r}")
+    planner = OverlapPlanner(form)
+    return Plan(planner.names(planner.assemble(planner.ahead_slots(k))))
