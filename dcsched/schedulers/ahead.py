@@ -28,6 +28,31 @@ DEFAULT_K = 2
 @register("prefetch-ahead", description="naive baseline: fast-free's compute order, each all-gather issued "
                                         "k all-gathers ahead of its need (default k=2), memory ignored")
 def prefetch_ahead(form: GraphForm, *, k: int = DEFAULT_K) -> Plan:
+    """fast-free's compute order with all-gather ``i`` issued ``k`` all-gathers ahead of its need.
+
+    Parameters
+    ----------
+    form : GraphForm
+        The graph.
+    k : int, optional
+        How many all-gathers ahead (default 2; 0: just in time).
+
+    Returns
+    -------
+    Plan
+        The order (node names); no buckets, every parameter sharded.
+
+    Raises
+    ------
+    OptionError
+        For a ``k`` that is not a whole number.
+
+    Examples
+    --------
+    >>> from dcsched.synthetic import layered_stack
+    >>> prefetch_ahead(GraphForm(layered_stack(1).forward), k=1).order[-1]
+    'output'
+    """
     if isinstance(k, bool) or not isinstance(k, int):
         raise OptionError("k", f"prefetch-ahead: k must be a whole number of all-gathers, not {k!r}")
     planner = OverlapPlanner(form)

@@ -62,6 +62,24 @@ from dcsched.schedulers.registry import register
 @register("fast-free", description="DeepCompile's fast_free_schedule (DeepSpeed 0.19.8 order, no budget): "
                                    "gather the parameter that frees soonest, run it to its last use")
 def fast_free(form: GraphForm) -> Plan:
+    """DeepSpeed 0.19.8's ``fast_free_schedule`` order of ``form`` (no budget).
+
+    Parameters
+    ----------
+    form : GraphForm
+        The graph.
+
+    Returns
+    -------
+    Plan
+        The order (node names); no buckets, every parameter sharded.
+
+    Examples
+    --------
+    >>> from dcsched.synthetic import layered_stack
+    >>> fast_free(GraphForm(layered_stack(1).forward)).order[-1]
+    'output'
+    """
     return Plan(schedule_indexed(form, fast_free_indices))
 
 

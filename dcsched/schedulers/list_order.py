@@ -41,6 +41,24 @@ from dcsched.schedulers.registry import register
 @register("list", description="greedy: run the runnable node with the smallest memory delta "
                               "(+gather, -final release), ties by input order")
 def list_order(form: GraphForm) -> Plan:
+    """The ``list`` order of ``form``: the runnable node with the smallest memory delta first.
+
+    Parameters
+    ----------
+    form : GraphForm
+        The graph.
+
+    Returns
+    -------
+    Plan
+        The order (node names); no buckets, every parameter sharded.
+
+    Examples
+    --------
+    >>> from dcsched.synthetic import layered_stack
+    >>> list_order(GraphForm(layered_stack(1).forward)).order[-1]
+    'output'
+    """
     return Plan(schedule_indexed(form, list_indices))
 
 

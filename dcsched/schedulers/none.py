@@ -9,5 +9,23 @@ from dcsched.schedulers.registry import register
 
 @register("none", description="the input order, unchanged")
 def input_order(form: GraphForm) -> Plan:
-    """The graph's own order (the form numbers nodes by input position)."""
+    """The graph's own order (the form numbers nodes by input position).
+
+    Parameters
+    ----------
+    form : GraphForm
+        The graph.
+
+    Returns
+    -------
+    Plan
+        The input order; no buckets, every parameter sharded.
+
+    Examples
+    --------
+    >>> from dcsched.synthetic import layered_stack
+    >>> g = layered_stack(1).forward
+    >>> list(input_order(GraphForm(g)).order) == [n.name for n in g.nodes]
+    True
+    """
     return Plan(form.names)

@@ -108,16 +108,37 @@ def register(name: str, *, description: str) -> Callable[[Scheduler], Scheduler]
 
 
 def unregister(name: str) -> SchedulerInfo:
+    """Remove scheduler ``name`` (tests and demos); returns what was registered.
+
+    Raises
+    ------
+    KeyError
+        For a name not registered.
+    """
     return _REGISTRY.pop(name)
 
 
 def get(name: str) -> SchedulerInfo:
     """The scheduler registered as ``name``.
 
+    Parameters
+    ----------
+    name : str
+        The scheduler's name.
+
+    Returns
+    -------
+    SchedulerInfo
+
     Raises
     ------
     ScheduleError
         For an unknown name (the message lists the available ones).
+
+    Examples
+    --------
+    >>> get("overlap").options
+    ('memory_budget', 'budget_scope')
     """
     try:
         return _REGISTRY[name]
@@ -126,6 +147,13 @@ def get(name: str) -> SchedulerInfo:
 
 
 def available() -> list[str]:
+    """The registered schedulers' names, in registration order (the order of ``--algo all``).
+
+    Examples
+    --------
+    >>> available()[:2]
+    ['none', 'list']
+    """
     return list(_REGISTRY)
 
 

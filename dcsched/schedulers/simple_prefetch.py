@@ -39,6 +39,24 @@ from dcsched.schedulers.registry import register
 @register("simple-prefetch", description="DeepCompile's simple_prefetch (DeepSpeed 0.19.8 order): "
                                          "issue each all-gather one step before the work it unblocks")
 def simple_prefetch(form: GraphForm) -> Plan:
+    """DeepSpeed 0.19.8's ``simple_prefetch`` order of ``form``.
+
+    Parameters
+    ----------
+    form : GraphForm
+        The graph.
+
+    Returns
+    -------
+    Plan
+        The order (node names); no buckets, every parameter sharded.
+
+    Examples
+    --------
+    >>> from dcsched.synthetic import layered_stack
+    >>> simple_prefetch(GraphForm(layered_stack(1).forward)).order[-1]
+    'output'
+    """
     return Plan(schedule_indexed(form, simple_prefetch_indices))
 
 
