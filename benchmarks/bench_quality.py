@@ -41,8 +41,8 @@ from quality_graphs import CONFIGS, STRESS, captured, depths, samples  # noqa: E
 
 from dcsched.sim.bounds import budget_bound, tight_bound  # noqa: E402
 from dcsched.graph.nxview import to_networkx  # noqa: E402
-from dcsched.schedulers import get  # noqa: E402
-from dcsched.graph.form import paused_gc  # noqa: E402
+from dcsched.schedulers import run  # noqa: E402
+from dcsched.graph.form import GraphForm, paused_gc  # noqa: E402
 from dcsched.schedulers.deepcompile import DeepCompile  # noqa: E402
 from dcsched.schedulers.overlap.scheduler import UNLIMITED, Overlap  # noqa: E402
 from dcsched.units import format_bytes  # noqa: E402
@@ -94,7 +94,7 @@ def run_algorithms(name: str, graph) -> Runs:
     runs = Runs(scheduler, tight_bound(compiled), 0.0, 0.0)
     for algo in BASELINES:
         t = time.process_time()
-        order = get(algo)(view)
+        order = list(run(algo, GraphForm(view)).order)
         runs.add(algo, names=order, seconds=time.process_time() - t)
     ff = runs.results["fast-free"]
     runs.budget_b = budget_b = max(ff.gathered_peak_bytes, 2 * scheduler.largest_gather)
@@ -107,7 +107,8 @@ def run_algorithms(name: str, graph) -> Runs:
     for label, budget in (("deepcompile", None), ("deepcompile @B", ff.peak_bytes + budget_b - ff.gathered_peak_bytes),
                           ("deepcompile @ff", ff.peak_bytes)):
         t = time.process_time()
-        runs.add(label, names=pipeline.plan(budget).order, seconds=time.process_time() - t + setup, budget=budget)
+        runs.add(label, names=pipeline.plan(math.inf if budget is None else budget).order,
+                 seconds=time.process_time() - t + setup, budget=budget)
     planner = scheduler.planners[0]
     for k in AHEAD:
         runs.add(f"prefetch-ahead k={k}", order_indices=planner.assemble(planner.ahead_slots(k)))

@@ -17,7 +17,7 @@ series; ``captured``: chained copies of the captured sample Llama
 :mod:`dcsched.synthetic.stacking`), up to 120 copies (57,601 forward and 100,511
 backward nodes).
 Per algorithm, one row per graph: nodes, all-gathers, dcsched seconds for the
-order alone (given the networkx view) and for the whole ``dcsched.schedule``
+order alone (``dcsched.schedulers.run`` on the graph form built from the networkx view) and for the whole ``dcsched.schedule``
 call (graph form or view, order, rebuilt FX graph; best of ``--repeat`` in a
 fresh (spawned) process that builds the graph, as the CLI runs it), that
 process's peak resident memory over the first call (``peak RSS MiB``, the graph
@@ -46,7 +46,9 @@ sys.path.insert(0, str(ROOT))
 
 import dcsched  # noqa: E402
 from dcsched.graph.nxview import to_networkx  # noqa: E402
-from dcsched.schedulers import get  # noqa: E402
+from dcsched.budget import Budget  # noqa: E402
+from dcsched.graph.form import GraphForm  # noqa: E402
+from dcsched.schedulers import run  # noqa: E402
 from dcsched.schedulers.overlap.scheduler import Overlap  # noqa: E402
 from dcsched.synthetic.stacking import stack_copies  # noqa: E402
 from dcsched.synthetic import GraphPair, layered_stack  # noqa: E402
@@ -228,13 +230,14 @@ def measure(args, algos: list[str], with_reference: bool) -> dict[str, list]:
                 view = to_networkx(graph)
                 n_ags = sum(1 for _, d in view.nodes(data=True) if d["role"] == "allgather")
                 for algo in algos:
-                    scheduler = get(algo)
                     # Best of a few runs: the machine may be shared, and the least time is the
                     # least disturbed one.
                     repeat = 3 if n < 20_000 else 2
                     options = overlap_options(view, args.budget_factor) if algo == "overlap" \
                         else OPTIONS.get(algo, {})
-                    order_s, _ = timed(lambda: scheduler(view, **options), repeat=repeat)
+                    own = {k: v for k, v in options.items() if k != "memory_budget"}
+                    budget = Budget.parse(options["memory_budget"]) if "memory_budget" in options else None
+                    order_s, _ = timed(lambda: run(algo, GraphForm(view), budget=budget, **own), repeat=repeat)
                     measured = fresh_whole_call((series, n_layers, kind), algo, options, args.repeat)
                     whole_s, rss = (math.nan, None) if measured is None else (measured[0], measured[1:])
                     ref = None

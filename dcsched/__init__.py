@@ -21,6 +21,7 @@ _LAZY = {
     "to_fx": "graph.nxview", "to_networkx": "graph.nxview", "Role": "graph.roles", "role_of": "graph.roles",
     "capture": "profile.capture", "capture_script": "profile.capture", "ProfileOptions": "profile.measure",
     "profile_bundle": "profile.measure",
+    "Budget": "budget", "Plan": "schedulers.plan",
     "schedule": "schedulers.reorder", "simulate": "sim.simulate", "SimResult": "sim.simulate",
     "replay_orders": "replay",
     "backend": "train", "shard": "train",
@@ -59,6 +60,6 @@ __all__ = [
     "BundleError", "DcschedError", "GraphError", "ResultMismatch",
     "to_fx", "to_networkx", "Role", "role_of",
     "capture", "capture_script", "ProfileOptions", "profile_bundle",
-    "schedule", "simulate", "SimResult", "replay_orders", "backend", "shard",
+    "Budget", "Plan", "schedule", "simulate", "SimResult", "replay_orders", "backend", "shard",
     "save_checkpoint", "load_checkpoint", "CheckpointError",
 ]

@@ -27,6 +27,8 @@ class DcschedError(Exception):
     """Bad input or an impossible request; the message says what to fix."""
 
     exit_code = 2
+    #: The Python parameters the message names (the command line shows them as its flags).
+    parameters: tuple[str, ...] = ()
 
 
 class OptionError(DcschedError, ValueError):
@@ -39,6 +41,7 @@ class OptionError(DcschedError, ValueError):
     def __init__(self, option: str, problem: str):
         self.option = option
         self.problem = problem
+        self.parameters = (option,)
         super().__init__(f"{option}: {problem}")
 
 
@@ -60,7 +63,17 @@ class ScheduleError(GraphError):
 
 
 class BudgetError(DcschedError):
-    """A memory budget that no order of the graph fits in, or one that cannot be read."""
+    """A memory budget that no order of the graph fits in; the message names the parameter (``memory_budget``).
+
+    A budget that cannot be read at all is an :class:`OptionError`.
+
+    >>> BudgetError("memory_budget 10 B is too small").parameters
+    ('memory_budget',)
+    """
+
+    def __init__(self, message: str, *, parameters: tuple[str, ...] = ("memory_budget",)):
+        self.parameters = tuple(parameters)
+        super().__init__(message)
 
 
 class OutputError(DcschedError):

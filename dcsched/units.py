@@ -1,9 +1,10 @@
 """Sizes and times as people type and read them. Stored figures are bytes and milliseconds.
 
+A memory budget is read by :meth:`dcsched.budget.Budget.parse` (a size from
+:func:`parse_size`, or 'unlimited').
+
 >>> parse_size("6GiB"), parse_size("1.5GB"), parse_size("512")
 (6442450944, 1500000000, 512)
->>> parse_budget("unlimited"), parse_budget("800MB"), parse_budget(2**30)
-(inf, 800000000, 1073741824)
 >>> format_bytes(3 * 2**30)
 '3.00 GiB'
 >>> format_ms(0.25)
@@ -15,15 +16,12 @@ from __future__ import annotations
 import math
 import re
 
-from dcsched.errors import DcschedError
 
 _SI = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
        "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 _IEC = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
 #: Sizes above this are typos, not memory (1 EiB; no device holds a thousandth of it).
 MAX_SIZE_BYTES = 2**60
-#: What ``--memory-budget`` and ``memory_budget=`` accept for "no limit".
-UNLIMITED_WORDS = ("unlimited", "infinite", "inf", "none")
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
 
@@ -49,26 +47,6 @@ def parse_size(text: str | int | float, *, limit: float = MAX_SIZE_BYTES) -> int
     if value > limit:
         raise ValueError(f"size {text!r} is over {limit:.0f} bytes: a typo?")
     return int(value)
-
-
-def parse_budget(value: str | int | float) -> float:
-    """A memory budget in bytes, ``math.inf`` for no limit: the one parser of ``--memory-budget`` and ``memory_budget=``.
-
-    Takes a size (:func:`parse_size`: ``'6GiB'``, ``1.5e9``), one of
-    :data:`UNLIMITED_WORDS` or ``math.inf``. Raises :class:`DcschedError`
-    naming the value for anything else: NaN, a negative number, an overflow
-    such as ``'1e400GB'``. Any finite size is a budget, however large: one
-    over every tensor the graph holds simply never binds (DeepSpeed passes 1e30).
-    """
-    if isinstance(value, str) and value.strip().lower() in UNLIMITED_WORDS:
-        return math.inf
-    if isinstance(value, float) and value == math.inf:
-        return math.inf
-    try:
-        return parse_size(value, limit=math.inf)
-    except (ValueError, TypeError) as exc:
-        detail = str(exc) if isinstance(exc, ValueError) else f"not a size: {value!r}"
-        raise DcschedError(f"memory budget: {detail}; or 'unlimited'") from None
 
 
 def format_bytes(n: float | int | None) -> str:

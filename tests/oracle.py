@@ -12,9 +12,9 @@ oracles follow dcsched.
 
 >>> from dcsched.synthetic import random_graph
 >>> from dcsched.graph.nxview import to_networkx
->>> from dcsched.schedulers import get
+>>> from scheduling import scheduled
 >>> view = to_networkx(random_graph(1))
->>> fast_free_oracle(view) == get("fast-free")(view)
+>>> fast_free_oracle(view) == scheduled("fast-free", view)
 True
 """
 

@@ -19,10 +19,10 @@ from hypothesis import given, settings, strategies as st
 from dcsched.sim.bounds import budget_bound, ends_bound, max_selection, through_comm_bound, tight_bound
 from dcsched.graph.form import PLACEHOLDER
 from dcsched.graph.nxview import to_networkx
-from dcsched.schedulers import get
 from dcsched.schedulers.overlap.scheduler import Overlap
 from dcsched.sim.simulate import compile_view
 from dcsched.synthetic import random_graph
+from scheduling import scheduled
 
 from strategies import arbitrary_dags, random_topological_order
 from test_simulate import G
@@ -98,7 +98,7 @@ def test_budget_bound_never_exceeds_a_real_order(graph, seed):
     c = compile_view(view, assume_zero=True)
     rng = random.Random(seed)
     orders = [random_topological_order(view, rng) for _ in range(4)]
-    orders += [get(name)(view) for name in ("fast-free", "simple-prefetch")]
+    orders += [scheduled(name, view) for name in ("fast-free", "simple-prefetch")]
     for order in orders:
         result = c.simulate(order, detail=False)
         assert result.step_ms >= budget_bound(c, result.gathered_peak_bytes) - EPS
@@ -154,7 +154,7 @@ def test_budget_bound_on_random_chains_is_valid_and_binds():
         tight_budgets = [scheduler.min_budget(), 2 * scheduler.largest_gather]
         orders = [random_topological_order(view, rng) for _ in range(20)]
         orders += [scheduler.plan(max(b, scheduler.min_budget()))[0] for b in tight_budgets]
-        orders += [get("fast-free")(view)]
+        orders += [scheduled("fast-free", view)]
         ends = ends_bound(c)
         for order in orders:
             result = c.simulate(order, detail=False)

@@ -30,12 +30,15 @@ def test_default_budget_is_device_memory_less_margin(tmp_path, capsys):
     assert os.path.exists(tmp_path / "g.overlap.pt")
 
 
-def test_no_recorded_device_needs_an_explicit_budget(tmp_path, capsys):
+def test_no_recorded_device_means_no_limit_as_in_train(tmp_path, capsys):
+    # One default rule for schedule, train and Python: the device's memory less 10%, else no limit.
     path = _bundle(tmp_path)
-    assert run(["schedule", str(path), "--algo", "overlap"]) == 2
-    err = capsys.readouterr().err
-    assert "--memory-budget" in err and "Traceback" not in err
-    assert not os.path.exists(tmp_path / "g.overlap.pt")
+    assert run(["schedule", str(path), "--algo", "overlap"]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "no target device recorded in the bundle: memory budget unlimited" in err and "Traceback" not in err
+    scheduled = dcsched.load(tmp_path / "g.overlap.pt")
+    unlimited = dcsched.schedule(dcsched.load(path).forward, "overlap", memory_budget="unlimited")
+    assert [n.name for n in scheduled.forward.nodes] == [n.name for n in unlimited.nodes]
 
 
 def test_budget_below_the_smallest_names_the_smallest(tmp_path, capsys):

@@ -17,7 +17,7 @@ from dcsched.bundle.core import Bundle, InputInfo, ParamInfo, to_data
 from dcsched.cli import run
 from dcsched.graph.nxview import to_networkx
 from dcsched.errors import DcschedError
-from dcsched.schedulers import available, get, register
+from dcsched.schedulers import Plan, available, get, register
 from dcsched.schedulers.registry import unregister
 
 aten = torch.ops.aten
@@ -105,23 +105,23 @@ def second_scheduler():
     """A second registered algorithm (gathers as late as possible), to show `all` takes whatever is registered."""
     name = "test-late-gathers"
 
-    def late_gathers(view):
+    def late_gathers(form):
         # Repeatedly run the first runnable node in input order, all-gathers and waits only when nothing
         # else can run: each gather moves down to just before its first use.
-        position = {v: view.nodes[v]["position"] for v in view}
-        waiting = {v: view.in_degree(v) for v in view}
-        ready = {v for v, d in waiting.items() if d == 0}
+        from dcsched.graph.form import ALLGATHER, WAIT
+        waiting = [len(p) for p in form.preds]
+        ready = {v for v, d in enumerate(waiting) if d == 0}
         order = []
         while ready:
-            others = [v for v in ready if view.nodes[v]["role"] not in ("allgather", "wait")]
-            v = min(others or ready, key=position.get)
+            others = [v for v in ready if form.kind[v] not in (ALLGATHER, WAIT)]
+            v = min(others or ready)  # node numbers are input positions
             ready.remove(v)
             order.append(v)
-            for s in view.succ[v]:
+            for s in form.succs[v]:
                 waiting[s] -= 1
                 if waiting[s] == 0:
                     ready.add(s)
-        return order
+        return Plan(form.order_names(order))
 
     register(name, description="test only")(late_gathers)
     yield name
@@ -194,10 +194,10 @@ def test_algo_all_side_by_side_one_bundle_each(bundle_path, second_scheduler, ca
 def refusing_scheduler():
     name = "test-needs-option"
 
-    def refuse(view, *, needed=None):
+    def refuse(form, *, needed=None):
         if needed is None:
             raise DcschedError("test-needs-option needs --option needed=...")
-        return sorted(view.nodes, key=lambda v: view.nodes[v]["position"])
+        return Plan(form.names)
 
     register(name, description="test only")(refuse)
     yield name
@@ -222,9 +222,9 @@ def test_algo_all_skips_a_scheduler_that_cannot_run_and_says_why(bundle_path, re
 
 
 @pytest.mark.parametrize("options, words", [
-    (["-O", "memory_budget=-5"], "memory budget: not a size: '-5'"),
-    (["-O", "memory_budget=1000"], "memory budget 1000 B (1000 bytes) is too small"),  # not silently the default
-    (["-O", "memory-budget=lots"], "memory budget: not a size: 'lots'"),
+    (["-O", "memory_budget=-5"], "--memory-budget: not a size: '-5'"),
+    (["-O", "memory_budget=1000"], "--memory-budget 1000 B (1000 bytes) is too small"),  # not silently the default
+    (["-O", "memory-budget=lots"], "--memory-budget: not a size: 'lots'"),
     (["-O", "budget_scope=some"], "unknown budget scope 'some'"),
     (["-O", "memory_budget=1GiB", "--memory-budget", "2GiB"], "--memory-budget given twice"),
 ])
@@ -417,7 +417,7 @@ def test_bad_memory_budget_one_line(tmp_path, capsys, budget, words):
     before = files(tmp_path)
     assert run(["schedule", str(path), "--algo", "overlap", "--memory-budget", budget]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "Traceback" not in err and "memory budget" in err, err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err and "--memory-budget" in err, err
     assert words in err, err
     assert files(tmp_path) == before
 

@@ -153,7 +153,7 @@ def test_a_compiled_linear_model_trains(tmp_path, capsys):
 
 @pytest.mark.parametrize("options, words", [
     (["--algo", "nosuch"], "nosuch"),
-    (["--algo", "overlap", "--memory-budget", "lots"], "memory budget"),
+    (["--algo", "overlap", "--memory-budget", "lots"], "--memory-budget: not a size"),
     (["--algo", "fast-free", "--memory-budget", "1GiB"], "takes no memory budget"),
     (["--budget-scope", "some", "--algo", "overlap"], "budget scope"),
     (["--timeout", "0"], "--timeout"),

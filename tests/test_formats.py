@@ -127,11 +127,11 @@ METRICS = ("peak memory", "at node", "gathered peak", "step time", "exposed comm
 
 @pytest.fixture(scope="module")
 def every_algorithm():
-    from dcsched.schedulers import available, get
+    from dcsched.budget import Budget
+    from dcsched.schedulers import available
     bundle = linear_bundle(4)
     algorithms = available()
-    options = {a: {"memory_budget": float("inf")} for a in algorithms if "memory_budget" in get(a).options}
-    return formats.ScheduleReport(Path("in.pt"), compare_bundle(bundle, algorithms, options=options))
+    return formats.ScheduleReport(Path("in.pt"), compare_bundle(bundle, algorithms, budget=Budget.unlimited()))
 
 
 def rendered(report, width):

@@ -19,6 +19,7 @@ from dcsched import replay as rp
 from dcsched.graph.nxview import to_networkx
 from dcsched.graph.roles import is_random
 from dcsched.sim.simulate import compile_view
+from scheduling import scheduled as order_of
 
 from bundles import _node
 from dropout_models import DROPOUT_MODELS, captured, distinct, scheduled
@@ -101,5 +102,5 @@ def test_dropout_models_replay_bit_for_bit_under_every_scheduler(name):
     if name == "t5":  # and without the chain, fast-free would swap the decoder's dropouts before the encoder's
         view = to_networkx(bundle.forward)
         view.remove_edges_from(view.graph["order_only_edges"])
-        order = dcsched.schedulers.get("fast-free")(view)
+        order = order_of("fast-free", view)
         assert [n for n in order if n in set(random_ops)] != random_ops

@@ -11,9 +11,9 @@ import pytest
 
 from dcsched.graph.form import output_last
 from dcsched.graph.nxview import check_order, to_networkx
-from dcsched.schedulers import get
 from dcsched.synthetic import graph_digest
 from dcsched.schedulers.deepcompile import DeepCompile
+from scheduling import scheduled
 from golden_corpus import build, prefetch_records, records
 
 ALGOS = ("fast-free", "simple-prefetch")
@@ -41,7 +41,7 @@ def _recorded_graph(record) -> tuple:
 def test_matches_deepspeed(record):
     view, names = _recorded_graph(record)
     for algo in ALGOS:
-        ours = get(algo)(view)
+        ours = scheduled(algo, view)
         check_order(view, ours)
         golden = record[algo]
         if golden.get("valid"):

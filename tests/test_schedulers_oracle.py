@@ -8,9 +8,9 @@ import pytest
 
 from dcsched.bundle.core import load as load_bundle
 from dcsched.graph.nxview import to_networkx
-from dcsched.schedulers import get
 from dcsched.synthetic.stacking import stack_copies
 from dcsched.synthetic import layered_stack, moe_graph, random_graph
+from scheduling import scheduled
 
 import oracle  # tests/oracle.py: the literal, slow statements of the rules
 
@@ -25,7 +25,7 @@ ORACLES = {"fast-free": oracle.output_last_of(oracle.fast_free_oracle),
 def test_random_graphs(seed, kind):
     view = to_networkx(random_graph(5000 + seed, kind=kind, kwargs_deps=seed % 2 == 0))
     for algo, literal in ORACLES.items():
-        assert get(algo)(view) == literal(view), algo
+        assert scheduled(algo, view) == literal(view), algo
 
 
 @pytest.mark.parametrize("kind", ["forward", "backward"])
@@ -33,7 +33,7 @@ def test_large_random_graph(kind):
     view = to_networkx(random_graph(77, kind=kind, n_params=250, n_ops=900, kwargs_deps=True))
     assert view.number_of_nodes() > 1500
     for algo in ("fast-free", "simple-prefetch"):
-        assert get(algo)(view) == ORACLES[algo](view), algo
+        assert scheduled(algo, view) == ORACLES[algo](view), algo
 
 
 @pytest.mark.parametrize("kind", ["forward", "backward"])
@@ -42,7 +42,7 @@ def test_deep_layered_stack(kind):
     view = to_networkx(getattr(layered_stack(24), kind))
     assert view.number_of_nodes() > 2000
     for algo in ("fast-free", "simple-prefetch"):
-        assert get(algo)(view) == ORACLES[algo](view), algo
+        assert scheduled(algo, view) == ORACLES[algo](view), algo
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -51,7 +51,7 @@ def test_moe_graphs(seed, kind):
     # Many parallel same-size experts: the count-1 candidates that lose round after round, and their ties.
     view = to_networkx(moe_graph(seed, kind=kind))
     for algo in ("fast-free", "simple-prefetch"):
-        assert get(algo)(view) == ORACLES[algo](view), algo
+        assert scheduled(algo, view) == ORACLES[algo](view), algo
 
 
 @pytest.mark.parametrize("kind", ["forward", "backward"])
@@ -59,4 +59,4 @@ def test_stacked_captured_copies(kind):
     # Each copy's inputs-only branches (embedding, rotary tables) wait beside the other copies' rounds.
     graph = getattr(load_bundle(SAMPLES / "llama.pt"), kind)
     view = to_networkx(stack_copies(graph, 3))
-    assert get("fast-free")(view) == ORACLES["fast-free"](view)
+    assert scheduled("fast-free", view) == ORACLES["fast-free"](view)

@@ -17,9 +17,10 @@ from hypothesis import given, settings, strategies as st
 
 from dcsched.graph.nxview import check_order, input_nodes, to_fx, to_networkx
 from dcsched.graph.roles import is_random
-from dcsched.schedulers import available, get
+from dcsched.schedulers import available, get  # noqa: F401
 from dcsched.schedulers.overlap.scheduler import Overlap
 from dcsched.synthetic import moe_graph, random_graph
+from scheduling import scheduled
 
 from strategies import arbitrary_dags, with_sink_chains
 import oracle  # tests/oracle.py: the literal, slow statements of the rules
@@ -37,21 +38,21 @@ def _edges(graph: torch.fx.Graph) -> set[tuple[str, str, int]]:
 def _check_all(graph: torch.fx.Graph) -> None:
     view = to_networkx(graph)
     for algo, literal in ALGOS.items():
-        order = get(algo)(view)
+        order = scheduled(algo, view)
         check_order(view, order)
-        assert order == get(algo)(view), f"{algo} is not deterministic"
+        assert order == scheduled(algo, view), f"{algo} is not deterministic"
         rebuilt = to_fx(graph, order)
         rebuilt.lint()
         assert [n.name for n in rebuilt.nodes] == order
         assert _edges(rebuilt) == _edges(graph)
         assert order == literal(view), f"{algo} differs from its oracle"
     # deepcompile: fast-free's order with all-gathers moved ahead, at any budget a valid order.
-    for budget in (None, 0):
-        order = get("deepcompile")(view, memory_budget=budget)
+    for budget in (None, 0):  # None: no limit
+        order = scheduled("deepcompile", view, memory_budget=budget)
         check_order(view, order)
-        assert order == get("deepcompile")(view, memory_budget=budget)
+        assert order == scheduled("deepcompile", view, memory_budget=budget)
         assert [v for v in order if view.nodes[v]["role"] != "allgather"] == \
-            [v for v in get("fast-free")(view) if view.nodes[v]["role"] != "allgather"]
+            [v for v in scheduled("fast-free", view) if view.nodes[v]["role"] != "allgather"]
 
 
 @settings(max_examples=60, deadline=None)
@@ -65,7 +66,7 @@ def test_graphs_with_chains_nothing_reads_keep_the_output_last(seed, kind, n_par
     view = to_networkx(graph)
     for algo in available():
         options = {"memory_budget": float("inf")} if "memory_budget" in get(algo).options else {}
-        order = get(algo)(view, **options)
+        order = scheduled(algo, view, **options)
         assert view.nodes[order[-1]]["role"] == "output", algo
 
 
@@ -99,9 +100,9 @@ def _every_order(view):
                     yield f"overlap {scope} {budget}", planner.order(budget, scope)
         elif algo == "prefetch-ahead":
             for k in (0, 2):
-                yield f"{algo} k={k}", get(algo)(view, k=k)
+                yield f"{algo} k={k}", scheduled(algo, view, k=k)
         else:
-            yield algo, get(algo)(view)
+            yield algo, scheduled(algo, view)
 
 
 @settings(max_examples=60, deadline=None)

@@ -12,7 +12,9 @@ import pytest
 import dcsched
 from dcsched.cli import run
 from dcsched.errors import DcschedError
-from dcsched.units import format_bytes, format_ms, parse_budget, parse_size
+from dcsched.budget import Budget
+from dcsched.errors import OptionError
+from dcsched.units import format_bytes, format_ms, parse_size
 
 from bundles import linear_bundle
 
@@ -77,13 +79,14 @@ def test_help_lists_commands(capsys):
     ("800MB", 800_000_000), (2**30, 2**30), (1.5e9, 1_500_000_000), ("0", 0), (1e30, int(1e30)), ("2e6TiB", 2 * 10**6 * 2**40),
 ])
 def test_parse_budget(value, expected):
-    assert parse_budget(value) == expected
+    assert Budget.parse(value).bytes == expected
 
 
 @pytest.mark.parametrize("value", ["1e400GB", "nan", math.nan, -1, "-1GB", True, [1], -math.inf])
 def test_parse_budget_rejects_with_one_error(value):
-    with pytest.raises(DcschedError, match="memory budget"):
-        parse_budget(value)
+    with pytest.raises(OptionError, match="^memory_budget: ") as info:
+        Budget.parse(value)
+    assert info.value.option == "memory_budget" and isinstance(info.value, DcschedError)
 
 
 @pytest.mark.parametrize("text,words", [("1e400GB", "not a size"), ("nan", "not a size"), ("inf", "not a size"),

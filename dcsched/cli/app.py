@@ -7,6 +7,7 @@ and render its results.
 
 from __future__ import annotations
 
+import re
 import sys
 
 import typer
@@ -42,6 +43,39 @@ def fail(message: str, code: int = 2) -> None:
     raise SystemExit(code)
 
 
+#: The flags of the Python parameters an error may name (:attr:`DcschedError.parameters`).
+PARAMETER_FLAGS = {"memory_budget": "--memory-budget", "budget_scope": "--budget-scope"}
+
+
+def cli_wording(exc: DcschedError) -> str:
+    """``exc``'s message with the Python parameters it names written as the command line's flags.
+
+    Parameters
+    ----------
+    exc : DcschedError
+        The error; its ``parameters`` say which names to replace.
+
+    Returns
+    -------
+    str
+        ``name=value`` becomes ``--flag value``, a bare ``name`` becomes ``--flag``.
+
+    Examples
+    --------
+    >>> from dcsched.errors import BudgetError
+    >>> cli_wording(BudgetError("memory_budget 1 B is too small (budget_scope=all); pass memory_budget=9 or more",
+    ...                         parameters=("memory_budget", "budget_scope")))
+    '--memory-budget 1 B is too small (--budget-scope all); pass --memory-budget 9 or more'
+    """
+    message = str(exc)
+    for name in getattr(exc, "parameters", ()):
+        flag = PARAMETER_FLAGS.get(name)
+        if flag is not None:
+            message = re.sub(rf"\b{name}=", flag + " ", message)
+            message = re.sub(rf"\b{name}\b", flag, message)
+    return message
+
+
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit code (0 ok, 1 result mismatch, 2 bad input)."""
     # Not standalone: typer's usage errors come here as exceptions and are
@@ -54,7 +88,8 @@ def run(argv: list[str] | None = None) -> int:
         err_console.print(f"[bold red]dcsched: results differ:[/] {safe_text(exc)}", highlight=False, soft_wrap=True)
         return 1
     except DcschedError as exc:
-        err_console.print(f"[bold red]dcsched: error:[/] {safe_text(exc)}", highlight=False, soft_wrap=True)
+        err_console.print(f"[bold red]dcsched: error:[/] {safe_text(cli_wording(exc))}", highlight=False,
+                          soft_wrap=True)
         return exc.exit_code
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)

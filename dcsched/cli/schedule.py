@@ -16,8 +16,9 @@ import typer
 from dcsched.report import formats
 from dcsched.errors import DcschedError
 from dcsched.outputs import all_or_none, check_outputs
-from dcsched.units import format_bytes, parse_budget
-from dcsched.cli.app import app, console, err_console, safe_text
+from dcsched.budget import DEFAULT_MARGIN, DEFAULT_SCOPE, Budget, check_scope, default_budget, device_memory
+from dcsched.units import format_bytes
+from dcsched.cli.app import app, cli_wording, console, err_console, safe_text
 
 if TYPE_CHECKING:  # the modules themselves import torch, so only when a command runs
     from dcsched.bundle import core as bundle_io
@@ -76,16 +77,47 @@ def named_from_options(memory_budget: str | None, budget_scope: str | None,
 
 
 def scheduler_options(algorithms: list[str], memory_budget: str | None, budget_scope: str | None,
-                      extra: list[str]) -> dict[str, dict]:
-    """Per algorithm, the given options it accepts; an option no selected algorithm takes is an error."""
+                      extra: list[str]) -> tuple[dict[str, dict], Budget | None]:
+    """Per algorithm, the given options of its own it accepts, and the budget asked for (read here, once).
+
+    Parameters
+    ----------
+    algorithms : list of str
+        The selected schedulers.
+    memory_budget : str or None
+        ``--memory-budget`` as typed (None: not given; the default rule applies later).
+    budget_scope : str or None
+        ``--budget-scope``.
+    extra : list of str
+        The other ``-O KEY=VALUE`` items.
+
+    Returns
+    -------
+    tuple of (dict, Budget or None)
+        ``{algorithm: {option: value}}`` without the budget, and the :class:`~dcsched.budget.Budget`
+        given (None when ``--memory-budget`` was not).
+
+    Raises
+    ------
+    OptionError
+        For an unreadable budget or scope.
+    DcschedError
+        For a malformed ``-O`` item, or an option no selected algorithm takes.
+
+    Examples
+    --------
+    >>> scheduler_options(["overlap", "fast-free"], "1GiB", None, [])
+    ({'overlap': {}, 'fast-free': {}}, Budget(bytes=1073741824, scope='all'))
+    """
     from dcsched import schedulers
     given: dict[str, object] = {}
-    if memory_budget is not None:
-        given["memory_budget"] = parse_budget(memory_budget)
+    budget = None
     if budget_scope is not None:
-        from dcsched.schedulers.overlap.scheduler import check_scope
         check_scope(budget_scope)
         given["budget_scope"] = budget_scope
+    if memory_budget is not None:
+        budget = Budget.parse(memory_budget, scope=budget_scope)
+        given["memory_budget"] = budget
     for item in extra:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
@@ -97,7 +129,8 @@ def scheduler_options(algorithms: list[str], memory_budget: str | None, budget_s
             takers = sorted(a for a in schedulers.available() if key in schedulers.get(a).options)
             raise DcschedError(f"no selected scheduler takes option '{key}' "
                                f"({'taken by: ' + ', '.join(takers) if takers else 'no scheduler takes it'})")
-    return per_algo
+    own = {algo: {k: v for k, v in opts.items() if k not in NAMED_OPTIONS} for algo, opts in per_algo.items()}
+    return own, budget
 
 
 def output_paths(source: Path, algorithms: list[str], output: Path | None) -> dict[str, Path]:
@@ -117,25 +150,45 @@ def output_paths(source: Path, algorithms: list[str], output: Path | None) -> di
     return paths
 
 
-def apply_default_budget(bundle: bundle_io.Bundle, options: dict[str, dict], *, explicit: bool) -> None:
-    """Give the schedulers that take a memory budget the bundle's default when none was asked for.
+def chosen_budget(bundle: bundle_io.Bundle, algorithms: list[str], budget: Budget | None,
+                  scope: str | None) -> Budget:
+    """The budget to schedule with: the one given, else the default rule's (said on stderr).
 
-    The default is the target device's memory recorded in the bundle minus a
-    margin (:func:`dcsched.report.sweep.default_budget`); without a recorded device
-    the budget stays missing and those schedulers say ``--memory-budget`` is needed.
+    The default (:func:`dcsched.budget.default_budget`) is the target device's
+    memory recorded in the bundle less 10%; with no device recorded, no limit.
+
+    Parameters
+    ----------
+    bundle : Bundle
+        Where the device's memory may be recorded.
+    algorithms : list of str
+        The selected schedulers (the note names those that take a budget).
+    budget : Budget or None
+        The budget given with ``--memory-budget``.
+    scope : str or None
+        ``--budget-scope``.
+
+    Returns
+    -------
+    Budget
     """
-    if explicit:
-        return
+    if budget is not None:
+        return budget
     from dcsched import schedulers
-    from dcsched.report.sweep import DEFAULT_MARGIN, default_budget
-    budget = default_budget(bundle)
-    for algo, opts in options.items():
-        if budget is not None and "memory_budget" in schedulers.get(algo).options:
-            opts["memory_budget"] = budget
+    budget = default_budget(bundle, scope=scope)
+    total = device_memory(bundle)
+    for algo in algorithms:
+        if not schedulers.get(algo).takes_budget:
+            continue
+        if total is None:
+            err_console.print(f"[dim]{algo}: no target device recorded in the bundle: memory budget unlimited; "
+                              "set one with --memory-budget[/]", highlight=False)
+        else:
             err_console.print(
-                f"[dim]{algo}: memory budget {format_bytes(budget)} (the target device's "
-                f"{format_bytes(bundle.provenance['target_memory_bytes'])} recorded in the bundle, less "
+                f"[dim]{algo}: memory budget {format_bytes(budget.bytes)} (the target device's "
+                f"{format_bytes(total)} recorded in the bundle, less "
                 f"{DEFAULT_MARGIN:.0%}); set one with --memory-budget[/]", highlight=False)
+    return budget
 
 
 # ---------------------------------------------------------------------------
@@ -185,7 +238,7 @@ def schedule(
     """
     algorithms = resolve_algorithms(algo)
     memory_budget, budget_scope, option = named_from_options(memory_budget, budget_scope, option)
-    options = scheduler_options(algorithms, memory_budget, budget_scope, option)
+    options, given_budget = scheduler_options(algorithms, memory_budget, budget_scope, option)
     report_files = {name: p for name, p in (("trace", trace), ("plot", plot)) if p is not None}
     if sweep_budgets:
         if algorithms != ["overlap"]:
@@ -211,15 +264,14 @@ def schedule(
     from dcsched.report.compare import scheduled_bundle
     bundle = bundle_io.load(path)
     if sweep_budgets:
-        from dcsched.schedulers.overlap.scheduler import DEFAULT_SCOPE
         from dcsched.report.sweep import sweep_bundle
         scope = budget_scope or DEFAULT_SCOPE
         report = formats.SweepReport(path, scope, sweep_bundle(bundle, scope=scope, progress=progress),
                                      report_files)
     else:
+        budget = chosen_budget(bundle, algorithms, given_budget, budget_scope)
         report = formats.ScheduleReport(path, run_comparison(bundle, algorithms, options, assume_zero=assume_zero,
-                                                             explicit_budget=memory_budget is not None,
-                                                             skip_failing=algo == "all"),
+                                                             budget=budget, skip_failing=algo == "all"),
                                         files=report_files, params=params,
                                         param_names={p.ds_id: p.name for p in bundle.params})
         report.outputs = {a: p for a, p in outputs.items() if a in report.comparison.algorithms}
@@ -246,15 +298,14 @@ def progress(message: str) -> None:
 
 
 def run_comparison(bundle: bundle_io.Bundle, algorithms: list[str], options: dict[str, dict], *,
-                   assume_zero: bool, explicit_budget: bool, skip_failing: bool) -> Comparison:
+                   assume_zero: bool, budget: Budget, skip_failing: bool) -> Comparison:
     """Schedule and simulate every graph (:func:`dcsched.report.compare.compare_bundle`), saying on stderr what was
     skipped, assumed zero or unsized."""
     from dcsched.report.compare import compare_bundle
-    apply_default_budget(bundle, options, explicit=explicit_budget)
-    # With 'all', a scheduler that cannot run with the options given (one that needs a memory budget, say)
+    # With 'all', a scheduler that cannot run with the options given (a budget too small for it, say)
     # is left out with a note rather than stopping the comparison of the others.
     comparison = compare_bundle(bundle, algorithms, assume_zero=assume_zero, progress=progress, options=options,
-                                skip_failing=skip_failing)
+                                skip_failing=skip_failing, budget=budget, describe=cli_wording)
     for algo_name, reason in comparison.skipped.items():
         err_console.print(f"[yellow]{algo_name}: skipped: {safe_text(reason)}[/]", highlight=False)
     for name, cmp in comparison.graphs.items():

@@ -27,10 +27,12 @@ import networkx as nx
 import torch.fx
 
 from dcsched import schedulers
+from dcsched.budget import Budget, default_budget
 from dcsched.bundle.core import Bundle
 from dcsched.errors import DcschedError, GraphError
-from dcsched.graph.nxview import check_order, to_fx, to_networkx
-from dcsched.graph.form import ALLGATHER, REDUCE
+from dcsched.graph.nxview import to_fx, to_networkx
+from dcsched.graph.form import ALLGATHER, REDUCE, GraphForm
+from dcsched.schedulers.plan import Plan
 from dcsched.sim.simulate import CompiledGraph, SimResult, compile_view
 
 #: JSON schema version of :meth:`Comparison.to_dict`.
@@ -53,6 +55,8 @@ class GraphComparison:
     orders: dict[str, list[str]]
     #: seconds each scheduler took to compute its order
     scheduler_s: dict[str, float]
+    #: each scheduler's whole result (its order is ``orders[algo]``; buckets, residency)
+    plans: dict[str, Plan] = dataclasses.field(default_factory=dict)
 
     @property
     def nodes(self) -> int:
@@ -128,34 +132,93 @@ def _zero_filled(view: nx.DiGraph) -> nx.DiGraph:
     return filled
 
 
-def run_scheduler(view: nx.DiGraph, algo: str, **options) -> tuple[list[str], float]:
-    """``(order, seconds)``: scheduler ``algo``'s order of ``view``, checked topological."""
-    scheduler = schedulers.get(algo)
+def run_scheduler(form: GraphForm, algo: str, *, budget: Budget | None = None,
+                  **options) -> tuple[Plan, float]:
+    """Scheduler ``algo``'s plan of ``form`` (:func:`dcsched.schedulers.run`, order checked) and its seconds.
+
+    Parameters
+    ----------
+    form : GraphForm
+        The graph.
+    algo : str
+        A registered scheduler.
+    budget : Budget, optional
+        For a scheduler that takes one (None: no limit).
+    **options
+        The scheduler's own options.
+
+    Returns
+    -------
+    tuple of (Plan, float)
+        The plan and the seconds the scheduler took.
+
+    Raises
+    ------
+    ScheduleError, OptionError, BudgetError
+        As :func:`dcsched.schedulers.run`.
+
+    Examples
+    --------
+    >>> from dcsched.synthetic import layered_stack
+    >>> plan, seconds = run_scheduler(GraphForm(layered_stack(1).forward), "fast-free")
+    >>> plan.order[-1], seconds >= 0
+    ('output', True)
+    """
     started = time.perf_counter()
-    order = scheduler(view, **options)
-    seconds = time.perf_counter() - started
-    try:
-        check_order(view, order)
-    except GraphError as exc:
-        raise GraphError(f"scheduler '{algo}' returned an invalid order: {exc}") from None
-    return list(order), seconds
+    plan = schedulers.run(algo, form, budget=budget, **options)
+    return plan, time.perf_counter() - started
 
 
 def compare_graph(graph: torch.fx.Graph | nx.DiGraph, algorithms: Iterable[str], *, name: str,
                   assume_zero: bool = False, compiled: CompiledGraph | None = None,
                   progress: Progress | None = None, options: dict | None = None,
-                  skipped: dict[str, str] | None = None) -> GraphComparison:
+                  skipped: dict[str, str] | None = None, budget: Budget | None = None,
+                  describe: Callable[[DcschedError], str] = str) -> GraphComparison:
     """Simulate ``graph``'s input order and each algorithm's order.
 
-    ``options`` = {algorithm: {option: value}}. With a ``skipped`` dict, an
-    algorithm that raises :class:`DcschedError` is recorded there (name ->
-    message) and left out instead of stopping the comparison.
+    Parameters
+    ----------
+    graph : torch.fx.Graph or networkx.DiGraph
+        The graph or its networkx view.
+    algorithms : iterable of str
+        Registered schedulers.
+    name : str
+        The graph's name in messages and the report.
+    assume_zero : bool, optional
+        Count missing figures as 0 instead of refusing the graph.
+    compiled : CompiledGraph, optional
+        The simulator's form of ``graph``, if already built.
+    progress : callable, optional
+        Called with a message before each algorithm.
+    options : dict, optional
+        ``{algorithm: {option: value}}``, the schedulers' own options.
+    skipped : dict, optional
+        With one, an algorithm that raises :class:`DcschedError` is recorded
+        there (name -> ``describe(error)``) and left out instead of stopping the comparison.
+    budget : Budget, optional
+        The memory budget for the schedulers that take one (None: no limit).
+    describe : callable, optional
+        How a skipped algorithm's error is worded (default ``str``).
+
+    Returns
+    -------
+    GraphComparison
+
+    Raises
+    ------
+    DcschedError
+        A scheduler's error, without ``skipped``.
+
+    Examples
+    --------
+    See the module docstring.
     """
     view = to_networkx(graph) if isinstance(graph, torch.fx.Graph) else graph
     compiled = compiled or compile_view(view, assume_zero=assume_zero, name=name)
-    sched_view = _zero_filled(view) if compiled.missing else view
+    # One form for every algorithm (each gets its own copy of the form's attribute table).
+    form = GraphForm(_zero_filled(view) if compiled.missing else view, label=f"graph '{name}'")
     before = compiled.simulate(None)
-    after, orders, seconds = {}, {}, {}
+    after, orders, seconds, plans = {}, {}, {}, {}
     for algo in algorithms:
         if skipped is not None and algo in skipped:
             continue
@@ -163,34 +226,63 @@ def compare_graph(graph: torch.fx.Graph | nx.DiGraph, algorithms: Iterable[str],
             progress(f"{name}: scheduling {compiled.num_allgathers} all-gathers of {len(compiled)} nodes "
                      f"with {algo}")
         try:
-            order, seconds[algo] = run_scheduler(sched_view, algo, **(options or {}).get(algo, {}))
+            plan, seconds[algo] = run_scheduler(GraphForm(form), algo, budget=budget, **(options or {}).get(algo, {}))
         except DcschedError as exc:
             if skipped is None:
                 raise
-            skipped[algo] = str(exc)
+            skipped[algo] = describe(exc)
             continue
-        orders[algo] = order
+        order = list(plan.order)
+        orders[algo], plans[algo] = order, plan
         after[algo] = compiled.simulate(order, check=False)
-    return GraphComparison(name, compiled, before, after, orders, seconds)
+    return GraphComparison(name, compiled, before, after, orders, seconds, plans)
 
 
 def compare_bundle(bundle: Bundle, algorithms: Iterable[str], *, assume_zero: bool = False,
                    progress: Progress | None = None, options: dict | None = None,
-                   skip_failing: bool = False) -> Comparison:
+                   skip_failing: bool = False, budget: Budget | None = None,
+                   describe: Callable[[DcschedError], str] = str) -> Comparison:
     """Check every graph first (nothing is scheduled if one is bad), then compare each.
 
-    ``options`` = {algorithm: {option: value}}. ``skip_failing``: an algorithm
-    that refuses a graph (:class:`DcschedError`) is left out of every graph and
-    listed in :attr:`Comparison.skipped`, instead of stopping everything.
+    Parameters
+    ----------
+    bundle : Bundle
+        The graphs.
+    algorithms : iterable of str
+        Registered schedulers.
+    assume_zero, progress, describe
+        As :func:`compare_graph`.
+    options : dict, optional
+        ``{algorithm: {option: value}}``, the schedulers' own options.
+    skip_failing : bool, optional
+        An algorithm that refuses a graph (:class:`DcschedError`) is left out of
+        every graph and listed in :attr:`Comparison.skipped`, instead of stopping everything.
+    budget : Budget, optional
+        The memory budget for the schedulers that take one; None:
+        :func:`dcsched.budget.default_budget` of ``bundle`` (its device's memory less 10%, or no limit).
+
+    Returns
+    -------
+    Comparison
+
+    Raises
+    ------
+    GraphError
+        For a graph that cannot be scheduled (before any scheduling).
+    ScheduleError
+        For an unknown algorithm.
+    DcschedError
+        A scheduler's error, without ``skip_failing``.
     """
     algorithms = list(algorithms)
     for algo in algorithms:
         schedulers.get(algo)  # an unknown name fails before any work
+    budget = default_budget(bundle) if budget is None else budget
     views = {name: to_networkx(graph) for name, graph in bundle.graphs.items()}
     compiled = {name: check_graph(view, name=name, assume_zero=assume_zero) for name, view in views.items()}
     skipped: dict[str, str] | None = {} if skip_failing else None
     graphs = {name: compare_graph(view, algorithms, name=name, compiled=compiled[name], progress=progress,
-                                  options=options, skipped=skipped)
+                                  options=options, skipped=skipped, budget=budget, describe=describe)
               for name, view in views.items()}
     skipped = skipped or {}
     for cmp in graphs.values():  # an algorithm skipped on a later graph leaves the earlier ones too
@@ -198,6 +290,7 @@ def compare_bundle(bundle: Bundle, algorithms: Iterable[str], *, assume_zero: bo
             cmp.after.pop(algo, None)
             cmp.orders.pop(algo, None)
             cmp.scheduler_s.pop(algo, None)
+            cmp.plans.pop(algo, None)
     return Comparison([a for a in algorithms if a not in skipped], graphs, skipped)
 
 

@@ -1,4 +1,4 @@
-"""The memory / step-time trade-off of the ``overlap`` scheduler, and its default budget.
+"""The memory / step-time trade-off of the ``overlap`` scheduler.
 
 :func:`sweep` schedules one graph with ``overlap`` at a range of memory
 budgets and simulates each order: one :class:`SweepRow` per budget (budget,
@@ -7,9 +7,6 @@ It is the core of ``dcsched schedule graph.pt --algo overlap --sweep``. The
 budget-independent work (fast-free's order, the skeleton, the just-in-time
 simulation) is done once, so each point costs one placement and one
 simulation.
-
-:func:`default_budget` is the budget used when none is given: the target
-device's memory recorded in the bundle's provenance minus a margin.
 
 >>> from dcsched.synthetic import layered_stack
 >>> rows = sweep(layered_stack(2).forward, points=3)
@@ -33,11 +30,8 @@ from dcsched.bundle.core import Bundle
 from dcsched.errors import DcschedError
 from dcsched.graph.nxview import to_networkx
 from dcsched.graph.form import paused_gc
-from dcsched.schedulers.overlap.scheduler import DEFAULT_SCOPE, UNLIMITED, Overlap, check_scope, parse_budget
-
-#: Share of the device's memory the default budget leaves free: the CUDA context, the caching
-#: allocator's fragmentation and kernel workspaces, which the simulator does not model.
-DEFAULT_MARGIN = 0.10
+from dcsched.budget import DEFAULT_MARGIN, DEFAULT_SCOPE, UNLIMITED, Budget, check_scope  # noqa: F401
+from dcsched.schedulers.overlap.scheduler import Overlap
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,10 +89,37 @@ def default_budgets(scheduler: Overlap, scope: str = "gathered", points: int = 8
 
 def sweep(graph: torch.fx.Graph | nx.DiGraph, budgets: Iterable | None = None, *, scope: str = DEFAULT_SCOPE,
           points: int = 8, name: str | None = None) -> list[SweepRow]:
-    """Schedule ``graph`` with ``overlap`` at each budget (bytes; None: :func:`default_budgets`) and simulate.
+    """Schedule ``graph`` with ``overlap`` at each budget and simulate.
 
-    Rows come in ascending budget order. A budget below the smallest that
-    works raises :class:`DcschedError` saying which budget that is.
+    Parameters
+    ----------
+    graph : torch.fx.Graph or networkx.DiGraph
+        The graph.
+    budgets : iterable, optional
+        Budgets as :meth:`dcsched.budget.Budget.parse` reads them (bytes, ``'6GiB'``,
+        ``'unlimited'``), each read once here; None: :func:`default_budgets`.
+    scope : str, optional
+        ``'all'`` (default) or ``'gathered'``.
+    points : int, optional
+        How many budgets :func:`default_budgets` picks.
+    name : str, optional
+        The graph's name in messages.
+
+    Returns
+    -------
+    list of SweepRow
+        In ascending budget order.
+
+    Raises
+    ------
+    BudgetError
+        For a budget below the smallest that works (the message says which that is).
+    OptionError
+        For an unreadable budget or scope.
+
+    Examples
+    --------
+    See the module docstring.
     """
     check_scope(scope)
     with paused_gc():
@@ -106,7 +127,7 @@ def sweep(graph: torch.fx.Graph | nx.DiGraph, budgets: Iterable | None = None, *
         if budgets is None:
             chosen = default_budgets(scheduler, scope, points)
         else:
-            chosen = sorted(parse_budget(b) for b in budgets)
+            chosen = sorted(Budget.parse(b, scope).bytes for b in budgets)
         results = [(budget, scheduler.plan(budget, scope)[1]) for budget in chosen]
     rows = []
     for budget, result in results:
@@ -126,29 +147,3 @@ def sweep_bundle(bundle: Bundle, *, scope: str = DEFAULT_SCOPE, progress=None) -
             progress(f"{name}: sweeping memory budgets with overlap")
         curves[name] = sweep(graph, scope=scope, name=name)
     return curves
-
-
-def default_budget(bundle: Bundle, margin: float | int = DEFAULT_MARGIN) -> int | None:
-    """The target device's memory recorded in ``bundle`` minus ``margin``; None when none is recorded.
-
-    ``margin`` below 1 is a share of the device's memory (default 10%); 1 or
-    more is a number of bytes.
-
-    >>> from dcsched.bundle.core import Bundle
-    >>> import torch.fx
-    >>> b = Bundle(forward=torch.fx.Graph(), backward=torch.fx.Graph(), params=[], inputs=[],
-    ...            forward_placeholders=[], backward_placeholders=[], num_user_outputs=1,
-    ...            provenance={"target_memory_bytes": 80 * 2**30})
-    >>> default_budget(b) == int(72 * 2**30), default_budget(b, 2 * 2**30) == 78 * 2**30
-    (True, True)
-    """
-    total = (bundle.provenance or {}).get("target_memory_bytes")
-    if not total:
-        return None
-    if margin < 0:
-        raise DcschedError(f"memory margin must not be negative ({margin})")
-    reserve = total * margin if margin < 1 else margin
-    budget = int(total - reserve)
-    if budget <= 0:
-        raise DcschedError(f"memory margin {margin} leaves no memory of the device's {total} bytes")
-    return budget

@@ -1,10 +1,13 @@
 """The scheduling algorithms, one module each, registered by name.
 
 Importing this package registers every built-in scheduler; see
-:mod:`dcsched.schedulers.registry` for the contract.
+:mod:`dcsched.schedulers.registry` for the contract. :func:`run` is the one
+way to call one: a :class:`~dcsched.graph.form.GraphForm` and a
+:class:`~dcsched.budget.Budget` in, a :class:`Plan` out.
 """
 
-from dcsched.schedulers.registry import SchedulerInfo, available, get, register
+from dcsched.schedulers.plan import Bucket, Plan
+from dcsched.schedulers.registry import SchedulerInfo, available, get, register, run
 
 # Each import registers one algorithm.
 from dcsched.schedulers import none  # noqa: F401
@@ -14,4 +17,4 @@ from dcsched.schedulers import fast_free  # noqa: F401
 from dcsched.schedulers import overlap, ahead  # noqa: F401
 from dcsched.schedulers import deepcompile  # noqa: F401
 
-__all__ = ["SchedulerInfo", "available", "get", "register"]
+__all__ = ["Bucket", "Plan", "SchedulerInfo", "available", "get", "register", "run"]

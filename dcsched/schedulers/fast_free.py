@@ -41,7 +41,8 @@ summed in DeepSpeed's order (so float ties still break as in DeepSpeed).
 >>> from dcsched.synthetic import layered_stack
 >>> from dcsched.graph.nxview import to_networkx, check_order
 >>> view = to_networkx(layered_stack(2).forward)
->>> order = fast_free(view)
+>>> from dcsched.graph.form import GraphForm
+>>> order = fast_free(GraphForm(view)).order
 >>> check_order(view, order)
 """
 
@@ -50,18 +51,36 @@ from __future__ import annotations
 import heapq
 import math
 
-import networkx as nx
 
 from dcsched.graph.lastuse import last_use_indices
 from dcsched.graph.form import PLACEHOLDER, REDUCE, GraphForm, schedule_indexed
 from dcsched.schedulers.gather_sets import EMPTY, Packed, allgather_ancestors, pack, packed_count, total_size, union, unpack
+from dcsched.schedulers.plan import Plan
 from dcsched.schedulers.registry import register
 
 
 @register("fast-free", description="DeepCompile's fast_free_schedule (DeepSpeed 0.19.8 order, no budget): "
-                                   "gather the parameter that frees soonest, run it to its last use", takes_form=True)
-def fast_free(view: nx.DiGraph) -> list[str]:
-    return schedule_indexed(view, fast_free_indices)
+                                   "gather the parameter that frees soonest, run it to its last use")
+def fast_free(form: GraphForm) -> Plan:
+    """DeepSpeed 0.19.8's ``fast_free_schedule`` order of ``form`` (no budget).
+
+    Parameters
+    ----------
+    form : GraphForm
+        The graph.
+
+    Returns
+    -------
+    Plan
+        The order (node names); no buckets, every parameter sharded.
+
+    Examples
+    --------
+    >>> from dcsched.synthetic import layered_stack
+    >>> fast_free(GraphForm(layered_stack(1).forward)).order[-1]
+    'output'
+    """
+    return Plan(schedule_indexed(form, fast_free_indices))
 
 
 class _Task:

@@ -20,7 +20,8 @@ the rule above.)
 >>> from dcsched.synthetic import layered_stack
 >>> from dcsched.graph.nxview import to_networkx, check_order
 >>> view = to_networkx(layered_stack(1).forward)
->>> order = list_order(view)
+>>> from dcsched.graph.form import GraphForm
+>>> order = list(list_order(GraphForm(view)).order)
 >>> check_order(view, order)
 >>> order.index("output") == len(order) - 1
 True
@@ -30,17 +31,35 @@ from __future__ import annotations
 
 import heapq
 
-import networkx as nx
 
 from dcsched.errors import GraphError
 from dcsched.graph.form import ALLGATHER, RELEASE, GraphForm, schedule_indexed
+from dcsched.schedulers.plan import Plan
 from dcsched.schedulers.registry import register
 
 
 @register("list", description="greedy: run the runnable node with the smallest memory delta "
-                              "(+gather, -final release), ties by input order", takes_form=True)
-def list_order(view: nx.DiGraph) -> list[str]:
-    return schedule_indexed(view, list_indices)
+                              "(+gather, -final release), ties by input order")
+def list_order(form: GraphForm) -> Plan:
+    """The ``list`` order of ``form``: the runnable node with the smallest memory delta first.
+
+    Parameters
+    ----------
+    form : GraphForm
+        The graph.
+
+    Returns
+    -------
+    Plan
+        The order (node names); no buckets, every parameter sharded.
+
+    Examples
+    --------
+    >>> from dcsched.synthetic import layered_stack
+    >>> list_order(GraphForm(layered_stack(1).forward)).order[-1]
+    'output'
+    """
+    return Plan(schedule_indexed(form, list_indices))
 
 
 def list_indices(g: GraphForm) -> list[int]:

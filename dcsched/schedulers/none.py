@@ -2,11 +2,30 @@
 
 from __future__ import annotations
 
-import networkx as nx
-
+from dcsched.graph.form import GraphForm
+from dcsched.schedulers.plan import Plan
 from dcsched.schedulers.registry import register
 
 
 @register("none", description="the input order, unchanged")
-def input_order(view: nx.DiGraph) -> list[str]:
-    return sorted(view.nodes, key=lambda name: view.nodes[name]["position"])
+def input_order(form: GraphForm) -> Plan:
+    """The graph's own order (the form numbers nodes by input position).
+
+    Parameters
+    ----------
+    form : GraphForm
+        The graph.
+
+    Returns
+    -------
+    Plan
+        The input order; no buckets, every parameter sharded.
+
+    Examples
+    --------
+    >>> from dcsched.synthetic import layered_stack
+    >>> g = layered_stack(1).forward
+    >>> list(input_order(GraphForm(g)).order) == [n.name for n in g.nodes]
+    True
+    """
+    return Plan(form.names)

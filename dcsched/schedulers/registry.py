@@ -1,16 +1,26 @@
-"""Schedulers by name. A scheduler is one module that registers one pure function.
+"""Schedulers by name, and :func:`run`, the one way to call one.
 
-A scheduler takes the networkx view of a graph (:mod:`dcsched.graph.nxview`) and
-keyword options, and returns the vertices (node names) in the order to run
-them: a topological order holding every vertex exactly once. One registered
-with ``takes_form=True`` also takes the graph's
-:class:`~dcsched.graph.form.GraphForm` instead of the view, so
-:func:`dcsched.schedule` can skip building the view.
+A scheduler is one module that registers one pure function::
 
->>> import networkx as nx
+    func(form: GraphForm, *, budget_bytes: float, budget_scope: str, **options) -> Plan
+
+It takes the graph's :class:`~dcsched.graph.form.GraphForm` and keyword
+options, and returns a :class:`~dcsched.schedulers.plan.Plan` whose ``order``
+holds every node (by name) once, in a topological order. ``budget_bytes``
+(bytes, ``math.inf`` for no limit) and ``budget_scope`` (``'all'`` or
+``'gathered'``) are passed only to a function that declares them; a
+scheduler that needs networkx or the simulator's form builds it from the form.
+
+:func:`run` checks the options, turns a :class:`~dcsched.budget.Budget` into
+``budget_bytes`` / ``budget_scope``, moves the output last, and checks the
+order. The user-facing option names (:attr:`SchedulerInfo.options`) are
+``memory_budget`` for ``budget_bytes`` and ``budget_scope``, as the command
+line and :func:`dcsched.schedule` spell them.
+
+>>> from dcsched.schedulers.plan import Plan
 >>> @register("reverse-demo", description="demo only")
-... def _demo(view: nx.DiGraph) -> list[str]:
-...     return list(nx.topological_sort(view))
+... def _demo(form: GraphForm) -> Plan:
+...     return Plan(form.order_names(form.topo))
 >>> "reverse-demo" in available()
 True
 >>> _ = unregister("reverse-demo")
@@ -22,60 +32,196 @@ import dataclasses
 import inspect
 from typing import Callable
 
-import networkx as nx
+from dcsched.budget import Budget, default_budget
+from dcsched.errors import GraphError, OptionError, ScheduleError
+from dcsched.graph.form import GraphForm, output_last, paused_gc
+from dcsched.schedulers.plan import Plan
 
-from dcsched.errors import DcschedError
-from dcsched.graph.form import GraphForm, output_last
-
-Scheduler = Callable[..., list]
+Scheduler = Callable[..., Plan]
+#: The scheduler function's budget parameters, and the option names users give for them.
+BUDGET_PARAMETERS = {"budget_bytes": "memory_budget", "budget_scope": "budget_scope"}
 
 
 @dataclasses.dataclass(frozen=True)
 class SchedulerInfo:
+    """A registered scheduler: its name, function, one-line description and options.
+
+    ``options`` lists the keyword options a caller may give, as users name
+    them (``memory_budget`` for the function's ``budget_bytes``);
+    ``takes_budget`` / ``takes_scope`` say whether the function reads a budget
+    and its scope.
+    """
+
     name: str
     func: Scheduler
     description: str
-    #: keyword options the function accepts (besides the view)
+    #: keyword options, as users name them (besides the form)
     options: tuple[str, ...]
-    #: whether the function also takes a :class:`~dcsched.graph.form.GraphForm` for the view
-    takes_form: bool = False
+    takes_budget: bool = False
+    takes_scope: bool = False
 
-    def __call__(self, view: "nx.DiGraph | GraphForm", **options) -> list:
-        unknown = sorted(set(options) - set(self.options))
-        if unknown:
-            raise DcschedError(f"scheduler '{self.name}' takes no option {', '.join(unknown)} "
-                               f"(it takes: {', '.join(self.options) or 'none'})")
-        # Every scheduler's order ends with the output, whatever its rule ranks there (graphform.output_last).
-        return output_last(view, self.func(view, **options))
+    @property
+    def own_options(self) -> tuple[str, ...]:
+        """The options other than the budget's (passed to the function as given)."""
+        return tuple(o for o in self.options if o not in BUDGET_PARAMETERS.values())
 
 
 _REGISTRY: dict[str, SchedulerInfo] = {}
 
 
-def register(name: str, *, description: str, takes_form: bool = False) -> Callable[[Scheduler], Scheduler]:
-    """Decorator: make ``func(view, **options) -> order`` available as ``name``."""
+def register(name: str, *, description: str) -> Callable[[Scheduler], Scheduler]:
+    """Decorator: make ``func(form, **options) -> Plan`` available as ``name``.
+
+    Parameters
+    ----------
+    name : str
+        The name users pick it by (``--algo name``).
+    description : str
+        One line: what it does.
+
+    Returns
+    -------
+    callable
+        The decorator; it returns ``func`` unchanged.
+
+    Raises
+    ------
+    ValueError
+        When another function is registered under ``name`` already.
+
+    Examples
+    --------
+    See the module docstring.
+    """
 
     def decorate(func: Scheduler) -> Scheduler:
         if name in _REGISTRY and _REGISTRY[name].func is not func:
             raise ValueError(f"scheduler {name!r} is registered twice")
         params = list(inspect.signature(func).parameters.values())[1:]
-        options = tuple(p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
-        _REGISTRY[name] = SchedulerInfo(name, func, description, options, takes_form)
+        names = [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        options = tuple(BUDGET_PARAMETERS.get(n, n) for n in names)
+        _REGISTRY[name] = SchedulerInfo(name, func, description, options,
+                                        takes_budget="budget_bytes" in names, takes_scope="budget_scope" in names)
         return func
 
     return decorate
 
 
 def unregister(name: str) -> SchedulerInfo:
+    """Remove scheduler ``name`` (tests and demos); returns what was registered.
+
+    Raises
+    ------
+    KeyError
+        For a name not registered.
+    """
     return _REGISTRY.pop(name)
 
 
 def get(name: str) -> SchedulerInfo:
+    """The scheduler registered as ``name``.
+
+    Parameters
+    ----------
+    name : str
+        The scheduler's name.
+
+    Returns
+    -------
+    SchedulerInfo
+
+    Raises
+    ------
+    ScheduleError
+        For an unknown name (the message lists the available ones).
+
+    Examples
+    --------
+    >>> get("overlap").options
+    ('memory_budget', 'budget_scope')
+    """
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise DcschedError(f"unknown scheduler '{name}' (available: {', '.join(available())})") from None
+        raise ScheduleError(f"unknown scheduler '{name}' (available: {', '.join(available())})") from None
 
 
 def available() -> list[str]:
+    """The registered schedulers' names, in registration order (the order of ``--algo all``).
+
+    Examples
+    --------
+    >>> available()[:2]
+    ['none', 'list']
+    """
     return list(_REGISTRY)
+
+
+def run(name: str, form: GraphForm, *, budget: Budget | None = None, **options) -> Plan:
+    """Schedule ``form`` with scheduler ``name``: the one entry to every scheduler.
+
+    Parameters
+    ----------
+    name : str
+        A registered scheduler (:func:`available`).
+    form : GraphForm
+        The graph (:class:`~dcsched.graph.form.GraphForm` of an FX graph or of
+        its networkx view).
+    budget : Budget, optional
+        The memory budget, for a scheduler that takes one (others ignore it);
+        None: :func:`dcsched.budget.default_budget` of a bare graph, no limit.
+        A scheduler that takes no scope reads the bytes as its own kind of
+        budget (``deepcompile``: all tensors).
+    **options
+        The scheduler's own options (``k=3`` for ``prefetch-ahead``).
+
+    Returns
+    -------
+    Plan
+        Its order checked: a topological order of exactly the graph's nodes,
+        placeholders in input order, output last.
+
+    Raises
+    ------
+    ScheduleError
+        For an unknown name, or an invalid order (a scheduler bug).
+    OptionError
+        For an option the scheduler does not take (``memory_budget`` here: pass ``budget``).
+    BudgetError
+        From the scheduler, for a budget no order of the graph fits in.
+
+    Examples
+    --------
+    >>> from dcsched.synthetic import layered_stack
+    >>> form = GraphForm(layered_stack(1).forward)
+    >>> plan = run("overlap", form, budget=Budget.unlimited())
+    >>> len(plan.order) == len(form), plan.buckets
+    (True, ())
+    """
+    info = get(name)
+    if not isinstance(form, GraphForm):
+        raise TypeError(f"schedulers take a GraphForm, not {type(form).__name__} (GraphForm(graph) builds one)")
+    unknown = sorted(set(options) - set(info.own_options))
+    if unknown:
+        if set(unknown) & set(BUDGET_PARAMETERS.values()):
+            raise OptionError(unknown[0], "schedulers.run takes the budget as budget=Budget.parse(...)")
+        raise OptionError(unknown[0], f"scheduler '{name}' takes no option {', '.join(unknown)} "
+                                      f"(it takes: {', '.join(info.options) or 'none'})")
+    if info.takes_budget:
+        chosen = budget if budget is not None else default_budget(form)
+        options["budget_bytes"] = chosen.bytes
+        if info.takes_scope:
+            options["budget_scope"] = chosen.scope
+    with paused_gc():
+        plan = info.func(form, **options)
+        if not isinstance(plan, Plan):
+            raise ScheduleError(f"scheduler '{name}' returned {type(plan).__name__}, not a Plan")
+        # Every scheduler's order ends with the output, whatever its rule ranks there (graph.form.output_last).
+        order = output_last(form, plan.order)
+        if order is not plan.order:
+            plan = plan.with_order(order)
+        try:
+            form.check_order(plan.order)
+        except GraphError as exc:
+            raise ScheduleError(f"scheduler '{name}' returned an invalid order: {exc}") from None
+    return plan

@@ -21,24 +21,43 @@ schedule.
 >>> from dcsched.synthetic import layered_stack
 >>> from dcsched.graph.nxview import to_networkx, check_order
 >>> view = to_networkx(layered_stack(2).forward)
->>> check_order(view, simple_prefetch(view))
+>>> from dcsched.graph.form import GraphForm
+>>> check_order(view, simple_prefetch(GraphForm(view)).order)
 """
 
 from __future__ import annotations
 
 import heapq
 
-import networkx as nx
 
 from dcsched.errors import GraphError
 from dcsched.graph.form import GraphForm, schedule_indexed
+from dcsched.schedulers.plan import Plan
 from dcsched.schedulers.registry import register
 
 
 @register("simple-prefetch", description="DeepCompile's simple_prefetch (DeepSpeed 0.19.8 order): "
-                                         "issue each all-gather one step before the work it unblocks", takes_form=True)
-def simple_prefetch(view: nx.DiGraph) -> list[str]:
-    return schedule_indexed(view, simple_prefetch_indices)
+                                         "issue each all-gather one step before the work it unblocks")
+def simple_prefetch(form: GraphForm) -> Plan:
+    """DeepSpeed 0.19.8's ``simple_prefetch`` order of ``form``.
+
+    Parameters
+    ----------
+    form : GraphForm
+        The graph.
+
+    Returns
+    -------
+    Plan
+        The order (node names); no buckets, every parameter sharded.
+
+    Examples
+    --------
+    >>> from dcsched.synthetic import layered_stack
+    >>> simple_prefetch(GraphForm(layered_stack(1).forward)).order[-1]
+    'output'
+    """
+    return Plan(schedule_indexed(form, simple_prefetch_indices))
 
 
 def simple_prefetch_indices(g: GraphForm) -> list[int]:

@@ -33,11 +33,12 @@ random numbers as it would without the compile.
 from __future__ import annotations
 
 import dataclasses
-import math
+import functools
 
 import torch
 
 from dcsched import schedulers
+from dcsched.budget import Budget, check_scope, default_budget
 from dcsched.profile.capture import capture_compiled
 from dcsched.runtime.consensus import check_same, plan_fingerprints
 from dcsched.errors import DcschedError
@@ -68,13 +69,10 @@ class TrainOptions:
         from dcsched.train.inductor import COMPUTE_MODES
         if self.compute not in COMPUTE_MODES:
             raise DcschedError(f"unknown compute {self.compute!r}: choose one of {', '.join(COMPUTE_MODES)}")
-        if self.memory_budget is not None:
-            from dcsched.units import parse_budget
-            parse_budget(self.memory_budget)
+        if self.given_budget is not None:
             if "memory_budget" not in accepted:
                 raise DcschedError(f"scheduler '{self.algo}' takes no memory budget")
         if self.budget_scope is not None:
-            from dcsched.schedulers.overlap.scheduler import check_scope
             check_scope(self.budget_scope)
             if "budget_scope" not in accepted:
                 raise DcschedError(f"scheduler '{self.algo}' takes no budget scope")
@@ -84,20 +82,44 @@ class TrainOptions:
         return ProfileOptions(cost_model=self.cost_model, iters=self.iters, warmup=self.warmup,
                               world_size=world_size, gpu=self.gpu, progress=False)
 
-    def scheduler_options(self, bundle) -> dict:
-        accepted = schedulers.get(self.algo).options
-        options = {}
-        if "memory_budget" in accepted:
-            budget = self.memory_budget
-            if budget is None:
-                from dcsched.report.sweep import default_budget
-                budget = default_budget(bundle)
-            options["memory_budget"] = math.inf if budget is None else budget
-        elif self.memory_budget is not None:
-            raise DcschedError(f"scheduler '{self.algo}' takes no memory budget")
-        if self.budget_scope is not None and "budget_scope" in accepted:
-            options["budget_scope"] = self.budget_scope
-        return options
+    def budget(self, bundle) -> Budget | None:
+        """The budget to schedule ``bundle`` with: the one given, else the one default rule's
+        (:func:`dcsched.budget.default_budget`: the target device's memory recorded in the bundle less 10%,
+        else no limit); None for a scheduler that takes none.
+
+        Parameters
+        ----------
+        bundle : Bundle
+            The profiled bundle (its provenance may record the device's memory).
+
+        Returns
+        -------
+        Budget or None
+
+        Raises
+        ------
+        DcschedError
+            When a budget was given to a scheduler that takes none.
+        OptionError
+            For an unreadable budget or scope.
+        """
+        if not schedulers.get(self.algo).takes_budget:
+            if self.memory_budget is not None:
+                raise DcschedError(f"scheduler '{self.algo}' takes no memory budget")
+            return None
+        given = self.given_budget
+        return given if given is not None else default_budget(bundle, scope=self.budget_scope)
+
+    @functools.cached_property
+    def given_budget(self) -> Budget | None:
+        """The budget given as ``memory_budget`` (bytes, '40GiB', 'unlimited'), read once; None when none was.
+
+        Raises
+        ------
+        OptionError
+            For a value that is not a budget, or an unknown ``budget_scope``.
+        """
+        return None if self.memory_budget is None else Budget.parse(self.memory_budget, scope=self.budget_scope)
 
 
 class Backend:
@@ -157,9 +179,9 @@ def compile_program(gm: torch.fx.GraphModule, example_inputs, sharding, options:
                                     [(spec.name, spec.stand_in) for spec in sharding.specs])
         profiled = profile_bundle(captured.bundle, options.profile_options(sharding.world_size),
                                   inputs=captured.inputs)
-    scheduler_options = options.scheduler_options(profiled)
-    scheduled = profiled.with_graphs(forward=schedule(profiled.forward, options.algo, **scheduler_options),
-                                     backward=schedule(profiled.backward, options.algo, **scheduler_options))
+    budget = options.budget(profiled)
+    scheduled = profiled.with_graphs(forward=schedule(profiled.forward, options.algo, budget=budget),
+                                     backward=schedule(profiled.backward, options.algo, budget=budget))
     scheduled.provenance["algo"] = options.algo
     # Agreed figures make equal plans; checked anyway before the first step's collectives, since a plan that
     # differed would pair one rank's gathers with another's parameters.

@@ -14,7 +14,8 @@ import operator
 
 import networkx as nx
 
-from dcsched.errors import DcschedError
+from dcsched.budget import SCOPES, UNLIMITED, check_scope  # noqa: F401  (re-exported)
+from dcsched.errors import BudgetError, DcschedError
 from dcsched.graph.form import COMPUTE, REDUCE, GraphForm, output_last_indices
 from dcsched.sim.simulate import Clocks, CompiledGraph, SimResult, compile_view
 from dcsched.units import format_bytes
@@ -24,17 +25,9 @@ from dcsched.schedulers.overlap.sink import sink_readers
 from dcsched.schedulers.overlap.skeleton import MovableParts, build_skeleton, gather_windows, movable_parts
 from dcsched.schedulers.fast_free import fast_free_indices
 
-SCOPES = ("gathered", "all")
-UNLIMITED = math.inf
 #: Compute orders the skeleton can come from: fast-free's, the graph's own (input) order, or
 #: fast-free's with each reader of a gathered parameter sunk to just before its first user.
 BASES = ("fast-free", "input", "sunk")
-
-
-def check_scope(scope: str) -> str:
-    if scope not in SCOPES:
-        raise DcschedError(f"unknown budget scope {scope!r} (choose from {', '.join(SCOPES)})")
-    return scope
 
 
 class OverlapPlanner:
@@ -333,10 +326,11 @@ class OverlapPlanner:
         need = self.min_budget(scope) if need is None else need
         if budget < need:
             what = "gathered parameters" if scope == "gathered" else "all tensors"
-            raise DcschedError(
-                f"memory budget {format_bytes(budget)} ({int(budget)} bytes) is too small for "
+            raise BudgetError(
+                f"memory_budget {format_bytes(budget)} ({int(budget)} bytes) is too small for "
                 f"{self.compiled.name or 'this graph'}: overlap needs at least {format_bytes(need)} "
-                f"({need} bytes) of {what} (--budget-scope {scope}); pass --memory-budget {need} or more")
+                f"({need} bytes) of {what} (budget_scope={scope}); pass memory_budget={need} or more",
+                parameters=("memory_budget", "budget_scope"))
 
     def earliest(self, budget: float, scope: str = "gathered", sequence: list[int] | None = None,
                  lookahead: int = 0, small_first: int = 0, passing: int = 0) -> list[int]:

@@ -36,7 +36,7 @@ tensors (``'all'``). With ``'gathered'`` the schedule also never adds more
 all-tensor memory over ``fast-free``'s peak than the budget adds over
 ``fast-free``'s gathered peak (so at ``fast-free``'s gathered peak, its
 all-tensor peak is no higher either). A budget below what just-in-time
-gathering needs raises :class:`~dcsched.errors.DcschedError` naming the
+gathering needs raises :class:`~dcsched.errors.BudgetError` naming the
 smallest budget that works.
 
 Everything is integer-indexed and deterministic (no hash order, no timing).
@@ -46,11 +46,12 @@ Everything is integer-indexed and deterministic (no hash order, no timing).
 >>> from dcsched.sim.simulate import simulate
 >>> view = to_networkx(layered_stack(2).forward)
 >>> scheduler = Overlap(view)
->>> order = overlap(view, memory_budget=scheduler.min_budget("all"))  # a budget over all tensors
+>>> form = GraphForm(view)
+>>> order = overlap(form, budget_bytes=scheduler.min_budget("all")).order  # a budget over all tensors
 >>> check_order(view, order)
 >>> simulate(view, order).peak_bytes <= scheduler.min_budget("all")
 True
->>> order = overlap(view, memory_budget=scheduler.min_budget(), budget_scope="gathered")
+>>> order = overlap(form, budget_bytes=scheduler.min_budget(), budget_scope="gathered").order
 >>> simulate(view, order).gathered_peak_bytes <= scheduler.min_budget()
 True
 """
@@ -61,37 +62,52 @@ import networkx as nx
 
 from dcsched.graph.form import COMM_KINDS, OUTPUT, GraphForm, paused_gc
 from dcsched.sim.simulate import Clocks, SimResult
-from dcsched import units
+from dcsched.budget import DEFAULT_SCOPE
 from dcsched.errors import DcschedError
+from dcsched.schedulers.plan import Plan
 from dcsched.schedulers.overlap.sink import sink_readers  # noqa: F401
 from dcsched.schedulers.overlap.planner import BASES, JUMP_RATIO, SCOPES, UNLIMITED, OverlapPlanner, check_scope  # noqa: F401
 from dcsched.schedulers.registry import register
 
-#: What a budget caps unless told otherwise: all tensors, the figure that decides an out-of-memory
-#: error and the one a device budget (the CLI's default) and DeepCompile's own pipeline speak of.
-DEFAULT_SCOPE = "all"
 
 
 
 
 @register("overlap", description="dcsched's memory-budgeted overlap: fast-free's compute order, each all-gather "
-                                 "issued as early as memory_budget (bytes) allows and no earlier than it hides", takes_form=True)
-def overlap(view: nx.DiGraph, *, memory_budget=None, budget_scope: str = DEFAULT_SCOPE) -> list[str]:
-    """The overlap order of ``view`` under ``memory_budget`` bytes (``math.inf``: unlimited).
+                                 "issued as early as memory_budget (bytes) allows and no earlier than it hides")
+def overlap(form: GraphForm, *, budget_bytes: float = UNLIMITED, budget_scope: str = DEFAULT_SCOPE) -> Plan:
+    """The overlap order of ``form`` under ``budget_bytes`` bytes of ``budget_scope``.
 
-    ``budget_scope``: ``'all'`` (all tensors, the default) or ``'gathered'`` (gathered parameters).
+    Parameters
+    ----------
+    form : GraphForm
+        The graph.
+    budget_bytes : float, optional
+        The budget in bytes; ``math.inf`` (default) for no limit.
+    budget_scope : str, optional
+        ``'all'`` (all tensors, the default) or ``'gathered'`` (gathered parameters).
+
+    Returns
+    -------
+    Plan
+        The order; no buckets, every parameter sharded.
+
+    Raises
+    ------
+    BudgetError
+        When ``budget_bytes`` is below the smallest budget any order meets (the message names it).
+    OptionError
+        For an unknown ``budget_scope``.
+
+    Examples
+    --------
+    >>> from dcsched.synthetic import layered_stack
+    >>> len(overlap(GraphForm(layered_stack(1).forward)).order) > 0
+    True
     """
-    budget = parse_budget(memory_budget)
+    check_scope(budget_scope)
     with paused_gc():
-        return Overlap(view).order(budget, budget_scope)
-
-
-def parse_budget(memory_budget) -> float:
-    """Bytes from an int, a float (``math.inf`` = unlimited) or a size string ('6GiB', 'unlimited')."""
-    if memory_budget is None:
-        raise DcschedError("the overlap scheduler needs a memory budget: pass --memory-budget SIZE "
-                           "(Python: memory_budget=bytes; math.inf for unlimited)")
-    return units.parse_budget(memory_budget)
+        return Plan(Overlap(form).order(budget_bytes, budget_scope))
 
 
 class Overlap:

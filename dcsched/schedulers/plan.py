@@ -1,0 +1,130 @@
+"""What a scheduler returns: a :class:`Plan`, the order and what may go with it.
+
+``order`` is every node of the graph (by name) in the order to run it.
+``buckets`` groups communication nodes that the plan means to run as one
+collective (``deepcompile``'s fused all-gather groups); ``residency`` says, per
+parameter (``ds_id``), whether it stays sharded between uses (the default), is
+kept gathered, or is replicated. Today only ``deepcompile`` fills ``buckets``,
+and the runtime and the simulator still run a bucket's members one by one in
+``order`` (fused execution is issue #32); no scheduler sets ``residency`` yet.
+
+>>> plan = Plan(("w", "ag", "out"), buckets=(Bucket("allgather", ("ag",), (0,)),))
+>>> plan.residency_of(0), len(plan), plan.buckets[0].members
+('sharded', 3, ('ag',))
+>>> Plan(("x",), residency={3: "kept"}).residency_of(3)
+'kept'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from typing import Iterable, Mapping
+
+#: A bucket's kinds: fused all-gathers, fused gradient reduces.
+BUCKET_KINDS = ("allgather", "reduce")
+#: Where a parameter lives between its uses.
+RESIDENCIES = ("sharded", "kept", "replicated")
+#: A parameter not named in :attr:`Plan.residency`.
+DEFAULT_RESIDENCY = "sharded"
+
+
+@dataclasses.dataclass(frozen=True)
+class Bucket:
+    """Communication nodes meant to run as one collective.
+
+    Parameters
+    ----------
+    kind : str
+        ``'allgather'`` or ``'reduce'``.
+    members : tuple of str
+        The member nodes' names, in the order they are needed.
+    ds_ids : tuple of int
+        The members' parameter ids, in the same order.
+
+    Raises
+    ------
+    ValueError
+        For an unknown kind, no member, or ``ds_ids`` not matching ``members``.
+
+    Examples
+    --------
+    >>> Bucket("reduce", ["r1", "r2"], [4, 5])
+    Bucket(kind='reduce', members=('r1', 'r2'), ds_ids=(4, 5))
+    """
+
+    kind: str
+    members: tuple[str, ...]
+    ds_ids: tuple[int, ...]
+
+    def __post_init__(self):
+        object.__setattr__(self, "members", tuple(self.members))
+        object.__setattr__(self, "ds_ids", tuple(self.ds_ids))
+        if self.kind not in BUCKET_KINDS:
+            raise ValueError(f"unknown bucket kind {self.kind!r} (choose from {', '.join(BUCKET_KINDS)})")
+        if not self.members or len(self.members) != len(self.ds_ids):
+            raise ValueError(f"a bucket needs members and one ds_id per member "
+                             f"({len(self.members)} members, {len(self.ds_ids)} ds_ids)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A scheduler's result.
+
+    Parameters
+    ----------
+    order : sequence of str
+        Every node of the graph exactly once, by name, in a topological order
+        ending with the output (kept as a tuple).
+    buckets : iterable of Bucket, optional
+        Fused collectives (default none).
+    residency : mapping of int to str, optional
+        ``ds_id`` -> ``'sharded'``, ``'kept'`` or ``'replicated'``; a
+        parameter not named is ``'sharded'`` (default: every one).
+
+    Raises
+    ------
+    ValueError
+        For an unknown residency.
+
+    Examples
+    --------
+    >>> Plan(["a", "b"]).order, Plan(["a", "b"]).buckets, dict(Plan(["a"]).residency)
+    (('a', 'b'), (), {})
+    """
+
+    order: tuple[str, ...]
+    buckets: tuple[Bucket, ...] = ()
+    residency: Mapping[int, str] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        if not isinstance(self.order, tuple):
+            object.__setattr__(self, "order", tuple(self.order))
+        object.__setattr__(self, "buckets", tuple(self.buckets))
+        bad = sorted({r for r in self.residency.values() if r not in RESIDENCIES})
+        if bad:
+            raise ValueError(f"unknown residency {', '.join(map(repr, bad))} (choose from {', '.join(RESIDENCIES)})")
+        object.__setattr__(self, "residency", types.MappingProxyType(dict(self.residency)))
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def residency_of(self, ds_id: int) -> str:
+        """Where parameter ``ds_id`` lives between uses (``'sharded'`` unless the plan says otherwise).
+
+        Examples
+        --------
+        >>> Plan(()).residency_of(7)
+        'sharded'
+        """
+        return self.residency.get(ds_id, DEFAULT_RESIDENCY)
+
+    def with_order(self, order: Iterable[str]) -> Plan:
+        """The same plan with another order (buckets and residency kept).
+
+        Examples
+        --------
+        >>> Plan(("b", "a"), residency={1: "kept"}).with_order(["a", "b"]).order
+        ('a', 'b')
+        """
+        return dataclasses.replace(self, order=tuple(order))
