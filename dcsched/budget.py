@@ -158,10 +158,10 @@ class Budget:
         --------
         >>> Budget.parse("800MB").bytes, Budget.parse(1.5e9).bytes, Budget.parse("inf").bytes
         (800000000, 1500000000, inf)
-        >>> Budget.parse("-5")
+        >>> Budget.parse("-5")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        dcsched.errors.OptionError: memory_budget: not a size: '-5' (use e.g. 512MiB, 6GiB, 1.5GB, 1000000); or 'unlimited'
+        dcsched.errors.OptionError: memory_budget: not a size: '-5' (use e.g. 512MiB, ...); or 'unlimited'
         """
         if isinstance(value, Budget):
             return value if scope is None or scope == value.scope else dataclasses.replace(value, scope=scope)

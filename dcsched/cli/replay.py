@@ -29,7 +29,8 @@ def render(report: ReplayReport) -> None:
     """Print the report: one column per order, measured and simulated figures in rows."""
     first = report.orders[0].measured
     processes = "1 process" if report.world_size == 1 else f"{report.world_size} ranks (worst rank shown)"
-    console.print(f"[bold]dcsched replay[/] on {safe_text(report.device)}, {processes}, {first.iters} timed steps after "
+    console.print(f"[bold]dcsched replay[/] on {safe_text(report.device)}, {processes}, "
+                  f"{first.iters} timed steps after "
                   f"{first.warmup} warm-up, seed {report.seed}", highlight=False)
     for order in report.orders:
         if order.path:

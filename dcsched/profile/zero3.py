@@ -95,8 +95,8 @@ def real_uses(graph: torch.fx.Graph) -> dict[torch.fx.Node, list[torch.fx.Node]]
             uses[value].append(reader)
 
     for reader in reversed(graph.nodes):
-        torch.fx.node.map_arg(reader.args, lambda v: record(v, reader))
-        torch.fx.node.map_arg(reader.kwargs, lambda v: record(v, reader))
+        torch.fx.node.map_arg(reader.args, lambda v, reader=reader: record(v, reader))
+        torch.fx.node.map_arg(reader.kwargs, lambda v, reader=reader: record(v, reader))
     return uses
 
 

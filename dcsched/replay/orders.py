@@ -231,7 +231,7 @@ def replay_orders(candidate: Bundle, baseline: Bundle | None = None, *, device: 
     # then the time, both orders in alternating rounds
     times = _time_interleaved([job[2] for job in jobs], device=device, seed=seed, iters=iters, warmup=warmup,
                               factory=factory, placeholder_order=order)
-    for k, (label, path, bundle, run) in enumerate(runs):
+    for k, (_label, _path, _bundle, run) in enumerate(runs):
         m = run.measurement
         assert m is not None  # each order ran alone above, measured
         run.measurement = Measurement.from_samples(device, warmup, times[k], m.peak_bytes, m.resident_bytes,

@@ -54,7 +54,8 @@ import math
 
 from dcsched.graph.lastuse import last_use_indices
 from dcsched.graph.form import PLACEHOLDER, REDUCE, GraphForm, schedule_indexed
-from dcsched.schedulers.gather_sets import EMPTY, Packed, allgather_ancestors, pack, packed_count, total_size, union, unpack
+from dcsched.schedulers.gather_sets import (EMPTY, Packed, allgather_ancestors, pack, packed_count, total_size, union,
+                                            unpack)
 from dcsched.schedulers.plan import Plan
 from dcsched.schedulers.registry import register
 

@@ -1,4 +1,6 @@
-"""Lower bounds on the step time beside the simulator's: through each communication node, at both ends of the step, and within a budget.
+"""Lower bounds on the step time beside the simulator's.
+
+Through each communication node, at both ends of the step, and within a budget.
 
 :mod:`dcsched.sim.simulate` reports ``lower_bound_ms`` = max(total compute, total
 communication) and ``tight_lower_bound_ms`` (critical path; first
@@ -113,7 +115,9 @@ def tight_bound(compiled: CompiledGraph) -> float:
 
 
 def ends_bound(compiled: CompiledGraph, heads: int = 24, tails: int = 8) -> float:
-    """Total compute plus the compute stream's forced idle at the start plus the communication forced after its end (ms).
+    """Total compute plus the compute stream's forced idle at the start and the communication forced after its end.
+
+    In milliseconds.
 
     Every order's step is at least ``C + H(v) + L(Q)`` (``C`` the total compute;
     either term may be left out), for a gated node ``v`` and a set ``Q`` of one

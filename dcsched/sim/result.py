@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
 
 
 @dataclasses.dataclass(frozen=True)

@@ -56,8 +56,8 @@ import torch.fx
 
 from dcsched.errors import GraphError
 from dcsched.sim.result import Clocks, ParamLifetime, SimResult  # noqa: F401  (simulate's results, imported from here too)
-from dcsched.graph.form import (ALLGATHER, COMM_KINDS, COMPUTE, CONSTANT, KIND_NAMES, OUTPUT, PLACEHOLDER, REDUCE, RELEASE,
-                        GraphForm)
+from dcsched.graph.form import (ALLGATHER, COMM_KINDS, COMPUTE, CONSTANT, KIND_NAMES, OUTPUT, PLACEHOLDER, REDUCE,
+                                RELEASE, GraphForm)
 
 
 

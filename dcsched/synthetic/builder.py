@@ -120,7 +120,7 @@ class GraphBuilder:
                 self.graph.erase_node(wait)
                 self.graph.erase_node(ag)
                 del self.waits[name]
-        for name, rels in self.releases.items():
+        for rels in self.releases.values():
             for rel in rels:
                 rel.args = rel.args[:3] + (len(rels),)
         self.graph.output(tuple(outputs))

@@ -440,7 +440,8 @@ class OverlapPlanner:
         clock = [res.reach_ms[p] if p < n else res.step_ms for p in issue_pos]
         start_ms = res.start_ms
         is_gather = self._is_gather
-        start_of = {order[pos]: start_ms[pos] for pos in itertools.compress(range(n), map(is_gather.__getitem__, order))}
+        gather_positions = itertools.compress(range(n), map(is_gather.__getitem__, order))
+        start_of = {order[pos]: start_ms[pos] for pos in gather_positions}
         rank = rank if rank is not None else list(range(len(self.gathers)))
         program = sorted(range(len(self.gathers)), key=lambda k: (slots[k], rank[k]))
         new = list(slots)
