@@ -19,7 +19,7 @@ _LAZY = {
     "save": "bundle.core",
     "BundleError": "errors", "DcschedError": "errors", "GraphError": "errors", "ResultMismatch": "errors",
     "to_fx": "graph.nxview", "to_networkx": "graph.nxview", "Role": "graph.roles", "role_of": "graph.roles",
-    "capture": "profile.capture", "capture_script": "profile.capture", "ProfileOptions": "profile.measure",
+    "capture": "profile.capture", "capture_script": "profile.capture", "ProfileOptions": "costmodels.options",
     "profile_bundle": "profile.measure",
     "schedule": "schedulers.reorder", "simulate": "sim.simulate", "SimResult": "sim.simulate",
     "replay_orders": "replay",

@@ -32,14 +32,18 @@ class DcschedError(Exception):
 class OptionError(DcschedError, ValueError):
     """An option with a value dcsched cannot use; the message names the option's Python parameter.
 
-    The command line translates parameter names into its flags (``memory_budget`` -> ``--memory-budget``)
-    when it prints one.
+    ``problem`` reads on from the name (``OptionError("iters", "must be at least 1")`` says
+    ``iters must be at least 1``). The command line translates parameter names into its flags
+    (``memory_budget`` -> ``--memory-budget``) when it prints one (:mod:`dcsched.cli.app`).
+
+    >>> str(OptionError("world_size", "must be at least 1"))
+    'world_size must be at least 1'
     """
 
     def __init__(self, option: str, problem: str):
         self.option = option
         self.problem = problem
-        super().__init__(f"{option}: {problem}")
+        super().__init__(f"{option} {problem}")
 
 
 class BundleError(DcschedError):

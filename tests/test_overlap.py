@@ -324,7 +324,8 @@ def test_passing_lets_the_next_layer_gather_while_two_buffers_fill_the_budget():
     on the stream meanwhile, instead of idling it for fc's whole duration."""
     from dcsched.profile.capture import capture
     from dcsched.examples import build
-    from dcsched.profile.measure import ProfileOptions, profile_bundle
+    from dcsched.costmodels.options import ProfileOptions
+    from dcsched.profile.measure import profile_bundle
 
     model, inputs, loss_fn = build("vit", n_layers=2, d_model=512, n_heads=8, image=112, patch=16, batch=16)
     bundle = profile_bundle(capture(model, inputs, loss_fn),
