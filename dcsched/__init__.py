@@ -23,8 +23,8 @@ _LAZY = {
     "profile_bundle": "profile.measure",
     "schedule": "schedulers.reorder", "simulate": "sim.simulate", "SimResult": "sim.simulate",
     "replay_orders": "replay",
-    "backend": "train", "shard": "train",
-    "save_checkpoint": "train", "load_checkpoint": "train", "CheckpointError": "train",
+    "backend": "train.backend", "shard": "train.sharding",
+    "save_checkpoint": "train.checkpoint", "load_checkpoint": "train.checkpoint", "CheckpointError": "train.checkpoint",
 }
 
 

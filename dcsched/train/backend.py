@@ -32,72 +32,16 @@ random numbers as it would without the compile.
 
 from __future__ import annotations
 
-import dataclasses
-import math
-
 import torch
 
-from dcsched import schedulers
 from dcsched.profile.capture import capture_compiled
 from dcsched.runtime.consensus import check_same, plan_fingerprints
-from dcsched.errors import DcschedError
-from dcsched.profile.measure import ProfileOptions, profile_bundle
+from dcsched.profile.measure import profile_bundle
 from dcsched.schedulers.reorder import schedule
 from dcsched.runtime.local import ScheduledProgram
 from dcsched.train.full_state import any_sharded
+from dcsched.train.options import TrainOptions
 from dcsched.train.sharding import ShardingError, sharding_for_inputs
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainOptions:
-    """How :func:`backend` schedules and runs: the algorithm, its memory budget (bytes or '40GiB'), the cost
-    model, and how the scheduled graphs run (``compute``: ``eager`` or ``inductor``)."""
-
-    algo: str = "none"
-    memory_budget: float | int | str | None = None
-    budget_scope: str | None = None
-    cost_model: str = "measured"
-    gpu: str | None = None
-    iters: int = 1
-    warmup: int = 1
-    compute: str = "eager"
-
-    def check(self) -> None:
-        """Raise :class:`DcschedError` (one line) for options no compile can use, before anything runs."""
-        accepted = schedulers.get(self.algo).options  # raises for an unknown name
-        from dcsched.train.inductor import COMPUTE_MODES
-        if self.compute not in COMPUTE_MODES:
-            raise DcschedError(f"unknown compute {self.compute!r}: choose one of {', '.join(COMPUTE_MODES)}")
-        if self.memory_budget is not None:
-            from dcsched.units import parse_budget
-            parse_budget(self.memory_budget)
-            if "memory_budget" not in accepted:
-                raise DcschedError(f"scheduler '{self.algo}' takes no memory budget")
-        if self.budget_scope is not None:
-            from dcsched.schedulers.overlap.scheduler import check_scope
-            check_scope(self.budget_scope)
-            if "budget_scope" not in accepted:
-                raise DcschedError(f"scheduler '{self.algo}' takes no budget scope")
-        self.profile_options(1).check()
-
-    def profile_options(self, world_size: int) -> ProfileOptions:
-        return ProfileOptions(cost_model=self.cost_model, iters=self.iters, warmup=self.warmup,
-                              world_size=world_size, gpu=self.gpu, progress=False)
-
-    def scheduler_options(self, bundle) -> dict:
-        accepted = schedulers.get(self.algo).options
-        options = {}
-        if "memory_budget" in accepted:
-            budget = self.memory_budget
-            if budget is None:
-                from dcsched.report.sweep import default_budget
-                budget = default_budget(bundle)
-            options["memory_budget"] = math.inf if budget is None else budget
-        elif self.memory_budget is not None:
-            raise DcschedError(f"scheduler '{self.algo}' takes no memory budget")
-        if self.budget_scope is not None and "budget_scope" in accepted:
-            options["budget_scope"] = self.budget_scope
-        return options
 
 
 class Backend:
@@ -139,7 +83,38 @@ def _without_parameters(gm: torch.fx.GraphModule, example_inputs):
 
 
 def backend(algo: str = "none", memory_budget: float | int | str | None = None, **options) -> Backend:
-    """A TorchDynamo backend training with scheduler ``algo``; ``options``: the rest of :class:`TrainOptions`."""
+    """A TorchDynamo backend training a :func:`dcsched.shard`-ed module with scheduler ``algo``.
+
+    Parameters
+    ----------
+    algo : str
+        The scheduler for both graphs of every compile, a name from :func:`dcsched.schedulers.available`.
+    memory_budget : float or int or str, optional
+        For the schedulers that take one: bytes, a size (``'40GiB'``) or ``'unlimited'``; by default the
+        target device's memory less 10%.
+    **options
+        The rest of :class:`~dcsched.train.options.TrainOptions`: ``budget_scope``, ``algo_options``
+        (``{"k": 2}``), ``cost_model``, ``gpu``, ``iters``, ``warmup``, ``compute``.
+
+    Returns
+    -------
+    Backend
+        Pass it as ``torch.compile(model, backend=...)``; its ``programs`` lists what it compiled.
+
+    Raises
+    ------
+    OptionError
+        An option no compile can use (:meth:`TrainOptions.check <dcsched.train.options.TrainOptions.check>`),
+        raised here rather than at the first step.
+    TypeError
+        A keyword that is not a :class:`~dcsched.train.options.TrainOptions` field.
+
+    Examples
+    --------
+    >>> import dcsched
+    >>> dcsched.backend(algo="prefetch-ahead", algo_options={"k": 2})
+    dcsched.backend(algo='prefetch-ahead')
+    """
     return Backend(TrainOptions(algo=algo, memory_budget=memory_budget, **options))
 
 
