@@ -7,12 +7,13 @@ and render its results.
 
 from __future__ import annotations
 
+import re
 import sys
 
 import typer
 from rich.console import Console
 
-from dcsched.errors import DcschedError, ResultMismatch
+from dcsched.errors import DcschedError, OptionError, ResultMismatch
 from dcsched.report.formats.text import safe_text  # noqa: F401  (the commands print through it)
 
 app = typer.Typer(
@@ -54,7 +55,8 @@ def run(argv: list[str] | None = None) -> int:
         err_console.print(f"[bold red]dcsched: results differ:[/] {safe_text(exc)}", highlight=False, soft_wrap=True)
         return 1
     except DcschedError as exc:
-        err_console.print(f"[bold red]dcsched: error:[/] {safe_text(exc)}", highlight=False, soft_wrap=True)
+        message = in_flags(exc, _command_of(sys.argv[1:] if argv is None else argv))
+        err_console.print(f"[bold red]dcsched: error:[/] {safe_text(message)}", highlight=False, soft_wrap=True)
         return exc.exit_code
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
@@ -62,6 +64,74 @@ def run(argv: list[str] | None = None) -> int:
         err_console.print("interrupted")
         return 130
     return code if isinstance(code, int) else 0
+
+
+# ---------------------------------------------------------------------------
+# Library errors name Python parameters; the command line names its flags
+# ---------------------------------------------------------------------------
+
+#: Library parameters that a command's option sets under another name.
+PARAMETER_ALIASES = {"overwrite": "force"}
+
+#: ``name=value`` in a library message: a parameter with the value to give it.
+_ASSIGNMENT = re.compile(r"(?<![\w.\-])([a-z][a-z0-9_]*)=(True|'[^']*'|\d[\w.]*)")
+
+
+def _command_of(argv: list[str]) -> str | None:
+    """The command ``argv`` runs (its first word that is not an option)."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
+
+
+def flags() -> dict[str, dict[str, str]]:
+    """Per command, its options' Python parameter names -> their long flags (``cost_model`` -> ``--cost-model``)."""
+    group = typer.main.get_command(app)
+    table: dict[str, dict[str, str]] = {}
+    for name, command in getattr(group, "commands", {}).items():
+        table[name] = {}
+        for param in command.params:
+            opts = [opt for opt in param.opts if opt.startswith("-")]  # an option, not an argument
+            if opts:
+                table[name][param.name] = next((opt for opt in opts if opt.startswith("--")), opts[0])
+    return table
+
+
+def flag_of(parameter: str, command: str | None, table: dict[str, dict[str, str]] | None = None) -> str | None:
+    """The flag that sets library parameter ``parameter``: the running ``command``'s, else another command's
+    (``dcsched profile --meta``); None where no command has one."""
+    table = flags() if table is None else table
+    parameter = PARAMETER_ALIASES.get(parameter, parameter)
+    if parameter in table.get(command or "", {}):
+        return table[command][parameter]
+    for other, params in table.items():
+        if parameter in params:
+            return f"dcsched {other} {params[parameter]}"
+    return None
+
+
+def in_flags(exc: DcschedError, command: str | None) -> str:
+    """``exc``'s message for the command line: the parameter an :class:`~dcsched.errors.OptionError` names, and
+    every ``parameter=value`` the message suggests, as the flags of ``command`` (the one place they are
+    translated).
+
+    >>> from dcsched.errors import OptionError
+    >>> in_flags(OptionError("world_size", "must be at least 1"), "profile")
+    '--world-size must be at least 1'
+    >>> in_flags(DcschedError("out.pt: exists already (pass force=True to replace it)"), "schedule")
+    'out.pt: exists already (pass --force to replace it)'
+    """
+    table = flags()
+    text = str(exc)
+    if isinstance(exc, OptionError):
+        text = f"{flag_of(exc.option, command, table) or exc.option} {exc.problem}"
+
+    def replace(match: re.Match) -> str:
+        flag = flag_of(match.group(1), command, table)
+        if flag is None:
+            return match.group(0)
+        value = match.group(2)
+        return flag if value == "True" else f"{flag} {value.strip(chr(39))}"
+
+    return _ASSIGNMENT.sub(replace, text)
 
 
 def usage_error(exc: typer.TyperException) -> int:
