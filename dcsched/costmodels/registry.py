@@ -43,8 +43,9 @@ def unregister(name: str) -> type[CostModel]:
 
 
 def available() -> list[str]:
+    """The registered names: the built-in models first (in :data:`BUILTIN`'s order), then the others."""
     _register_builtins()
-    return list(_REGISTRY)
+    return [name for name in BUILTIN if name in _REGISTRY] + [name for name in _REGISTRY if name not in BUILTIN]
 
 
 def get(name: str) -> type[CostModel]:
