@@ -81,16 +81,19 @@ def test_library_errors_name_the_parameter(options, option, words):
      "--timeout must be between 0.1 and 604800 seconds"),
     (OptionError("algo_options", "has 'k'"), "train", "--option has 'k'"),
     (OptionError("nothing_like_it", "is odd"), "train", "nothing_like_it is odd"),
-    (DcschedError("x.pt: exists already (pass force=True to replace it)"), "schedule",
+    (DcschedError("x.pt: exists already (pass `force=True` to replace it)"), "schedule",
      "x.pt: exists already (pass --force to replace it)"),
-    (DcschedError("x.pt: exists already (pass overwrite=True to replace it)"), "profile",
+    (DcschedError("x.pt: exists already (pass `overwrite=True` to replace it)"), "profile",
      "x.pt: exists already (pass --force to replace it)"),
-    (DcschedError("no device_time (pass assume_zero=True to count them as 0)"), "schedule",
+    (DcschedError("no device_time (pass `assume_zero=True` to count them as 0)"), "schedule",
      "no device_time (pass --assume-zero to count them as 0)"),
-    (DcschedError("planned without data (meta=True): no values"), "replay",
+    (DcschedError("planned without data (`meta=True`): no values"), "replay",
      "planned without data (dcsched profile --meta): no values"),
-    (DcschedError("run it with compute='eager'"), "train", "run it with --compute eager"),
+    (DcschedError("run it with `compute='eager'`"), "train", "run it with --compute eager"),
     (DcschedError("tensor_size=3 on mm0"), "schedule", "tensor_size=3 on mm0"),
+    (DcschedError("script.py failed: tensor(..., device='meta')"), "profile",
+     "script.py failed: tensor(..., device='meta')"),  # quoted, not a suggestion: left alone
+    (DcschedError("take `nothing_like_it=1`"), "profile", "take `nothing_like_it=1`"),
 ])
 def test_the_cli_translates_parameters_into_its_flags(error, command, line):
     assert in_flags(error, command) == line

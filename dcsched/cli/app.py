@@ -73,8 +73,9 @@ def run(argv: list[str] | None = None) -> int:
 #: Library parameters that a command's option sets under another name.
 PARAMETER_ALIASES = {"overwrite": "force"}
 
-#: ``name=value`` in a library message: a parameter with the value to give it.
-_ASSIGNMENT = re.compile(r"(?<![\w.\-])([a-z][a-z0-9_]*)=(True|'[^']*'|\d[\w.]*)")
+#: ```name=value``` in a library message: a parameter with the value to give it (in backticks, so that text
+#: quoted from elsewhere, such as ``device='meta'`` in a torch error, is left alone).
+_ASSIGNMENT = re.compile(r"`([a-z][a-z0-9_]*)=(True|'[^']*'|\d[\w.]*)`")
 
 
 def _command_of(argv: list[str]) -> str | None:
@@ -110,13 +111,13 @@ def flag_of(parameter: str, command: str | None, table: dict[str, dict[str, str]
 
 def in_flags(exc: DcschedError, command: str | None) -> str:
     """``exc``'s message for the command line: the parameter an :class:`~dcsched.errors.OptionError` names, and
-    every ``parameter=value`` the message suggests, as the flags of ``command`` (the one place they are
+    every ```parameter=value``` the message suggests, as the flags of ``command`` (the one place they are
     translated).
 
     >>> from dcsched.errors import OptionError
     >>> in_flags(OptionError("world_size", "must be at least 1"), "profile")
     '--world-size must be at least 1'
-    >>> in_flags(DcschedError("out.pt: exists already (pass force=True to replace it)"), "schedule")
+    >>> in_flags(DcschedError("out.pt: exists already (pass `force=True` to replace it)"), "schedule")
     'out.pt: exists already (pass --force to replace it)'
     """
     table = flags()

@@ -67,7 +67,7 @@ PLANNED = "none: planned from shapes on the meta device, not measured (no weight
 def check_replayable(bundle: Bundle) -> None:
     """Raise :class:`DcschedError` for a bundle planned without data (captured with ``meta=True``): nothing to run."""
     if bundle.provenance.get("planned"):
-        raise DcschedError("this bundle was planned without data (meta=True): it holds shapes, no weights or input "
+        raise DcschedError("this bundle was planned without data (`meta=True`): it holds shapes, no weights or input "
                            "values, so it can be scheduled but not replayed; capture the script again without it to "
                            "replay it")
 
