@@ -1,8 +1,12 @@
 """The typer application and the one place errors become exit codes.
 
-Command modules (``show``, ``profile``, ``schedule``, ``replay``) attach
+Command modules (``show``, ``profile``, ``schedule``, ``replay``, ``train``) attach
 themselves to :data:`app`; they only parse options, call the functional core
 and render its results.
+
+The library's errors name Python parameters (:class:`~dcsched.errors.OptionError`'s
+``option``, a suggested ```force=True```); :func:`in_flags` is the one place
+they become the flags of the running command.
 """
 
 from __future__ import annotations
