@@ -37,6 +37,11 @@ from dcsched.train.options import ScriptOptions, TrainOptions
 from dcsched.runtime.local import ScheduledProgram
 from dcsched.train.sharding import shard
 
+# Loaded before the ranks start watching each other (_join): scripts checkpoint through it, and its imports
+# (torch's DTensor and distributed checkpoint, sympy) would otherwise load during the first compile, where on a
+# busy machine they delay this rank's heartbeats by seconds.
+from dcsched.train import checkpoint  # noqa: F401,E402
+
 
 class TrainError(DcschedError):
     """The script cannot be trained with dcsched as it is (exit code 2); the message says what to change."""
