@@ -36,7 +36,8 @@ from dcsched.costmodels import fit_calibration
 from dcsched.costmodels.formulas import GPUS
 from dcsched.errors import ResultMismatch
 from dcsched.examples import build
-from dcsched.profile.measure import ProfileOptions, profile_bundle
+from dcsched.costmodels.options import ProfileOptions
+from dcsched.profile.measure import profile_bundle
 from dcsched.replay import replay_orders
 from dcsched.schedulers import available
 

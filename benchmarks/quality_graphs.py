@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import dcsched  # noqa: E402
-from dcsched.profile.measure import ProfileOptions, profile_bundle  # noqa: E402
+from dcsched.costmodels.options import ProfileOptions  # noqa: E402
+from dcsched.profile.measure import profile_bundle  # noqa: E402
 
 CACHE = ROOT / "benchmarks" / ".cache"
 SAMPLES = ROOT / "sample_graphs"

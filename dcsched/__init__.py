@@ -19,13 +19,13 @@ _LAZY = {
     "save": "bundle.core",
     "BundleError": "errors", "DcschedError": "errors", "GraphError": "errors", "ResultMismatch": "errors",
     "to_fx": "graph.nxview", "to_networkx": "graph.nxview", "Role": "graph.roles", "role_of": "graph.roles",
-    "capture": "profile.capture", "capture_script": "profile.capture", "ProfileOptions": "profile.measure",
+    "capture": "profile.capture", "capture_script": "profile.capture", "ProfileOptions": "costmodels.options",
     "profile_bundle": "profile.measure",
     "Budget": "budget", "Plan": "schedulers.plan",
     "schedule": "schedulers.reorder", "simulate": "sim.simulate", "SimResult": "sim.simulate",
     "replay_orders": "replay",
-    "backend": "train", "shard": "train",
-    "save_checkpoint": "train", "load_checkpoint": "train", "CheckpointError": "train",
+    "backend": "train.backend", "shard": "train.sharding",
+    "save_checkpoint": "train.checkpoint", "load_checkpoint": "train.checkpoint", "CheckpointError": "train.checkpoint",
 }
 
 

@@ -70,7 +70,7 @@ def check_scope(scope: str) -> str:
     'gathered'
     """
     if scope not in SCOPES:
-        raise OptionError("budget_scope", f"unknown budget scope {scope!r} (choose from {', '.join(SCOPES)})")
+        raise OptionError("budget_scope", f"names an unknown budget scope {scope!r} (choose from {', '.join(SCOPES)})")
     return scope
 
 
@@ -89,7 +89,7 @@ class Budget:
     >>> Budget(-1)
     Traceback (most recent call last):
     ...
-    dcsched.errors.OptionError: memory_budget: not a size: -1 (a budget is a number of bytes, 0 or more, or 'unlimited')
+    dcsched.errors.OptionError: memory_budget is not a size: -1 (a budget is a number of bytes, 0 or more, or 'unlimited')
     """
 
     bytes: float
@@ -98,8 +98,8 @@ class Budget:
     def __post_init__(self):
         value = self.bytes
         if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
-            raise OptionError("memory_budget", f"not a size: {value!r} (a budget is a number of bytes, 0 or more, "
-                                               "or 'unlimited')")
+            raise OptionError("memory_budget", f"is not a size: {value!r} (a budget is a number of bytes, 0 or "
+                                               "more, or 'unlimited')")
         check_scope(self.scope)
 
     @property
@@ -161,7 +161,7 @@ class Budget:
         >>> Budget.parse("-5")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        dcsched.errors.OptionError: memory_budget: not a size: '-5' (use e.g. 512MiB, ...); or 'unlimited'
+        dcsched.errors.OptionError: memory_budget is not a size: '-5' (use e.g. 512MiB, ...); or 'unlimited'
         """
         if isinstance(value, Budget):
             return value if scope is None or scope == value.scope else dataclasses.replace(value, scope=scope)
@@ -176,7 +176,7 @@ class Budget:
             nbytes = parse_size(value, limit=math.inf)
         except (ValueError, TypeError) as exc:
             detail = str(exc) if isinstance(exc, ValueError) else f"not a size: {value!r}"
-            raise OptionError("memory_budget", f"{detail}; or 'unlimited'") from None
+            raise OptionError("memory_budget", f"is {detail}; or 'unlimited'") from None
         return cls(nbytes, scope)
 
     def to_dict(self) -> dict:
@@ -250,11 +250,11 @@ def default_budget(source: Any = None, *, scope: str | None = None, margin: floa
     if total is None:
         return Budget.unlimited(scope)
     if margin < 0:
-        raise OptionError("margin", f"memory margin must not be negative ({margin})")
+        raise OptionError("margin", f"must not be negative ({margin})")
     reserve = total * margin if margin < 1 else margin
     nbytes = int(total - reserve)
     if nbytes <= 0:
-        raise OptionError("margin", f"memory margin {margin} leaves no memory of the device's {total} bytes")
+        raise OptionError("margin", f"of {margin} leaves no memory of the device's {total} bytes")
     return Budget(nbytes, scope)
 
 

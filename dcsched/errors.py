@@ -27,22 +27,23 @@ class DcschedError(Exception):
     """Bad input or an impossible request; the message says what to fix."""
 
     exit_code = 2
-    #: The Python parameters the message names (the command line shows them as its flags).
-    parameters: tuple[str, ...] = ()
 
 
 class OptionError(DcschedError, ValueError):
     """An option with a value dcsched cannot use; the message names the option's Python parameter.
 
-    The command line translates parameter names into its flags (``memory_budget`` -> ``--memory-budget``)
-    when it prints one.
+    ``problem`` reads on from the name (``OptionError("iters", "must be at least 1")`` says
+    ``iters must be at least 1``). The command line translates parameter names into its flags
+    (``memory_budget`` -> ``--memory-budget``) when it prints one (:mod:`dcsched.cli.app`).
+
+    >>> str(OptionError("world_size", "must be at least 1"))
+    'world_size must be at least 1'
     """
 
     def __init__(self, option: str, problem: str):
         self.option = option
         self.problem = problem
-        self.parameters = (option,)
-        super().__init__(f"{option}: {problem}")
+        super().__init__(f"{option} {problem}")
 
 
 class BundleError(DcschedError):
@@ -63,17 +64,10 @@ class ScheduleError(GraphError):
 
 
 class BudgetError(DcschedError):
-    """A memory budget that no order of the graph fits in; the message names the parameter (``memory_budget``).
+    """A memory budget that no order of the graph fits in; the message names the parameter (```memory_budget```).
 
     A budget that cannot be read at all is an :class:`OptionError`.
-
-    >>> BudgetError("memory_budget 10 B is too small").parameters
-    ('memory_budget',)
     """
-
-    def __init__(self, message: str, *, parameters: tuple[str, ...] = ("memory_budget",)):
-        self.parameters = tuple(parameters)
-        super().__init__(message)
 
 
 class OutputError(DcschedError):

@@ -36,7 +36,7 @@ b'data'
 >>> check_outputs({"-o": d / "new" / "out.pt"}, inputs=[])
 Traceback (most recent call last):
 ...
-dcsched.errors.DcschedError: ...out.pt: exists already (pass --force to replace it)
+dcsched.errors.DcschedError: ...out.pt: exists already (pass `force=True` to replace it)
 """
 
 from __future__ import annotations
@@ -94,11 +94,11 @@ def check_output(path: Path, *, inputs: Iterable[Path] = (), force: bool = False
         if _same_file(path, Path(source)) or Path(os.path.abspath(path)) == Path(os.path.abspath(source)):
             if not force:
                 raise DcschedError(f"{what}: would overwrite the input {source} (choose another path, "
-                                   "or pass --force)")
+                                   "or pass `force=True`)")
             break
     else:
         if path.exists() and not force:
-            raise DcschedError(f"{what}: exists already (pass --force to replace it)")
+            raise DcschedError(f"{what}: exists already (pass `force=True` to replace it)")
     ancestor = Path(os.path.abspath(path)).parent
     while not ancestor.exists():
         ancestor = ancestor.parent
@@ -182,7 +182,7 @@ class _Staged:
             if not self.overwrite:  # all or none: refuse before placing any
                 for _tmp, path in self.files:
                     if os.path.lexists(path):
-                        raise DcschedError(f"{path}: was created while dcsched ran (pass --force to replace it)")
+                        raise DcschedError(f"{path}: was created while dcsched ran (pass `force=True` to replace it)")
             while self.files:
                 tmp, path = self.files[0]
                 _place(tmp, path, self.overwrite)
@@ -237,12 +237,12 @@ def _place(tmp: str, path: Path, overwrite: bool) -> None:
         try:
             os.link(tmp, path)  # atomic, and fails where a file exists: no check-then-rename race
         except FileExistsError:
-            raise DcschedError(f"{path}: was created while dcsched ran (pass --force to replace it)") from None
+            raise DcschedError(f"{path}: was created while dcsched ran (pass `force=True` to replace it)") from None
         except OSError as exc:
             if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EXDEV, errno.EMLINK):
                 raise
             if os.path.lexists(path):  # a file system without hard links: the best check there is
-                raise DcschedError(f"{path}: was created while dcsched ran (pass --force to replace it)") from None
+                raise DcschedError(f"{path}: was created while dcsched ran (pass `force=True` to replace it)") from None
             os.replace(tmp, path)
     except OSError as exc:
         raise DcschedError(f"{path}: cannot be written ({exc.strerror or exc})") from None

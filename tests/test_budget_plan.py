@@ -10,7 +10,7 @@ import torch.fx
 import dcsched
 from dcsched import schedulers
 from dcsched.budget import Budget, budget_for, check_scope, default_budget, device_memory
-from dcsched.cli.app import cli_wording
+from dcsched.cli.app import in_flags
 from dcsched.errors import BudgetError, DcschedError, OptionError, ScheduleError
 from dcsched.graph.form import GraphForm
 from dcsched.graph.nxview import to_networkx
@@ -18,7 +18,7 @@ from dcsched.schedulers import Bucket, Plan, run
 from dcsched.schedulers.deepcompile import DeepCompile
 from dcsched.schedulers.overlap.scheduler import Overlap
 from dcsched.synthetic import layered_stack, random_graph
-from dcsched.train.backend import TrainOptions
+from dcsched.train.options import TrainOptions
 
 
 def _bundle(target=None) -> dcsched.Bundle:
@@ -45,7 +45,7 @@ def test_parse_gives_bytes(value, expected):
 def test_unreadable_budget_is_an_option_error_naming_the_parameter(value):
     with pytest.raises(OptionError) as info:
         Budget.parse(value)
-    assert info.value.option == "memory_budget" and str(info.value).startswith("memory_budget: ")
+    assert info.value.option == "memory_budget" and str(info.value).startswith("memory_budget is ")
     assert "--" not in str(info.value)
 
 
@@ -54,7 +54,7 @@ def test_scope():
     assert Budget.parse(Budget(10), scope="gathered") == Budget(10, "gathered")
     assert Budget.parse(Budget(10, "gathered")) == Budget(10, "gathered")
     assert check_scope("all") == "all"
-    with pytest.raises(OptionError, match="^budget_scope: unknown budget scope 'some'"):
+    with pytest.raises(OptionError, match="^budget_scope names an unknown budget scope 'some'"):
         Budget.parse("1GiB", scope="some")
     with pytest.raises(OptionError):
         Budget(10, "activations")
@@ -104,17 +104,17 @@ def test_budget_too_small_is_a_budget_error_in_python_words_and_flag_words_on_th
     with pytest.raises(BudgetError) as info:
         run("overlap", GraphForm(graph), budget=Budget(minimum - 1))
     message = str(info.value)
-    assert message.startswith("memory_budget ") and f"pass memory_budget={minimum} or more" in message
-    assert "(budget_scope=all)" in message and "--" not in message
-    cli = cli_wording(info.value)
+    assert message.startswith("`memory_budget` ") and f"pass `memory_budget={minimum}` or more" in message
+    assert "(`budget_scope='all'`)" in message and "--" not in message
+    cli = in_flags(info.value, "schedule")
     assert cli.startswith("--memory-budget ") and f"pass --memory-budget {minimum} or more" in cli
     assert "(--budget-scope all)" in cli
     assert isinstance(info.value, DcschedError) and info.value.exit_code == 2
 
 
-def test_cli_wording_leaves_other_errors_alone():
-    assert cli_wording(DcschedError("memory_budget in a plain error")) == "memory_budget in a plain error"
-    assert cli_wording(OptionError("k", "k must be a whole number")) == "k: k must be a whole number"
+def test_cli_wording_leaves_unquoted_names_alone():
+    assert in_flags(DcschedError("memory_budget in a plain error"), "schedule") == "memory_budget in a plain error"
+    assert in_flags(OptionError("k", "must be a whole number"), "schedule") == "k must be a whole number"
 
 
 # -- Plan -----------------------------------------------------------------------------------------------
@@ -188,7 +188,7 @@ def test_run_takes_a_form_and_a_budget_object():
         run("fast-free", to_networkx(graph))
     with pytest.raises(OptionError, match="budget=Budget"):
         run("overlap", GraphForm(graph), memory_budget=10**9)
-    with pytest.raises(OptionError, match="takes no option k"):
+    with pytest.raises(OptionError, match="k is not an option of scheduler 'fast-free'"):
         run("fast-free", GraphForm(graph), k=3)
     with pytest.raises(ScheduleError, match="unknown scheduler"):
         run("no-such", GraphForm(graph))

@@ -222,9 +222,9 @@ def test_algo_all_skips_a_scheduler_that_cannot_run_and_says_why(bundle_path, re
 
 
 @pytest.mark.parametrize("options, words", [
-    (["-O", "memory_budget=-5"], "--memory-budget: not a size: '-5'"),
+    (["-O", "memory_budget=-5"], "--memory-budget is not a size: '-5'"),
     (["-O", "memory_budget=1000"], "--memory-budget 1000 B (1000 bytes) is too small"),  # not silently the default
-    (["-O", "memory-budget=lots"], "--memory-budget: not a size: 'lots'"),
+    (["-O", "memory-budget=lots"], "--memory-budget is not a size: 'lots'"),
     (["-O", "budget_scope=some"], "unknown budget scope 'some'"),
     (["-O", "memory_budget=1GiB", "--memory-budget", "2GiB"], "--memory-budget given twice"),
 ])

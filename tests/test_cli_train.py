@@ -153,7 +153,7 @@ def test_a_compiled_linear_model_trains(tmp_path, capsys):
 
 @pytest.mark.parametrize("options, words", [
     (["--algo", "nosuch"], "nosuch"),
-    (["--algo", "overlap", "--memory-budget", "lots"], "--memory-budget: not a size"),
+    (["--algo", "overlap", "--memory-budget", "lots"], "--memory-budget is not a size"),
     (["--algo", "fast-free", "--memory-budget", "1GiB"], "takes no memory budget"),
     (["--budget-scope", "some", "--algo", "overlap"], "budget scope"),
     (["--timeout", "0"], "--timeout"),
@@ -162,7 +162,12 @@ def test_a_compiled_linear_model_trains(tmp_path, capsys):
     (["--timeout", "0.000001"], "--timeout must be between 0.1 and 604800 seconds"),
     (["--timeout", "nan"], "--timeout must be between"),
     (["--compute", "fast"], "unknown compute 'fast'"),
-    (["--cost-model", "analytic"], ""),
+    (["--cost-model", "analytic"], "--gpu is missing"),
+    (["--algo", "none", "-O", "k=2"], "--option has 'k', which scheduler 'none' does not take (taken by: "
+                                      "prefetch-ahead)"),
+    (["--algo", "prefetch-ahead", "--option", "k"], "expected KEY=VALUE"),
+    (["--algo", "overlap", "-O", "memory_budget=lots"], "--memory-budget is not a size"),
+    (["--algo", "overlap", "--memory-budget", "1GiB", "-O", "memory_budget=2GiB"], "--memory-budget given twice"),
 ])
 def test_invalid_options_exit_2_before_running(tmp_path, capsys, options, words):
     marker = tmp_path / "ran"
@@ -171,6 +176,27 @@ def test_invalid_options_exit_2_before_running(tmp_path, capsys, options, words)
     out, err = capsys.readouterr()
     assert err.startswith("dcsched: error: ") and words in err and len(err.strip().splitlines()) == 1, err
     assert not marker.exists()
+
+
+def test_scheduler_options_reach_the_scheduler(tmp_path, capsys, monkeypatch):
+    # -O KEY=VALUE, parsed as dcsched schedule parses it, reaches the scheduler of every compiled graph.
+    import dcsched.train.backend as train_backend
+    calls = []
+    real = train_backend.schedule
+
+    def recording(graph, algo, **options):
+        calls.append((algo, options))
+        return real(graph, algo, **options)
+
+    monkeypatch.setattr(train_backend, "schedule", recording)
+    script = write(tmp_path, "linear.py", LINEAR.replace("\n    ", "\n") + textwrap.dedent("""
+        model = torch.compile(model)
+        loss = model(torch.ones(2, 4)).sum()
+        loss.backward(); optimizer.step()
+    """))
+    report = train_json(capsys, "--algo", "prefetch-ahead", "-O", "k=2", script=script, args=[])
+    assert report["algo"] == "prefetch-ahead"
+    assert calls == [("prefetch-ahead", {"budget": None, "k": 2})] * 2  # the forward and the backward
 
 
 def test_missing_script(tmp_path, capsys):

@@ -12,7 +12,8 @@ from dcsched import replay as rp
 from dcsched.cli import run as cli
 from dcsched.costmodels import Calibration, fit_calibration, load_calibration, op_kind
 from dcsched.errors import DcschedError
-from dcsched.profile.measure import ProfileOptions, profile_bundle
+from dcsched.costmodels.options import ProfileOptions
+from dcsched.profile.measure import profile_bundle
 from dcsched.graph.roles import Role, role_of
 
 ANALYTIC = ProfileOptions(cost_model="analytic", gpu="h100", progress=False)

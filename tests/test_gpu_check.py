@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from dcsched import replay as rp
-from dcsched.profile.measure import ProfileOptions, profile_bundle
+from dcsched.costmodels.options import ProfileOptions
+from dcsched.profile.measure import profile_bundle
 from dcsched.schedulers import available
 
 ROOT = Path(__file__).resolve().parents[1]

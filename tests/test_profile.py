@@ -17,7 +17,8 @@ from dcsched.profile.capture import capture_step
 from dcsched.errors import DcschedError
 from dcsched.runtime import ops
 from dcsched.examples import build
-from dcsched.profile.measure import ProfileOptions, profile_bundle
+from dcsched.costmodels.options import ProfileOptions
+from dcsched.profile.measure import profile_bundle
 from dcsched.runtime.step import build_step, installed, make_state, run_step
 from dcsched.graph.roles import Role, role_of
 

@@ -449,7 +449,8 @@ def test_sample_bundle_scheduled_fast_free_then_replayed(sample, tmp_path, capsy
 
 
 def test_caveat_on_cpu_measured_costs_only(mlp, tmp_path, capsys):
-    from dcsched.profile.measure import ProfileOptions, profile_bundle
+    from dcsched.costmodels.options import ProfileOptions
+    from dcsched.profile.measure import profile_bundle
     measured = profile_bundle(mlp, ProfileOptions(iters=1, warmup=0, device="cpu", progress=False))
     analytic = profile_bundle(mlp, ProfileOptions(cost_model="analytic", gpu="h100", progress=False))
     assert rp.timing_caveat(measured.provenance) == rp.simulated.CPU_TIMING_CAVEAT

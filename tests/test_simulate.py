@@ -370,7 +370,7 @@ def test_missing_costs_name_the_nodes_unless_assume_zero():
     g = two_layer_forward()
     mm0 = next(n for n in g.nodes if n.name == "mm0")
     del mm0.meta["device_time"]
-    with pytest.raises(GraphError, match=r"no device_time on 1 node \(mm0\).*--assume-zero"):
+    with pytest.raises(GraphError, match=r"no device_time on 1 node \(mm0\).*assume_zero=True"):
         simulate(g, name="forward")
     r = simulate(g, assume_zero=True)
     assert r.compute_ms == 3.0

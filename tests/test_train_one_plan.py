@@ -66,7 +66,8 @@ def test_without_agreement_the_skewed_ranks_would_order_differently(monkeypatch)
     # would see a disagreement as wrong losses or a gloo abort, as they did before dcsched.runtime.consensus).
     import dcsched
     from dcsched.costmodels.measured import Timer
-    from dcsched.profile.measure import ProfileOptions, profile_bundle
+    from dcsched.costmodels.options import ProfileOptions
+    from dcsched.profile.measure import profile_bundle
     bundle = dcsched.load("sample_graphs/gpt.pt")
     orders = []
     for rank in range(2):
@@ -104,7 +105,8 @@ def test_three_ranks_with_an_uneven_parameter_and_the_default_cost_model(tmp_pat
 def _profile_main(rank: int, world_size: int, port: int, out_dir: str) -> None:
     from dcsched import replay
     from dcsched.runtime.distributed import shutdown
-    from dcsched.profile.measure import ProfileOptions, profile_bundle
+    from dcsched.costmodels.options import ProfileOptions
+    from dcsched.profile.measure import profile_bundle
     runs.init_gloo(rank, world_size, port)
     runs.skew_measured_times(rank)
     try:

@@ -84,7 +84,7 @@ def test_parse_budget(value, expected):
 
 @pytest.mark.parametrize("value", ["1e400GB", "nan", math.nan, -1, "-1GB", True, [1], -math.inf])
 def test_parse_budget_rejects_with_one_error(value):
-    with pytest.raises(OptionError, match="^memory_budget: ") as info:
+    with pytest.raises(OptionError, match="^memory_budget is ") as info:
         Budget.parse(value)
     assert info.value.option == "memory_budget" and isinstance(info.value, DcschedError)
 

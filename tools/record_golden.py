@@ -102,7 +102,8 @@ def entry_id(entry: dict) -> str:
 def make_bundles() -> None:
     import dcsched
     from dcsched.capture import capture
-    from dcsched.profile import ProfileOptions, profile_bundle
+    from dcsched.costmodels.options import ProfileOptions
+    from dcsched.profile.measure import profile_bundle
     from dcsched.examples import build as build_model
 
     BUNDLES.mkdir(parents=True, exist_ok=True)

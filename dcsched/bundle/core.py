@@ -565,7 +565,7 @@ def save(bundle: Bundle, path: str | os.PathLike, *, overwrite: bool = True) -> 
     """
     path = Path(path)
     if not overwrite and path.exists():
-        raise BundleError(path, "exists already (pass --force / overwrite=True to replace it)")
+        raise BundleError(path, "exists already (pass `overwrite=True` to replace it)")
     data = to_data(bundle)
     write_atomic(path, lambda handle: torch.save(data, handle), overwrite=overwrite)
     return path

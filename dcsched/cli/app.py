@@ -1,8 +1,12 @@
 """The typer application and the one place errors become exit codes.
 
-Command modules (``show``, ``profile``, ``schedule``, ``replay``) attach
+Command modules (``show``, ``profile``, ``schedule``, ``replay``, ``train``) attach
 themselves to :data:`app`; they only parse options, call the functional core
 and render its results.
+
+The library's errors name Python parameters (:class:`~dcsched.errors.OptionError`'s
+``option``, a suggested ```force=True```); :func:`in_flags` is the one place
+they become the flags of the running command.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import sys
 import typer
 from rich.console import Console
 
-from dcsched.errors import DcschedError, ResultMismatch
+from dcsched.errors import DcschedError, OptionError, ResultMismatch
 from dcsched.report.formats.text import safe_text  # noqa: F401  (the commands print through it)
 
 app = typer.Typer(
@@ -43,39 +47,6 @@ def fail(message: str, code: int = 2) -> None:
     raise SystemExit(code)
 
 
-#: The flags of the Python parameters an error may name (:attr:`DcschedError.parameters`).
-PARAMETER_FLAGS = {"memory_budget": "--memory-budget", "budget_scope": "--budget-scope"}
-
-
-def cli_wording(exc: DcschedError) -> str:
-    """``exc``'s message with the Python parameters it names written as the command line's flags.
-
-    Parameters
-    ----------
-    exc : DcschedError
-        The error; its ``parameters`` say which names to replace.
-
-    Returns
-    -------
-    str
-        ``name=value`` becomes ``--flag value``, a bare ``name`` becomes ``--flag``.
-
-    Examples
-    --------
-    >>> from dcsched.errors import BudgetError
-    >>> cli_wording(BudgetError("memory_budget 1 B is too small (budget_scope=all); pass memory_budget=9 or more",
-    ...                         parameters=("memory_budget", "budget_scope")))
-    '--memory-budget 1 B is too small (--budget-scope all); pass --memory-budget 9 or more'
-    """
-    message = str(exc)
-    for name in getattr(exc, "parameters", ()):
-        flag = PARAMETER_FLAGS.get(name)
-        if flag is not None:
-            message = re.sub(rf"\b{name}=", flag + " ", message)
-            message = re.sub(rf"\b{name}\b", flag, message)
-    return message
-
-
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit code (0 ok, 1 result mismatch, 2 bad input)."""
     # Not standalone: typer's usage errors come here as exceptions and are
@@ -88,8 +59,8 @@ def run(argv: list[str] | None = None) -> int:
         err_console.print(f"[bold red]dcsched: results differ:[/] {safe_text(exc)}", highlight=False, soft_wrap=True)
         return 1
     except DcschedError as exc:
-        err_console.print(f"[bold red]dcsched: error:[/] {safe_text(cli_wording(exc))}", highlight=False,
-                          soft_wrap=True)
+        message = in_flags(exc, _command_of(sys.argv[1:] if argv is None else argv))
+        err_console.print(f"[bold red]dcsched: error:[/] {safe_text(message)}", highlight=False, soft_wrap=True)
         return exc.exit_code
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
@@ -97,6 +68,79 @@ def run(argv: list[str] | None = None) -> int:
         err_console.print("interrupted")
         return 130
     return code if isinstance(code, int) else 0
+
+
+# ---------------------------------------------------------------------------
+# Library errors name Python parameters; the command line names its flags
+# ---------------------------------------------------------------------------
+
+#: Library parameters that a command's option sets under another name.
+PARAMETER_ALIASES = {"overwrite": "force"}
+
+#: ```name=value``` (a parameter with the value to give it) or ```name``` (the parameter alone) in a library
+#: message: in backticks, so that text quoted from elsewhere, such as ``device='meta'`` in a torch error, is left
+#: alone.
+_ASSIGNMENT = re.compile(r"`([a-z][a-z0-9_]*)(?:=(True|'[^']*'|\d[\w.]*))?`")
+
+
+def _command_of(argv: list[str]) -> str | None:
+    """The command ``argv`` runs (its first word that is not an option)."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
+
+
+def flags() -> dict[str, dict[str, str]]:
+    """Per command, its options' Python parameter names -> their long flags (``cost_model`` -> ``--cost-model``)."""
+    group = typer.main.get_command(app)
+    table: dict[str, dict[str, str]] = {}
+    for name, command in getattr(group, "commands", {}).items():
+        table[name] = {}
+        for param in command.params:
+            opts = [opt for opt in param.opts if opt.startswith("-")]  # an option, not an argument
+            if opts:
+                table[name][param.name] = next((opt for opt in opts if opt.startswith("--")), opts[0])
+    return table
+
+
+def flag_of(parameter: str, command: str | None, table: dict[str, dict[str, str]] | None = None) -> str | None:
+    """The flag that sets library parameter ``parameter``: the running ``command``'s, else another command's
+    (``dcsched profile --meta``); None where no command has one."""
+    table = flags() if table is None else table
+    parameter = PARAMETER_ALIASES.get(parameter, parameter)
+    if parameter in table.get(command or "", {}):
+        return table[command][parameter]
+    for other, params in table.items():
+        if parameter in params:
+            return f"dcsched {other} {params[parameter]}"
+    return None
+
+
+def in_flags(exc: DcschedError, command: str | None) -> str:
+    """``exc``'s message for the command line: the parameter an :class:`~dcsched.errors.OptionError` names, and
+    every ```parameter=value``` the message suggests, as the flags of ``command`` (the one place they are
+    translated).
+
+    >>> from dcsched.errors import OptionError
+    >>> in_flags(OptionError("world_size", "must be at least 1"), "profile")
+    '--world-size must be at least 1'
+    >>> in_flags(DcschedError("out.pt: exists already (pass `force=True` to replace it)"), "schedule")
+    'out.pt: exists already (pass --force to replace it)'
+    >>> in_flags(DcschedError("`memory_budget` 1 B is too small (`budget_scope='all'`); pass `memory_budget=9`"),
+    ...          "schedule")
+    '--memory-budget 1 B is too small (--budget-scope all); pass --memory-budget 9'
+    """
+    table = flags()
+    text = str(exc)
+    if isinstance(exc, OptionError):
+        text = f"{flag_of(exc.option, command, table) or exc.option} {exc.problem}"
+
+    def replace(match: re.Match) -> str:
+        flag = flag_of(match.group(1), command, table)
+        if flag is None:
+            return match.group(0)
+        value = match.group(2)
+        return flag if value in (None, "True") else f"{flag} {value.strip(chr(39))}"
+
+    return _ASSIGNMENT.sub(replace, text)
 
 
 def usage_error(exc: typer.TyperException) -> int:

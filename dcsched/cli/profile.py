@@ -8,10 +8,12 @@ from typing import List, Optional
 
 import typer
 
+from dcsched.costmodels.options import ProfileOptions
 from dcsched.errors import DcschedError
 from dcsched.outputs import check_outputs
 from dcsched.units import format_bytes, format_ms
 from dcsched.cli.app import SCRIPT, SCRIPT_ARGS, app, console, err_console, safe_text
+from dcsched.cli.options import option
 
 
 def _init_distributed() -> None:
@@ -39,34 +41,21 @@ def profile(
     module: Optional[str] = typer.Option(None, "--module",
                                          help="Class name of the compiled module to capture when the script "
                                               "compiles several (default: the one with the most parameters)."),
-    cost_model: str = typer.Option("measured", "--cost-model",
-                                   help="measured: run every node and time it here; analytic: estimate compute "
-                                        "time for --gpu from FLOPs and bytes (roofline), running nothing; "
-                                        "calibrated: the analytic estimate times per-op-kind factors from "
-                                        "--calibration."),
-    calibration: Optional[Path] = typer.Option(None, "--calibration",
-                                               help="Calibration file (JSON: measured/analytic factors by op "
-                                                    "kind, written by benchmarks/gpu_check.sh); with "
-                                                    "--cost-model analytic or calibrated."),
-    gpu: Optional[str] = typer.Option(None, "--gpu",
-                                      help="Target GPU: h100, a100 or h200. Needed by --cost-model analytic; "
-                                           "also sets the target device memory recorded in the bundle."),
-    iters: int = typer.Option(5, "--iters", min=1, help="Timed runs per node (the median is kept)."),
-    warmup: int = typer.Option(2, "--warmup", min=0, help="Untimed runs per node before timing."),
-    world_size: int = typer.Option(8, "--world-size", min=1,
-                                   help="Ranks the parameters are sharded over (single-process profile: sets "
-                                        "shard sizes and the communication model)."),
-    bandwidth: float = typer.Option(100.0, "--bandwidth", help="Collective bandwidth in GB/s (10^9 bytes/s) "
-                                                              "for the communication model."),
-    latency: float = typer.Option(20.0, "--latency", help="Per-collective latency in microseconds for the "
-                                                         "communication model."),
+    cost_model: str = option(ProfileOptions, "cost_model", "--cost-model"),
+    calibration: Optional[Path] = option(ProfileOptions, "calibration", "--calibration"),
+    gpu: Optional[str] = option(ProfileOptions, "gpu", "--gpu"),
+    iters: int = option(ProfileOptions, "iters", "--iters", min=1),
+    warmup: int = option(ProfileOptions, "warmup", "--warmup", min=0),
+    world_size: int = option(ProfileOptions, "world_size", "--world-size", min=1),
+    bandwidth_gbps: float = option(ProfileOptions, "bandwidth_gbps", "--bandwidth"),
+    latency_us: float = option(ProfileOptions, "latency_us", "--latency"),
     meta: bool = typer.Option(False, "--meta",
                               help="Plan without the weights: run the script with the meta device as the default "
                                    "device (shapes, no storage), so a model of any size is captured in little "
                                    "memory; needs a cost model that runs nothing (--cost-model analytic --gpu ...). "
                                    "The bundle is planned, not measured: it can be scheduled, not replayed."),
     force: bool = typer.Option(False, "--force", help="Replace the output file if it exists (refused otherwise)."),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar (on stderr)."),
+    progress: bool = option(ProfileOptions, "progress", "--progress/--no-progress"),
 ) -> None:
     """Capture a training script's compiled model as forward and backward aten graphs with ZeRO-3 ops, profile every node and write a graph bundle.
 
@@ -76,11 +65,11 @@ def profile(
     """  # noqa: E501
     from dcsched.bundle import core as bundle_io  # torch, imported only when the command runs
     from dcsched.profile.capture import capture_script_step
-    from dcsched.profile.measure import PLANNED, ProfileOptions, profile_bundle
+    from dcsched.profile.measure import PLANNED, profile_bundle
 
     check_outputs({"-o": output}, inputs=[script], force=force)
     options = ProfileOptions(cost_model=cost_model, iters=iters, warmup=warmup, world_size=world_size,
-                             bandwidth_gbps=bandwidth, latency_us=latency, gpu=gpu, progress=progress,
+                             bandwidth_gbps=bandwidth_gbps, latency_us=latency_us, gpu=gpu, progress=progress,
                              calibration=calibration)
     options.check()
     if meta and cost_model == "measured":

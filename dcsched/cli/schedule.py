@@ -18,7 +18,8 @@ from dcsched.errors import DcschedError
 from dcsched.outputs import all_or_none, check_outputs
 from dcsched.budget import DEFAULT_MARGIN, DEFAULT_SCOPE, Budget, check_scope, default_budget, device_memory
 from dcsched.units import format_bytes
-from dcsched.cli.app import app, cli_wording, console, err_console, safe_text
+from dcsched.cli.app import app, console, err_console, in_flags, safe_text
+from dcsched.cli.options import NAMED_OPTIONS, named_from_options, parse_options
 
 if TYPE_CHECKING:  # the modules themselves import torch, so only when a command runs
     from dcsched.bundle import core as bundle_io
@@ -40,40 +41,6 @@ def resolve_algorithms(algo: str) -> list[str]:
     for name in names:
         schedulers.get(name)
     return list(dict.fromkeys(names))
-
-
-def _option_value(text: str):
-    for convert in (int, float):
-        try:
-            return convert(text)
-        except ValueError:
-            pass
-    return text
-
-
-#: Options with a flag of their own: ``-O key=value`` means the same as the flag (and goes through its parser).
-NAMED_OPTIONS = {"memory_budget": "--memory-budget", "budget_scope": "--budget-scope"}
-
-
-def named_from_options(memory_budget: str | None, budget_scope: str | None,
-                       extra: list[str]) -> tuple[str | None, str | None, list[str]]:
-    """``-O memory_budget=...`` / ``-O budget_scope=...`` taken as their flags; the other ``-O`` items.
-
-    >>> named_from_options(None, None, ["memory_budget=1000", "k=3"])
-    ('1000', None, ['k=3'])
-    """
-    named = {"memory_budget": memory_budget, "budget_scope": budget_scope}
-    rest = []
-    for item in extra:
-        key, sep, value = item.partition("=")
-        key = key.strip().replace("-", "_")
-        if sep and key in NAMED_OPTIONS:
-            if named[key] is not None:
-                raise DcschedError(f"{NAMED_OPTIONS[key]} given twice (once as -O {key}=...)")
-            named[key] = value.strip()
-        else:
-            rest.append(item)
-    return named["memory_budget"], named["budget_scope"], rest
 
 
 def scheduler_options(algorithms: list[str], memory_budget: str | None, budget_scope: str | None,
@@ -118,11 +85,7 @@ def scheduler_options(algorithms: list[str], memory_budget: str | None, budget_s
     if memory_budget is not None:
         budget = Budget.parse(memory_budget, scope=budget_scope)
         given["memory_budget"] = budget
-    for item in extra:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise DcschedError(f"--option {item!r}: expected KEY=VALUE, e.g. --option k=3")
-        given[key.strip().replace("-", "_")] = _option_value(value.strip())
+    given.update(parse_options(extra))
     per_algo = {algo: {k: v for k, v in given.items() if k in schedulers.get(algo).options} for algo in algorithms}
     for key in given:
         if not any(key in opts for opts in per_algo.values()):
@@ -305,7 +268,8 @@ def run_comparison(bundle: bundle_io.Bundle, algorithms: list[str], options: dic
     # With 'all', a scheduler that cannot run with the options given (a budget too small for it, say)
     # is left out with a note rather than stopping the comparison of the others.
     comparison = compare_bundle(bundle, algorithms, assume_zero=assume_zero, progress=progress, options=options,
-                                skip_failing=skip_failing, budget=budget, describe=cli_wording)
+                                skip_failing=skip_failing, budget=budget,
+                                describe=lambda exc: in_flags(exc, "schedule"))
     for algo_name, reason in comparison.skipped.items():
         err_console.print(f"[yellow]{algo_name}: skipped: {safe_text(reason)}[/]", highlight=False)
     for name, cmp in comparison.graphs.items():

@@ -12,8 +12,10 @@ from typing import TYPE_CHECKING, List, Optional
 import typer
 from rich.table import Table
 
+from dcsched.train.options import ScriptOptions, TrainOptions
 from dcsched.units import format_bytes, format_ms
 from dcsched.cli.app import SCRIPT, SCRIPT_ARGS, app, console, err_console, safe_text
+from dcsched.cli.options import named_from_options, option, parse_options
 
 if TYPE_CHECKING:  # torch, imported only when the command runs
     from dcsched.train.script import TrainResult
@@ -83,29 +85,16 @@ class _CompileProgress:
 def train(
     script: Path = SCRIPT,
     script_args: Optional[List[str]] = SCRIPT_ARGS,
-    algo: str = typer.Option("none", "--algo", help="Scheduler for every compiled graph: none, list, fast-free, "
-                                                    "simple-prefetch, deepcompile, overlap, prefetch-ahead."),
-    memory_budget: Optional[str] = typer.Option(None, "--memory-budget",
-                                                help="Memory budget for the schedulers that take one (deepcompile, "
-                                                     "overlap), in bytes with an optional suffix (40GiB, 1.5GB) or "
-                                                     "'unlimited' (default: the target device's memory less 10%, "
-                                                     "unlimited where none is known)."),
-    budget_scope: Optional[str] = typer.Option(None, "--budget-scope",
-                                               help="What the budget caps (overlap): all (all tensors, the default) "
-                                                    "or gathered (gathered parameters)."),
-    cost_model: str = typer.Option("measured", "--cost-model",
-                                   help="Costs the scheduler works with: measured (every node run and timed once "
-                                        "here at compile time) or analytic (estimated for --gpu, nothing run)."),
-    gpu: Optional[str] = typer.Option(None, "--gpu", help="Target GPU (h100, a100, h200): needed by --cost-model "
-                                                          "analytic; also the default memory budget."),
-    compute: str = typer.Option("eager", "--compute",
-                                help="How the scheduled graphs run: eager (aten ops one by one in the schedule's "
-                                     "order; measured memory matches the simulator's) or inductor (compiled by "
-                                     "inductor, the ZeRO-3 ops kept in their scheduled places: plain "
-                                     "torch.compile's speed; peak memory not tracked on the CPU)."),
-    timeout: float = typer.Option(120.0, "--timeout",
-                                  help="Seconds: the process-group timeout under torchrun, and how long a rank "
-                                       "may miss heartbeats before the others stop, naming it."),
+    algo: str = option(TrainOptions, "algo", "--algo"),
+    memory_budget: Optional[str] = option(TrainOptions, "memory_budget", "--memory-budget"),
+    budget_scope: Optional[str] = option(TrainOptions, "budget_scope", "--budget-scope"),
+    algo_options: List[str] = option(TrainOptions, "algo_options", "--option", "-O", default=[],
+                                     help="KEY=VALUE passed to the scheduler, which must take KEY (repeatable; "
+                                          "e.g. --algo prefetch-ahead -O k=3)."),
+    cost_model: str = option(TrainOptions, "cost_model", "--cost-model"),
+    gpu: Optional[str] = option(TrainOptions, "gpu", "--gpu"),
+    compute: str = option(TrainOptions, "compute", "--compute"),
+    timeout_s: float = option(ScriptOptions, "timeout_s", "--timeout"),
     report: bool = typer.Option(False, "--report", help="On rank 0 after the script: per compiled graph, measured "
                                                         "step time and peak memory beside the simulator's."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout (ms and bytes, the "
@@ -119,12 +108,13 @@ def train(
 
     Example: dcsched train examples/gpt.py --algo overlap --report -- --steps 20
     """  # noqa: E501
-    from dcsched.train.backend import TrainOptions  # torch, imported only when the command runs
-    from dcsched.train.script import ScriptOptions, train_script
+    from dcsched.train.script import train_script  # torch, imported only when the command runs
 
+    memory_budget, budget_scope, extra = named_from_options(memory_budget, budget_scope, algo_options)
     options = ScriptOptions(TrainOptions(algo=algo, memory_budget=memory_budget, budget_scope=budget_scope,
-                                         cost_model=cost_model, gpu=gpu, compute=compute),
-                            measure=report or as_json, timeout_s=timeout)
+                                         algo_options=parse_options(extra), cost_model=cost_model, gpu=gpu,
+                                         compute=compute),
+                            measure=report or as_json, timeout_s=timeout_s)
     options.check()
     show_progress = progress and err_console.is_terminal and _rank_from_env() == 0
     compiling = _CompileProgress() if show_progress else contextlib.nullcontext

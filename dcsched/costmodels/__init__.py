@@ -7,19 +7,45 @@
 
 Each is a :class:`~dcsched.costmodels.base.CostModel` subclass decorated with
 :func:`register`; :func:`build` makes the one a
-:class:`~dcsched.profile.measure.ProfileOptions` names. The formulas they share (GPU
+:class:`~dcsched.costmodels.options.ProfileOptions` names. The formulas they share (GPU
 table, roofline, communication time, FLOPs) are in
 :mod:`~dcsched.costmodels.formulas`.
+
+The names below are imported on first use, so that
+:mod:`dcsched.costmodels.options` (which the command line reads its defaults
+from) can be imported without torch. The built-in models register when the
+registry is first asked for one.
 """
 
-from dcsched.costmodels.base import CostModel, ProfileRun, StaticCostModel
-from dcsched.costmodels.registry import available, build, get, register, unregister
+from __future__ import annotations
 
-# Each import registers one model.
-from dcsched.costmodels import measured  # noqa: F401
-from dcsched.costmodels import analytic  # noqa: F401
-from dcsched.costmodels import calibrated  # noqa: F401
-from dcsched.costmodels.calibrated import Calibration, fit_calibration, load_calibration, op_kind
+#: Public name -> the module (in this package) that defines it.
+_LAZY = {
+    "CostModel": "base", "ProfileRun": "base", "StaticCostModel": "base",
+    "available": "registry", "build": "registry", "get": "registry", "register": "registry",
+    "unregister": "registry",
+    "Calibration": "calibrated", "fit_calibration": "calibrated", "load_calibration": "calibrated",
+    "op_kind": "calibrated",
+    "ProfileOptions": "options",
+}
+
+
+def __getattr__(name: str):
+    import importlib
+    import importlib.util
+    if name not in _LAZY:
+        # A submodule (dcsched.costmodels.formulas, ...) is an attribute once imported.
+        if name.startswith("_") or importlib.util.find_spec(f"{__name__}.{name}") is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        return importlib.import_module(f"{__name__}.{name}")
+    value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = ["CostModel", "ProfileRun", "StaticCostModel", "available", "build", "get", "register", "unregister",
-           "Calibration", "fit_calibration", "load_calibration", "op_kind"]
+           "Calibration", "fit_calibration", "load_calibration", "op_kind", "ProfileOptions"]

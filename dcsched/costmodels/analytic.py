@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.fx
 
-from dcsched.errors import DcschedError
+from dcsched.errors import DcschedError, OptionError
 from dcsched.graph.roles import is_view_like
 from dcsched.graph.specs import nbytes, node_bytes, node_specs
 from dcsched.costmodels.base import StaticCostModel
@@ -22,7 +22,7 @@ from dcsched.costmodels.formulas import GPU, GPUS, node_flops, roofline_ms
 from dcsched.costmodels.registry import register
 
 if TYPE_CHECKING:
-    from dcsched.profile.measure import ProfileOptions
+    from dcsched.costmodels.options import ProfileOptions
 
 
 def _as_meta(node_or_value):
@@ -55,7 +55,7 @@ def analytic_time(node: torch.fx.Node, device: GPU) -> float:
 def target_gpu(options: ProfileOptions, model: str) -> GPU:
     """The GPU ``options.gpu`` names; the static models cannot do without one."""
     if options.gpu is None:
-        raise DcschedError(f"the {model} cost model needs a target GPU: pass --gpu {'|'.join(GPUS)}")
+        raise OptionError("gpu", f"is missing: the {model} cost model needs a target GPU ({', '.join(GPUS)})")
     return GPUS[options.gpu.lower()]
 
 

@@ -23,7 +23,7 @@ from dcsched.graph.specs import node_bytes
 from dcsched.costmodels.formulas import GPU, GPUS, comm_time_ms
 
 if TYPE_CHECKING:
-    from dcsched.profile.measure import ProfileOptions
+    from dcsched.costmodels.options import ProfileOptions
 
 #: Nodes that compute nothing and cost nothing.
 FREE_OPS = ("placeholder", "output", "get_attr")
@@ -82,7 +82,7 @@ class CostModel(abc.ABC):
         """``device_time`` (how compute times were obtained), ``iters`` and ``warmup`` (None unless run)."""
 
     def target_gpu(self, options: ProfileOptions) -> GPU | None:
-        """The GPU the figures are for: the one ``--gpu`` names, if any."""
+        """The GPU the figures are for: the one ``options.gpu`` names, if any."""
         return GPUS[options.gpu.lower()] if options.gpu is not None else None
 
     def target_memory(self, options: ProfileOptions) -> int | None:

@@ -30,14 +30,14 @@ import torch
 import torch.fx
 
 from dcsched.bundle.core import Bundle, write_atomic
-from dcsched.errors import DcschedError
+from dcsched.errors import DcschedError, OptionError
 from dcsched.graph.roles import Role, role_of
 from dcsched.costmodels.analytic import AnalyticCostModel, analytic_time, target_gpu
 from dcsched.costmodels.formulas import GPUS
 from dcsched.costmodels.registry import register
 
 if TYPE_CHECKING:
-    from dcsched.profile.measure import ProfileOptions
+    from dcsched.costmodels.options import ProfileOptions
 
 FORMAT = "dcsched-calibration"
 VERSION = 1
@@ -140,7 +140,7 @@ def fit_calibration(pairs: Iterable[tuple[Bundle, Bundle]], gpu: str, device: st
 @register
 class CalibratedCostModel(AnalyticCostModel):
     name = "calibrated"
-    description = "analytic roofline times measured factors by op kind (--calibration FILE)"
+    description = "analytic roofline times measured factors by op kind (a calibration file)"
     takes_calibration = True
 
     def __init__(self, calibration: Calibration, source: str) -> None:
@@ -150,7 +150,7 @@ class CalibratedCostModel(AnalyticCostModel):
     @classmethod
     def from_options(cls, options: ProfileOptions) -> CalibratedCostModel:
         if options.calibration is None:
-            raise DcschedError("the calibrated cost model needs a calibration file: pass --calibration FILE")
+            raise OptionError("calibration", "is missing: the calibrated cost model needs a calibration file")
         calibration = load_calibration(options.calibration)
         if options.gpu is not None and target_gpu(options, cls.name) is not GPUS[calibration.gpu]:
             raise DcschedError(f"{options.calibration}: calibrated for {calibration.gpu}, not for {options.gpu}")

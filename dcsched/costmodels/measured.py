@@ -29,7 +29,7 @@ from dcsched.costmodels.base import FREE_OPS, CostModel, ProfileRun, modelled_co
 from dcsched.costmodels.registry import register
 
 if TYPE_CHECKING:
-    from dcsched.profile.measure import ProfileOptions
+    from dcsched.costmodels.options import ProfileOptions
 
 
 def default_device() -> torch.device:
@@ -100,7 +100,7 @@ def measure_collective(node: torch.fx.Node, world_size: int, device, timer: Time
 @register
 class MeasuredCostModel(CostModel):
     name = "measured"
-    description = "run every node here and time it (median of --iters after --warmup runs)"
+    description = "run every node here and time it (median of iters runs after warmup runs)"
 
     def __init__(self, device: torch.device, iters: int, warmup: int) -> None:
         self.device, self.iters, self.warmup = device, iters, warmup

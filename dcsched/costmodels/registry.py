@@ -11,19 +11,27 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, TypeVar
 
-from dcsched.errors import DcschedError
+from dcsched.errors import OptionError
 from dcsched.costmodels.base import CostModel
 
 if TYPE_CHECKING:
-    from dcsched.profile.measure import ProfileOptions
+    from dcsched.costmodels.options import ProfileOptions
 
 Model = TypeVar("Model", bound=type[CostModel])
 
 _REGISTRY: dict[str, type[CostModel]] = {}
+#: The built-in models, registered (in this order) when the registry is first used.
+BUILTIN = ("measured", "analytic", "calibrated")
+
+
+def _register_builtins() -> None:
+    import importlib
+    for module in BUILTIN:
+        importlib.import_module(f"dcsched.costmodels.{module}")
 
 
 def register(cls: Model) -> Model:
-    """Class decorator: make ``cls`` available as ``cls.name`` (``--cost-model NAME``)."""
+    """Class decorator: make ``cls`` available as ``cls.name`` (``ProfileOptions(cost_model=NAME)``)."""
     if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
         raise ValueError(f"cost model {cls.name!r} is registered twice")
     _REGISTRY[cls.name] = cls
@@ -35,14 +43,18 @@ def unregister(name: str) -> type[CostModel]:
 
 
 def available() -> list[str]:
-    return list(_REGISTRY)
+    """The registered names: the built-in models first (in :data:`BUILTIN`'s order), then the others."""
+    _register_builtins()
+    return [name for name in BUILTIN if name in _REGISTRY] + [name for name in _REGISTRY if name not in BUILTIN]
 
 
 def get(name: str) -> type[CostModel]:
+    _register_builtins()
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise DcschedError(f"unknown cost model {name!r} (choose from {', '.join(available())})") from None
+        raise OptionError("cost_model", f"names an unknown cost model {name!r} (choose from "
+                                        f"{', '.join(available())})") from None
 
 
 def build(options: ProfileOptions) -> CostModel:
@@ -56,5 +68,5 @@ def build(options: ProfileOptions) -> CostModel:
         name = "calibrated"
     cls = get(name)
     if options.calibration is not None and not cls.takes_calibration:
-        raise DcschedError(f"a calibration file scales the analytic model; the {name} cost model takes none")
+        raise OptionError("calibration", f"scales the analytic model; the {name} cost model takes none")
     return cls.from_options(options)

@@ -684,7 +684,7 @@ def capture_script_step(path: str | os.PathLike, argv: Sequence[str] = (), modul
         if _is_graph_break(exc):
             target = interceptor.compiled[-1].name if interceptor.compiled else "the compiled module"
             raise CaptureError(_graph_break_message(exc, target)) from None
-        hint = (" (under --meta tensors hold no values: the script may not read them, e.g. with .item(), nor move "
+        hint = (" (under `meta=True` tensors hold no values: the script may not read them, e.g. with .item(), nor move "
                 "them to a device)" if meta and "meta" in str(exc).lower() else "")
         raise CaptureError(f"{path} failed before its step was captured: {describe_exception(exc)}{hint}") from None
     if run.exit_code != 0 and interceptor.done is None:
@@ -709,5 +709,42 @@ def capture_script_step(path: str | os.PathLike, argv: Sequence[str] = (), modul
 
 
 def capture_script(path: str | os.PathLike, argv: Sequence[str] = (), module: str | None = None) -> Bundle:
-    """Capture the compiled module's first training step of a script (see the module docstring)."""
+    """Capture the compiled module's first training step of a script (see the module docstring).
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The training script, run as ``__main__`` with ``torch.compile`` intercepted; it stops after the
+        compiled module's first forward and backward.
+    argv : Sequence[str]
+        The script's arguments (its ``sys.argv[1:]``).
+    module : str, optional
+        Class name of the compiled module to capture where the script compiles several; by default the one
+        with the most parameters.
+
+    Returns
+    -------
+    Bundle
+        The forward and backward aten graphs with the ZeRO-3 ops inserted, not yet profiled
+        (:func:`dcsched.profile_bundle` adds the figures). :func:`capture_script_step` also returns the real
+        parameters and inputs, and captures on the meta device with ``meta=True``.
+
+    Raises
+    ------
+    ScriptError
+        A script that cannot be run (missing, not Python).
+    CaptureError
+        A script that fails, exits or breaks its graph before its step is captured, or never calls
+        ``torch.compile``.
+
+    Examples
+    --------
+    >>> from pathlib import Path
+    >>> import dcsched
+    >>> gpt = Path(dcsched.__file__).parent.parent / "examples" / "gpt.py"
+    >>> bundle = dcsched.capture_script(gpt, ["--layers", "1", "--d-model", "32", "--heads", "2", "--vocab", "64",
+    ...                                       "--seq", "8", "--batch", "2", "--steps", "1"])  # doctest: +SKIP
+    >>> sorted(bundle.graphs)  # doctest: +SKIP
+    ['backward', 'forward']
+    """
     return capture_script_step(path, argv, module).bundle

@@ -12,7 +12,7 @@ each, chosen by name):
   node's FLOPs and the bytes of its inputs and outputs, so a laptop can plan
   for a cluster.
 * ``calibrated``: the analytic estimate times per-op-kind factors measured on a
-  GPU (``ProfileOptions(calibration="factors.json")``; with the analytic model a
+  GPU (:class:`~dcsched.costmodels.options.ProfileOptions` ``(calibration="factors.json")``; with the analytic model a
   calibration file selects this one).
 
 Communication nodes: in one process (no process group, or one of size 1) the
@@ -45,8 +45,6 @@ records how the figures were obtained.
 
 from __future__ import annotations
 
-import dataclasses
-import os
 from typing import Mapping, Sequence
 
 import torch
@@ -55,60 +53,23 @@ from dcsched import costmodels
 
 from dcsched.runtime import consensus
 from dcsched.bundle.core import Bundle
-from dcsched.costmodels.formulas import GPUS
+from dcsched.costmodels.options import ProfileOptions
 from dcsched.errors import DcschedError
 from dcsched.graph.nxview import copy_graph
 from dcsched.graph.roles import Role, role_of
 from dcsched.graph.specs import node_bytes, sharded_bytes
 
 
-#: ``provenance['data']`` of a bundle profiled with ``--meta``; ``provenance['planned']`` is True there.
+#: ``provenance['data']`` of a bundle captured with ``meta=True``; ``provenance['planned']`` is True there.
 PLANNED = "none: planned from shapes on the meta device, not measured (no weights, no input values)"
 
 
 def check_replayable(bundle: Bundle) -> None:
-    """Raise :class:`DcschedError` for a bundle planned without data (``profile --meta``): nothing to run."""
+    """Raise :class:`DcschedError` for a bundle planned without data (captured with ``meta=True``): nothing to run."""
     if bundle.provenance.get("planned"):
-        raise DcschedError("this bundle was planned without data (dcsched profile --meta): it holds shapes, no "
-                           "weights or input values, so it can be scheduled but not replayed; profile the script "
-                           "without --meta to replay it")
-
-
-@dataclasses.dataclass(frozen=True)
-class ProfileOptions:
-    """How to profile. Times in ms, bandwidth in GB/s (10^9 bytes/s), latency in microseconds."""
-
-    #: A name from :func:`dcsched.costmodels.available`.
-    cost_model: str = "measured"
-    iters: int = 5
-    warmup: int = 2
-    world_size: int = 8
-    bandwidth_gbps: float = 100.0
-    latency_us: float = 20.0
-    #: Target GPU ('h100', 'a100', 'h200'): required by the analytic model; with
-    #: a measured profile it only names the target device's memory.
-    gpu: str | None = None
-    #: Where a measured profile runs: default CUDA if available, else CPU.
-    device: str | None = None
-    progress: bool = True
-    #: A calibration file (JSON, :class:`dcsched.costmodels.Calibration`) for the calibrated model.
-    calibration: str | os.PathLike | None = None
-
-    def check(self) -> None:
-        """Raise :class:`DcschedError` (one line) for options no profile can use."""
-        if self.gpu is not None and self.gpu.lower() not in GPUS:
-            raise DcschedError(f"unknown GPU {self.gpu!r} (choose from {', '.join(GPUS)})")
-        if self.iters < 1:
-            raise DcschedError("--iters must be at least 1")
-        if self.warmup < 0:
-            raise DcschedError("--warmup must not be negative")
-        if self.world_size < 1:
-            raise DcschedError("--world-size must be at least 1")
-        if not self.bandwidth_gbps > 0:
-            raise DcschedError("--bandwidth must be positive (GB/s)")
-        if self.latency_us < 0:
-            raise DcschedError("--latency must not be negative (us)")
-        costmodels.build(self)
+        raise DcschedError("this bundle was planned without data (`meta=True`): it holds shapes, no weights or input "
+                           "values, so it can be scheduled but not replayed; capture the script again without it to "
+                           "replay it")
 
 
 # ---------------------------------------------------------------------------
@@ -208,9 +169,37 @@ def profile_bundle(bundle: Bundle, options: ProfileOptions = ProfileOptions(), *
                    inputs: Sequence[torch.Tensor] | None = None) -> Bundle:
     """A copy of ``bundle`` whose nodes carry ``device_time``, ``tensor_size`` and ``time_source``.
 
-    ``params`` (ds_id -> tensor) and ``inputs`` (``bundle.inputs`` order) are
-    the real tensors to run a measured profile with; without them, parameters
-    and inputs are the step runner's seeded ones (:func:`dcsched.runtime.step.make_state`).
+    Parameters
+    ----------
+    bundle : Bundle
+        The captured graphs (:func:`dcsched.capture`, :func:`dcsched.capture_script`); left unchanged.
+    options : ProfileOptions
+        The cost model and its settings (:class:`~dcsched.costmodels.options.ProfileOptions`).
+    params : Mapping[int, torch.Tensor], optional
+        ds_id -> full parameter, the real tensors to run a measured profile with; by default the step
+        runner's seeded ones (:func:`dcsched.runtime.step.make_state`).
+    inputs : Sequence[torch.Tensor], optional
+        The step inputs in ``bundle.inputs`` order; by default seeded ones made from the bundle.
+
+    Returns
+    -------
+    Bundle
+        A copy with ``device_time`` (ms), ``tensor_size`` (bytes) and ``time_source`` on every node and
+        ``provenance`` saying how the figures were obtained.
+
+    Raises
+    ------
+    OptionError
+        ``options`` no profile can use (:meth:`ProfileOptions.check <dcsched.costmodels.options.ProfileOptions.check>`).
+    DcschedError
+        Under a process group, ranks that captured different steps.
+
+    Examples
+    --------
+    >>> from dcsched import replay
+    >>> options = ProfileOptions(cost_model="analytic", gpu="a100", world_size=4, progress=False)
+    >>> profile_bundle(replay.example_bundle(), options).provenance["world_size"]
+    4
     """
     options.check()
     model = costmodels.build(options)

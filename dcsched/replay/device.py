@@ -35,7 +35,7 @@ def resolve_device(name: str | torch.device = "auto") -> torch.device:
     if not torch.cuda.is_available():
         why = "built without CUDA" if torch.version.cuda is None else "sees no GPU"
         raise DcschedError(f"device '{name}' is not there: this torch ({torch.__version__}) {why}; "
-                           "use --device cpu")
+                           "use `device='cpu'`")
     if device.index is not None and device.index >= torch.cuda.device_count():
         raise DcschedError(f"device '{name}' is not there: {torch.cuda.device_count()} GPU(s) visible")
     return device

@@ -27,7 +27,7 @@ def require_matplotlib():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise DcschedError(f"--plot needs matplotlib, which is not installed (install it with: {INSTALL_HINT})") \
+        raise DcschedError(f"a plot needs matplotlib, which is not installed (install it with: {INSTALL_HINT})") \
             from None
     return plt
 
@@ -44,7 +44,7 @@ def check_plot_format(path: str | os.PathLike) -> None:
     plt.close("all")
     fmt = plot_format(path)
     if fmt not in supported:
-        raise DcschedError(f"--plot {path}: cannot draw format '{fmt}' (choose one of: {', '.join(sorted(supported))})")
+        raise DcschedError(f"{path}: cannot draw format '{fmt}' (choose one of: {', '.join(sorted(supported))})")
 
 
 def _save(fig, plt, path: Path) -> Path:

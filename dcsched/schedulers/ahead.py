@@ -54,6 +54,6 @@ def prefetch_ahead(form: GraphForm, *, k: int = DEFAULT_K) -> Plan:
     'output'
     """
     if isinstance(k, bool) or not isinstance(k, int):
-        raise OptionError("k", f"prefetch-ahead: k must be a whole number of all-gathers, not {k!r}")
+        raise OptionError("k", f"must be a whole number of all-gathers (prefetch-ahead), not {k!r}")
     planner = OverlapPlanner(form)
     return Plan(planner.names(planner.assemble(planner.ahead_slots(k))))

@@ -204,9 +204,9 @@ def run(name: str, form: GraphForm, *, budget: Budget | None = None, **options) 
     unknown = sorted(set(options) - set(info.own_options))
     if unknown:
         if set(unknown) & set(BUDGET_PARAMETERS.values()):
-            raise OptionError(unknown[0], "schedulers.run takes the budget as budget=Budget.parse(...)")
-        raise OptionError(unknown[0], f"scheduler '{name}' takes no option {', '.join(unknown)} "
-                                      f"(it takes: {', '.join(info.options) or 'none'})")
+            raise OptionError(unknown[0], "is not an option of schedulers.run: pass budget=Budget.parse(...)")
+        raise OptionError(unknown[0], f"is not an option of scheduler '{name}' (unknown: {', '.join(unknown)}; "
+                                      f"it takes: {', '.join(info.options) or 'none'})")
     if info.takes_budget:
         chosen = budget if budget is not None else default_budget(form)
         options["budget_bytes"] = chosen.bytes

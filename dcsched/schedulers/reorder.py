@@ -61,11 +61,11 @@ def plan(graph: torch.fx.Graph, algo: str = "fast-free", *, budget: Budget | Non
     """
     info = schedulers.get(algo)  # an unknown name fails first
     if budget is not None and memory_budget is not None:
-        raise OptionError("memory_budget", "give a budget or a memory_budget, not both")
+        raise OptionError("memory_budget", "is given twice: pass `budget` or `memory_budget`, not both")
     if not info.takes_budget:
         for name, value in (("memory_budget", memory_budget), ("budget_scope", budget_scope)):
             if value is not None:
-                raise OptionError(name, f"scheduler '{algo}' takes no {name.replace('_', ' ')}")
+                raise OptionError(name, f"is given, but scheduler '{algo}' takes no {name.replace('_', ' ')}")
     elif budget is None or budget_scope is not None:
         budget = budget_for(memory_budget if budget is None else budget, graph, scope=budget_scope)
     with paused_gc():

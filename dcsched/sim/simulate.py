@@ -146,8 +146,8 @@ class CompiledGraph(GraphForm):
         missing = {key: names for key, names in missing.items() if names}
         if missing and not assume_zero:
             what = "; ".join(f"no {key} on {_some(names)}" for key, names in missing.items())
-            raise GraphError(f"{label}: {what} (profile the graph, or pass --assume-zero / assume_zero=True "
-                             "to count missing figures as 0)")
+            raise GraphError(f"{label}: {what} (profile the graph, or pass `assume_zero=True` to count missing "
+                             "figures as 0)")
         return missing
 
     def _split_multi_output(self) -> tuple[list[int], list[int]]:

@@ -32,94 +32,16 @@ random numbers as it would without the compile.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-
 import torch
 
-from dcsched import schedulers
-from dcsched.budget import Budget, check_scope, default_budget
 from dcsched.profile.capture import capture_compiled
 from dcsched.runtime.consensus import check_same, plan_fingerprints
-from dcsched.errors import DcschedError
-from dcsched.profile.measure import ProfileOptions, profile_bundle
+from dcsched.profile.measure import profile_bundle
 from dcsched.schedulers.reorder import schedule
 from dcsched.train.program import ScheduledProgram
 from dcsched.train.full_state import any_sharded
+from dcsched.train.options import TrainOptions
 from dcsched.train.sharding import ShardingError, sharding_for_inputs
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainOptions:
-    """How :func:`backend` schedules and runs: the algorithm, its memory budget (bytes or '40GiB'), the cost
-    model, and how the scheduled graphs run (``compute``: ``eager`` or ``inductor``)."""
-
-    algo: str = "none"
-    memory_budget: float | int | str | None = None
-    budget_scope: str | None = None
-    cost_model: str = "measured"
-    gpu: str | None = None
-    iters: int = 1
-    warmup: int = 1
-    compute: str = "eager"
-
-    def check(self) -> None:
-        """Raise :class:`DcschedError` (one line) for options no compile can use, before anything runs."""
-        accepted = schedulers.get(self.algo).options  # raises for an unknown name
-        from dcsched.train.inductor import COMPUTE_MODES
-        if self.compute not in COMPUTE_MODES:
-            raise DcschedError(f"unknown compute {self.compute!r}: choose one of {', '.join(COMPUTE_MODES)}")
-        if self.given_budget is not None:
-            if "memory_budget" not in accepted:
-                raise DcschedError(f"scheduler '{self.algo}' takes no memory budget")
-        if self.budget_scope is not None:
-            check_scope(self.budget_scope)
-            if "budget_scope" not in accepted:
-                raise DcschedError(f"scheduler '{self.algo}' takes no budget scope")
-        self.profile_options(1).check()
-
-    def profile_options(self, world_size: int) -> ProfileOptions:
-        return ProfileOptions(cost_model=self.cost_model, iters=self.iters, warmup=self.warmup,
-                              world_size=world_size, gpu=self.gpu, progress=False)
-
-    def budget(self, bundle) -> Budget | None:
-        """The budget to schedule ``bundle`` with: the one given, else the one default rule's
-        (:func:`dcsched.budget.default_budget`: the target device's memory recorded in the bundle less 10%,
-        else no limit); None for a scheduler that takes none.
-
-        Parameters
-        ----------
-        bundle : Bundle
-            The profiled bundle (its provenance may record the device's memory).
-
-        Returns
-        -------
-        Budget or None
-
-        Raises
-        ------
-        DcschedError
-            When a budget was given to a scheduler that takes none.
-        OptionError
-            For an unreadable budget or scope.
-        """
-        if not schedulers.get(self.algo).takes_budget:
-            if self.memory_budget is not None:
-                raise DcschedError(f"scheduler '{self.algo}' takes no memory budget")
-            return None
-        given = self.given_budget
-        return given if given is not None else default_budget(bundle, scope=self.budget_scope)
-
-    @functools.cached_property
-    def given_budget(self) -> Budget | None:
-        """The budget given as ``memory_budget`` (bytes, '40GiB', 'unlimited'), read once; None when none was.
-
-        Raises
-        ------
-        OptionError
-            For a value that is not a budget, or an unknown ``budget_scope``.
-        """
-        return None if self.memory_budget is None else Budget.parse(self.memory_budget, scope=self.budget_scope)
 
 
 class Backend:
@@ -161,7 +83,38 @@ def _without_parameters(gm: torch.fx.GraphModule, example_inputs):
 
 
 def backend(algo: str = "none", memory_budget: float | int | str | None = None, **options) -> Backend:
-    """A TorchDynamo backend training with scheduler ``algo``; ``options``: the rest of :class:`TrainOptions`."""
+    """A TorchDynamo backend training a :func:`dcsched.shard`-ed module with scheduler ``algo``.
+
+    Parameters
+    ----------
+    algo : str
+        The scheduler for both graphs of every compile, a name from :func:`dcsched.schedulers.available`.
+    memory_budget : float or int or str, optional
+        For the schedulers that take one: bytes, a size (``'40GiB'``) or ``'unlimited'``; by default the
+        target device's memory less 10%.
+    **options
+        The rest of :class:`~dcsched.train.options.TrainOptions`: ``budget_scope``, ``algo_options``
+        (``{"k": 2}``), ``cost_model``, ``gpu``, ``iters``, ``warmup``, ``compute``.
+
+    Returns
+    -------
+    Backend
+        Pass it as ``torch.compile(model, backend=...)``; its ``programs`` lists what it compiled.
+
+    Raises
+    ------
+    OptionError
+        An option no compile can use (:meth:`TrainOptions.check <dcsched.train.options.TrainOptions.check>`),
+        raised here rather than at the first step.
+    TypeError
+        A keyword that is not a :class:`~dcsched.train.options.TrainOptions` field.
+
+    Examples
+    --------
+    >>> import dcsched
+    >>> dcsched.backend(algo="prefetch-ahead", algo_options={"k": 2})
+    dcsched.backend(algo='prefetch-ahead')
+    """
     return Backend(TrainOptions(algo=algo, memory_budget=memory_budget, **options))
 
 
@@ -180,8 +133,9 @@ def compile_program(gm: torch.fx.GraphModule, example_inputs, sharding, options:
         profiled = profile_bundle(captured.bundle, options.profile_options(sharding.world_size),
                                   inputs=captured.inputs)
     budget = options.budget(profiled)
-    scheduled = profiled.with_graphs(forward=schedule(profiled.forward, options.algo, budget=budget),
-                                     backward=schedule(profiled.backward, options.algo, budget=budget))
+    scheduled = profiled.with_graphs(
+        forward=schedule(profiled.forward, options.algo, budget=budget, **options.algo_options),
+        backward=schedule(profiled.backward, options.algo, budget=budget, **options.algo_options))
     scheduled.provenance["algo"] = options.algo
     # Agreed figures make equal plans; checked anyway before the first step's collectives, since a plan that
     # differed would pair one rank's gathers with another's parameters.

@@ -126,7 +126,7 @@ class InductorGraph:
         except Exception as exc:  # say what to do instead of inductor's page of internals
             raise DcschedError(f"inductor could not compile a scheduled graph ({type(exc).__name__}: "
                                f"{first_line(exc, 200)}); "
-                               "run it with compute='eager' (dcsched train --compute eager)") from exc
+                               "run it with `compute='eager'`") from exc
 
     def _compile_for(self, args: Sequence) -> None:
         from torch._inductor import config

@@ -32,15 +32,15 @@ import torch
 
 from dcsched.errors import DcschedError
 from dcsched.profile.scripts import compile_interceptor, describe_exception, run_script
-from dcsched.train.backend import Backend, TrainOptions
+from dcsched.train.backend import Backend
+from dcsched.train.options import ScriptOptions, TrainOptions
 from dcsched.train.program import ScheduledProgram
 from dcsched.train.sharding import shard
 
-#: The process-group timeout when none is given, in seconds.
-DEFAULT_TIMEOUT_S = 120.0
-#: The range a timeout must lie in (seconds): a heartbeat takes a few milliseconds; c10d keeps its timeouts in
-#: milliseconds and overflows far above a week.
-TIMEOUT_RANGE_S = (0.1, 7 * 24 * 3600.0)
+# Loaded before the ranks start watching each other (_join): scripts checkpoint through it, and its imports
+# (torch's DTensor and distributed checkpoint, sympy) would otherwise load during the first compile, where on a
+# busy machine they delay this rank's heartbeats by seconds.
+from dcsched.train import checkpoint  # noqa: F401,E402
 
 
 class TrainError(DcschedError):
@@ -51,22 +51,6 @@ class ScriptFailed(DcschedError):
     """The training script itself raised (exit code 1)."""
 
     exit_code = 1
-
-
-@dataclasses.dataclass(frozen=True)
-class ScriptOptions:
-    """How :func:`train_script` trains: the backend's options, measuring for a report, the failure timeout."""
-
-    train: TrainOptions = TrainOptions()
-    measure: bool = False
-    timeout_s: float = DEFAULT_TIMEOUT_S
-
-    def check(self) -> None:
-        self.train.check()
-        low, high = TIMEOUT_RANGE_S
-        if not low <= self.timeout_s <= high:  # nan fails both comparisons
-            raise DcschedError(f"--timeout must be between {low:g} and {high:g} seconds (a week), not "
-                               f"{self.timeout_s:g}")
 
 
 @dataclasses.dataclass

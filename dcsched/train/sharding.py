@@ -168,6 +168,32 @@ def shard(module: nn.Module, group=None) -> Sharding:
     the shards, whether it was built before or after). Without a process
     group the world size is 1 and each shard is the whole flattened
     parameter. Sharding a module twice returns the first sharding.
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+        The module whose trainable parameters become this rank's 1-D shards (a tied parameter once).
+    group : torch.distributed.ProcessGroup, optional
+        The ranks to shard over; by default the default process group, or none (world size 1).
+
+    Returns
+    -------
+    Sharding
+        What was sharded: one :class:`ShardSpec` per parameter, the rank and the world size.
+
+    Raises
+    ------
+    ShardingError
+        Not a module, a module compiled already (an instance-level ``forward``), or one with no trainable
+        parameter.
+
+    Examples
+    --------
+    >>> import torch, dcsched
+    >>> model = torch.nn.Linear(4, 2)
+    >>> sharding = dcsched.shard(model)
+    >>> sharding.world_size, [tuple(p.shape) for p in model.parameters()]
+    (1, [(8,), (2,)])
     """
     if not isinstance(module, nn.Module):
         raise ShardingError(f"dcsched.shard takes an nn.Module, not {type(module).__name__}")

@@ -327,10 +327,9 @@ class OverlapPlanner:
         if budget < need:
             what = "gathered parameters" if scope == "gathered" else "all tensors"
             raise BudgetError(
-                f"memory_budget {format_bytes(budget)} ({int(budget)} bytes) is too small for "
+                f"`memory_budget` {format_bytes(budget)} ({int(budget)} bytes) is too small for "
                 f"{self.compiled.name or 'this graph'}: overlap needs at least {format_bytes(need)} "
-                f"({need} bytes) of {what} (budget_scope={scope}); pass memory_budget={need} or more",
-                parameters=("memory_budget", "budget_scope"))
+                f"({need} bytes) of {what} (`budget_scope='{scope}'`); pass `memory_budget={need}` or more")
 
     def earliest(self, budget: float, scope: str = "gathered", sequence: list[int] | None = None,
                  lookahead: int = 0, small_first: int = 0, passing: int = 0) -> list[int]:

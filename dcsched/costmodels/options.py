@@ -1,0 +1,112 @@
+"""How to profile: :class:`ProfileOptions`, the options every cost model is built from.
+
+This module imports neither torch nor the cost models themselves (only when
+:meth:`ProfileOptions.check` runs), so the command line reads its defaults and
+help from here without paying for torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from dcsched.errors import OptionError
+
+
+def _field(default, help: str, **kwargs):
+    """A dataclass field with its default and its one-line help (``metadata["help"]``, read by the CLI)."""
+    return dataclasses.field(default=default, metadata={"help": help}, **kwargs)
+
+
+@dataclasses.dataclass(frozen=True)
+class ProfileOptions:
+    """How :func:`~dcsched.profile.measure.profile_bundle` obtains each node's figures.
+
+    Times are in milliseconds, bandwidth in GB/s (10^9 bytes/s), latency in
+    microseconds. Every field's help is in its ``metadata["help"]``
+    (``dataclasses.fields(ProfileOptions)``); ``dcsched profile`` takes its
+    defaults and help from there.
+
+    Parameters
+    ----------
+    cost_model : str
+        A name from :func:`dcsched.costmodels.available` (``measured``, ``analytic``, ``calibrated``).
+    iters : int
+        Timed runs per node; the median is kept (measured model). At least 1.
+    warmup : int
+        Untimed runs per node before timing (measured model). Not negative.
+    world_size : int
+        Ranks the parameters are sharded over, for shard sizes and the communication model. At least 1.
+    bandwidth_gbps : float
+        Collective bandwidth in GB/s for the communication model. Positive.
+    latency_us : float
+        Per-collective latency in microseconds for the communication model. Not negative.
+    gpu : str or None
+        Target GPU (``h100``, ``a100``, ``h200``): needed by the analytic model; with a measured profile
+        it only names the target device's memory.
+    device : str or None
+        Where a measured profile runs: default CUDA if available, else the CPU.
+    progress : bool
+        Show a progress bar on stderr.
+    calibration : str or os.PathLike or None
+        A calibration file (JSON, :class:`dcsched.costmodels.Calibration`) for the calibrated model;
+        with the analytic model it selects the calibrated one.
+
+    Raises
+    ------
+    OptionError
+        From :meth:`check` (and so from :func:`~dcsched.profile.measure.profile_bundle`), naming the field.
+
+    Examples
+    --------
+    >>> ProfileOptions(cost_model="analytic", gpu="h100").world_size
+    8
+    >>> ProfileOptions(iters=0).check()
+    Traceback (most recent call last):
+    ...
+    dcsched.errors.OptionError: iters must be at least 1
+    """
+
+    cost_model: str = _field("measured", "measured: run every node and time it here; analytic: estimate compute "
+                                         "time for ``gpu`` from FLOPs and bytes (roofline), running nothing; "
+                                         "calibrated: the analytic estimate times per-op-kind factors from "
+                                         "``calibration``.")
+    iters: int = _field(5, "Timed runs per node (the median is kept).")
+    warmup: int = _field(2, "Untimed runs per node before timing.")
+    world_size: int = _field(8, "Ranks the parameters are sharded over (single-process profile: sets shard sizes "
+                                "and the communication model).")
+    bandwidth_gbps: float = _field(100.0, "Collective bandwidth in GB/s (10^9 bytes/s) for the communication "
+                                          "model.")
+    latency_us: float = _field(20.0, "Per-collective latency in microseconds for the communication model.")
+    gpu: str | None = _field(None, "Target GPU: h100, a100 or h200. Needed by ``cost_model`` analytic; also sets "
+                                   "the target device memory recorded in the bundle.")
+    device: str | None = _field(None, "Where a measured profile runs (default: CUDA if available, else the CPU).")
+    progress: bool = _field(True, "Show a progress bar (on stderr).")
+    calibration: str | os.PathLike | None = _field(
+        None, "Calibration file (JSON: measured/analytic factors by op kind, written by benchmarks/gpu_check.sh); "
+              "with ``cost_model`` analytic or calibrated.")
+
+    def check(self) -> None:
+        """Refuse options no profile can use, before anything runs.
+
+        Raises
+        ------
+        OptionError
+            A value out of range, an unknown GPU or cost model, a calibration file the cost model cannot take;
+            ``option`` is the field's name.
+        """
+        from dcsched.costmodels.formulas import GPUS  # torch, only when options are checked
+        from dcsched.costmodels.registry import build
+        if self.gpu is not None and self.gpu.lower() not in GPUS:
+            raise OptionError("gpu", f"names an unknown GPU {self.gpu!r} (choose from {', '.join(GPUS)})")
+        if self.iters < 1:
+            raise OptionError("iters", "must be at least 1")
+        if self.warmup < 0:
+            raise OptionError("warmup", "must not be negative")
+        if self.world_size < 1:
+            raise OptionError("world_size", "must be at least 1")
+        if not self.bandwidth_gbps > 0:
+            raise OptionError("bandwidth_gbps", "must be positive (GB/s)")
+        if self.latency_us < 0:
+            raise OptionError("latency_us", "must not be negative (us)")
+        build(self)

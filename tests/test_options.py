@@ -1,0 +1,117 @@
+"""Options in one place: documented option dataclasses, the CLI's defaults and help taken from them, library
+errors naming parameters and the CLI naming flags, and no import cycle between the cost models and profile."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+
+from dcsched.cli import app
+from dcsched.cli.app import in_flags
+from dcsched.cli.options import default_of, help_of
+from dcsched.costmodels.options import ProfileOptions
+from dcsched.errors import DcschedError, OptionError
+from dcsched.train.options import ScriptOptions, TrainOptions
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("cls", [ProfileOptions, TrainOptions, ScriptOptions])
+def test_every_field_is_documented(cls):
+    for field in dataclasses.fields(cls):
+        assert field.metadata.get("help"), f"{cls.__name__}.{field.name} has no help"
+        assert f"{field.name} :" in cls.__doc__ or f"{field.name}," in cls.__doc__, \
+            f"{cls.__name__}'s docstring leaves out {field.name}"
+
+
+def _params(command: str) -> dict:
+    return {p.name: p for p in typer.main.get_command(app).commands[command].params}
+
+
+@pytest.mark.parametrize("command, cls, fields", [
+    ("profile", ProfileOptions, ["cost_model", "calibration", "gpu", "iters", "warmup", "world_size",
+                                 "bandwidth_gbps", "latency_us", "progress"]),
+    ("train", TrainOptions, ["algo", "memory_budget", "budget_scope", "cost_model", "gpu", "compute"]),
+    ("train", ScriptOptions, ["timeout_s"]),
+])
+def test_the_cli_takes_defaults_and_help_from_the_dataclasses(command, cls, fields):
+    params = _params(command)
+    for name in fields:
+        assert params[name].default == default_of(cls, name), name
+        assert params[name].help == help_of(cls, name), name
+
+
+def test_help_names_flags_where_the_dataclass_names_fields():
+    assert "``" in dataclasses.fields(ProfileOptions)[0].metadata["help"]
+    assert "--gpu" in help_of(ProfileOptions, "cost_model") and "``" not in help_of(ProfileOptions, "cost_model")
+
+
+def test_option_dataclasses_import_without_torch():
+    code = ("import sys\nfrom dcsched.costmodels.options import ProfileOptions\n"
+            "from dcsched.train.options import TrainOptions, ScriptOptions\nimport dcsched.cli\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("options, option, words", [
+    (ProfileOptions(iters=0), "iters", "iters must be at least 1"),
+    (ProfileOptions(world_size=0), "world_size", "world_size must be at least 1"),
+    (ProfileOptions(bandwidth_gbps=0), "bandwidth_gbps", "bandwidth_gbps must be positive"),
+    (ProfileOptions(cost_model="analytic"), "gpu", "gpu is missing"),
+    (ProfileOptions(cost_model="calibrated"), "calibration", "calibration is missing"),
+    (ScriptOptions(timeout_s=0), "timeout_s", "timeout_s must be between"),
+    (TrainOptions(algo="list", algo_options={"k": 1}), "algo_options", "algo_options has 'k'"),
+])
+def test_library_errors_name_the_parameter(options, option, words):
+    with pytest.raises(OptionError) as raised:
+        options.check()
+    assert raised.value.option == option and words in str(raised.value) and "--" not in str(raised.value)
+
+
+@pytest.mark.parametrize("error, command, line", [
+    (OptionError("bandwidth_gbps", "must be positive (GB/s)"), "profile", "--bandwidth must be positive (GB/s)"),
+    (OptionError("timeout_s", "must be between 0.1 and 604800 seconds"), "train",
+     "--timeout must be between 0.1 and 604800 seconds"),
+    (OptionError("algo_options", "has 'k'"), "train", "--option has 'k'"),
+    (OptionError("nothing_like_it", "is odd"), "train", "nothing_like_it is odd"),
+    (DcschedError("x.pt: exists already (pass `force=True` to replace it)"), "schedule",
+     "x.pt: exists already (pass --force to replace it)"),
+    (DcschedError("x.pt: exists already (pass `overwrite=True` to replace it)"), "profile",
+     "x.pt: exists already (pass --force to replace it)"),
+    (DcschedError("no device_time (pass `assume_zero=True` to count them as 0)"), "schedule",
+     "no device_time (pass --assume-zero to count them as 0)"),
+    (DcschedError("planned without data (`meta=True`): no values"), "replay",
+     "planned without data (dcsched profile --meta): no values"),
+    (DcschedError("run it with `compute='eager'`"), "train", "run it with --compute eager"),
+    (DcschedError("tensor_size=3 on mm0"), "schedule", "tensor_size=3 on mm0"),
+    (DcschedError("script.py failed: tensor(..., device='meta')"), "profile",
+     "script.py failed: tensor(..., device='meta')"),  # quoted, not a suggestion: left alone
+    (DcschedError("take `nothing_like_it=1`"), "profile", "take `nothing_like_it=1`"),
+])
+def test_the_cli_translates_parameters_into_its_flags(error, command, line):
+    assert in_flags(error, command) == line
+
+
+def _import_cycles():
+    spec = importlib.util.spec_from_file_location("import_cycles", ROOT / "tools" / "import_cycles.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_no_import_cycle_between_modules():
+    tool = _import_cycles()
+    assert tool.cycles(tool.graph(lambda name: name)) == []
+
+
+def test_the_cost_models_import_nothing_from_profile():
+    tool = _import_cycles()
+    edges = tool.graph(tool.package_of, deferred=True)  # imports inside functions included
+    assert "dcsched.profile" not in edges["dcsched.costmodels"]
