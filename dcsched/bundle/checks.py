@@ -142,7 +142,7 @@ def check_arguments(value: Any, where: str) -> None:
 
 
 #: The integer arguments of the ZeRO-3 ops (after the tensor), by op name.
-_COMM_INTS = {"allgather_param": ("graph_id", "id"), "wait_allgather": ("graph_id", "id"),
+COMM_INTS = {"allgather_param": ("graph_id", "id"), "wait_allgather": ("graph_id", "id"),
               "release_param": ("graph_id", "id", "n_users"), "reduce_grad": ("graph_id", "id")}
 
 
@@ -154,7 +154,7 @@ def check_comm_arguments(op_name: str, args: tuple, kwargs: dict, where: str) ->
     ...
     ValueError: node ag: allgather_param's id is 'zero', not an integer
     """
-    names = _COMM_INTS.get(op_name, ())
+    names = COMM_INTS.get(op_name, ())
     for position, name in enumerate(names, start=1):
         value = args[position] if len(args) > position else kwargs.get(name)
         if value is None:

@@ -256,3 +256,26 @@ def to_fx(graph: torch.fx.Graph, order: Iterable[str]) -> torch.fx.Graph:
 def copy_graph(graph: torch.fx.Graph) -> torch.fx.Graph:
     """A node-for-node copy of ``graph`` (names, targets, args, meta), in the same order."""
     return to_fx(graph, [node.name for node in graph.nodes])
+
+
+def view_of_form(form) -> nx.DiGraph:
+    """The networkx view of a :class:`~dcsched.graph.form.GraphForm` (for a scheduler that reads the view;
+    the vertex attributes the form keeps, edges in reading order, ``order_only`` edges marked)."""
+    from dcsched.graph.form import CONSTANT, KIND_NAMES, COMPUTE
+    view = nx.DiGraph()
+    names = form.names
+    kinds = [KIND_NAMES[COMPUTE if k == CONSTANT else k] for k in form.kind]
+    view.add_nodes_from(
+        (name, {"role": kinds[i], "ds_id": form.ds_id[i], "graph_id": None,
+                "n_users": form.n_users[i] if kinds[i] == Role.RELEASE.value else None,
+                "device_time": form.device_time[i], "tensor_size": form.tensor_size[i], "position": i,
+                "target": "" if form.kind[i] == CONSTANT else ("operator.getitem" if form.getitem[i] else ""),
+                "aliasing": form.aliasing[i], "view_like": form.view_like[i], "random": False})
+        for i, name in enumerate(names))
+    order_only = set(form.order_only)
+    view.add_edges_from((names[p], names[i], {"via_kwargs": False, **({"order_only": True}
+                                                                       if (p, i) in order_only else {})})
+                        for i, ins in enumerate(form.preds) for p in ins)
+    view.graph["output"] = names[form.output] if form.output is not None else None
+    view.graph["order_only_edges"] = [(names[a], names[b]) for a, b in form.order_only]
+    return view

@@ -29,8 +29,8 @@ import torch.fx
 from dcsched import schedulers
 from dcsched.bundle.core import Bundle
 from dcsched.errors import DcschedError, GraphError
-from dcsched.graph.nxview import check_order, to_fx, to_networkx
-from dcsched.graph.form import ALLGATHER, REDUCE
+from dcsched.graph.nxview import check_order, to_networkx, view_of_form
+from dcsched.graph.form import ALLGATHER, REDUCE, GraphForm
 from dcsched.sim.simulate import CompiledGraph, SimResult, compile_view
 
 #: JSON schema version of :meth:`Comparison.to_dict`.
@@ -128,20 +128,23 @@ def _zero_filled(view: nx.DiGraph) -> nx.DiGraph:
     return filled
 
 
-def run_scheduler(view: nx.DiGraph, algo: str, **options) -> tuple[list[str], float]:
-    """``(order, seconds)``: scheduler ``algo``'s order of ``view``, checked topological."""
+def run_scheduler(view: nx.DiGraph | GraphForm, algo: str, **options) -> tuple[list[str], float]:
+    """``(order, seconds)``: scheduler ``algo``'s order of ``view`` (a view or a graph form), checked
+    topological."""
     scheduler = schedulers.get(algo)
+    if isinstance(view, GraphForm) and not scheduler.takes_form:
+        view = view_of_form(view)
     started = time.perf_counter()
     order = scheduler(view, **options)
     seconds = time.perf_counter() - started
     try:
-        check_order(view, order)
+        view.check_order(order) if isinstance(view, GraphForm) else check_order(view, order)
     except GraphError as exc:
         raise GraphError(f"scheduler '{algo}' returned an invalid order: {exc}") from None
     return list(order), seconds
 
 
-def compare_graph(graph: torch.fx.Graph | nx.DiGraph, algorithms: Iterable[str], *, name: str,
+def compare_graph(graph: torch.fx.Graph | nx.DiGraph | GraphForm, algorithms: Iterable[str], *, name: str,
                   assume_zero: bool = False, compiled: CompiledGraph | None = None,
                   progress: Progress | None = None, options: dict | None = None,
                   skipped: dict[str, str] | None = None) -> GraphComparison:
@@ -153,7 +156,8 @@ def compare_graph(graph: torch.fx.Graph | nx.DiGraph, algorithms: Iterable[str],
     """
     view = to_networkx(graph) if isinstance(graph, torch.fx.Graph) else graph
     compiled = compiled or compile_view(view, assume_zero=assume_zero, name=name)
-    sched_view = _zero_filled(view) if compiled.missing else view
+    # A form counts a missing figure as 0 already (its ``time`` and ``size``).
+    sched_view = _zero_filled(view) if compiled.missing and not isinstance(view, GraphForm) else view
     before = compiled.simulate(None)
     after, orders, seconds = {}, {}, {}
     for algo in algorithms:
@@ -186,7 +190,7 @@ def compare_bundle(bundle: Bundle, algorithms: Iterable[str], *, assume_zero: bo
     algorithms = list(algorithms)
     for algo in algorithms:
         schedulers.get(algo)  # an unknown name fails before any work
-    views = {name: to_networkx(graph) for name, graph in bundle.graphs.items()}
+    views = {name: bundle.form(name) for name in bundle.graph_names}  # no FX graph, no networkx view
     compiled = {name: check_graph(view, name=name, assume_zero=assume_zero) for name, view in views.items()}
     skipped: dict[str, str] | None = {} if skip_failing else None
     graphs = {name: compare_graph(view, algorithms, name=name, compiled=compiled[name], progress=progress,
@@ -206,11 +210,6 @@ def scheduled_bundle(bundle: Bundle, comparison: Comparison, algo: str, *, input
 
     ``provenance["schedule"]`` records the algorithm and ``input_name`` (the input's file name).
     """
-    graphs = {}
-    for name, graph in bundle.graphs.items():
-        new_graph = to_fx(graph, comparison.graphs[name].orders[algo])
-        new_graph.lint()
-        graphs[name] = new_graph
-    result = bundle.with_graphs(**graphs)
+    result = bundle.reordered({name: comparison.graphs[name].orders[algo] for name in bundle.graph_names})
     result.provenance["schedule"] = {"algorithm": algo, "input": input_name}
     return result
