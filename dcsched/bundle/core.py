@@ -135,22 +135,21 @@ class Bundle:
         return {name: getattr(self, name) for name in self.graph_names}
 
     def columns(self, name: str):
-        """Graph ``name`` as :class:`~dcsched.bundle.columns.GraphColumns` (encoded from FX where it is one)."""
+        """Graph ``name`` as :class:`~dcsched.bundle.columns.GraphColumns`, what a file stores (encoded from the
+        FX graph where the bundle holds one, unchecked: loading checks, as for version 1)."""
         from dcsched.bundle.columns import GraphColumns, encode_fx
         stored = self.__dict__.get(f"_graph_{name}")
         if isinstance(stored, GraphColumns):
             return stored
-        columns = encode_fx(getattr(self, name), self.graph_ids.get(name))
-        columns.check(name, set(self.constants))
-        return columns
+        return encode_fx(getattr(self, name), self.graph_ids.get(name))
 
     def form(self, name: str):
         """Graph ``name``'s :class:`~dcsched.graph.form.GraphForm` (what the schedulers and the simulator
         read): straight from the columns of a loaded version-2 bundle, no FX graph and no networkx view."""
-        from dcsched.bundle.columns import GraphColumns
+        from dcsched.bundle.columns import GraphColumns, one_thread
         from dcsched.graph.form import GraphForm, paused_gc
         stored = self.__dict__.get(f"_graph_{name}")
-        with paused_gc():
+        with paused_gc(), one_thread():
             if isinstance(stored, GraphColumns):
                 return stored.form(label=f"graph '{name}'")
             return GraphForm(getattr(self, name), label=f"graph '{name}'")
@@ -169,14 +168,15 @@ class Bundle:
     def reordered(self, orders: dict[str, list[str]]) -> "Bundle":
         """A copy with graph ``name``'s nodes in ``orders[name]`` (node names, a topological order): the
         columns permuted where the graph is stored as columns, else the FX graph rebuilt."""
-        from dcsched.bundle.columns import GraphColumns
+        from dcsched.bundle.columns import GraphColumns, one_thread
         from dcsched.graph.nxview import to_fx
         graphs = {}
         for name, order in orders.items():
             stored = self.__dict__.get(f"_graph_{name}")
             if isinstance(stored, GraphColumns):
                 index = {n: i for i, n in enumerate(stored.names)}
-                graphs[name] = stored.permuted([index[n] for n in order])
+                with one_thread():
+                    graphs[name] = stored.permuted([index[n] for n in order])
             else:
                 graph = to_fx(getattr(self, name), order)
                 graph.lint()

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from dcsched.bundle import checks as loadchecks
-from dcsched.bundle.columns import GraphColumns
+from dcsched.bundle.columns import GraphColumns, one_thread
 from dcsched.errors import BundleError
 
 VERSION = 2
@@ -193,7 +193,8 @@ def from_parts(doc: Any, tensors: dict[str, torch.Tensor]):
         if name not in GRAPH_NAMES:
             raise ValueError(f"graph {name!r:.40} is neither 'forward' nor 'backward'")
         columns = GraphColumns.from_parts(tables, tensors, f"graph.{name}.", f"graph '{name}'")
-        columns.check(name, set(constants))
+        with one_thread():
+            columns.check(name, set(constants))
         stored[name] = columns
     params = [core._param(p) for p in doc["params"]]
     inputs = []
