@@ -209,7 +209,9 @@ def main() -> None:
     parser.add_argument("--cli-sizes", default="10000,100000,1000000",
                         help="with --cli: total nodes (forward + backward) of each bundle")
     parser.add_argument("--v1", action="store_true",
-                        help="with --cli: also time version-1 bundles (torch files) of each size, for comparison")
+                        help="with --cli: also time version-1 bundles (torch files), for comparison")
+    parser.add_argument("--v1-max-nodes", type=int, default=200_000,
+                        help="with --cli --v1: the largest version-1 bundle (they load slowly: 10 minutes at 10^6)")
     parser.add_argument("--workdir", default=None, help="with --cli: where bundles go (default: a temporary "
                                                          "directory, removed after)")
     args = parser.parse_args()
@@ -289,6 +291,8 @@ def cli_series(args) -> None:
     try:
         for nodes in (int(n) for n in args.cli_sizes.split(",")):
             for version in versions:
+                if version == 1 and nodes > args.v1_max_nodes:
+                    continue
                 path = workdir / f"stack{nodes}.v{version}.pt"
                 started = time.perf_counter()
                 count = cli_bundle(nodes, path, v1=version == 1)

@@ -58,6 +58,39 @@ def test_v2_is_one_safetensors_file_and_loads_columns(tmp_path):
     assert _encoded(loaded.forward) == _encoded(linear_bundle(3).forward)
 
 
+def test_tables_that_grow_with_the_model_are_limited_per_entry(tmp_path):
+    """A placeholder per parameter: 50,000 entries hold more than 100,000 values together, none alone."""
+    doc, tensors = fileio.document_and_tensors(linear_bundle())
+    doc["backward_placeholders"] = [{"kind": "saved", "index": i} for i in range(50_000)]
+    path = tmp_path / "big.pt"
+    path.write_bytes(fileio.encode(doc, tensors))
+    assert len(dcsched.load(path).backward_placeholders) == 50_000
+    doc["backward_placeholders"][7] = {"kind": _deep(40)}
+    path.write_bytes(fileio.encode(doc, tensors))
+    with pytest.raises(BundleError, match="backward_placeholders: arguments nest deeper than 32"):
+        dcsched.load(path)
+
+
+def test_non_finite_float_arguments_round_trip(tmp_path):
+    """JSON has no inf or nan; an attention mask's -inf is stored tagged and comes back a float."""
+    bundle = linear_bundle()
+    graph = bundle.forward
+    relu = next(n for n in graph.nodes if n.name == "relu_0")
+    with graph.inserting_after(relu):
+        masked = graph.create_node("call_function", torch.ops.aten.masked_fill.Scalar, (relu, relu, float("-inf")),
+                                   name="masked")
+    with graph.inserting_after(masked):
+        clamped = graph.create_node("call_function", torch.ops.aten.clamp.default, (masked,),
+                                    {"min": float("nan"), "max": float("inf")}, name="clamped")
+    clamped.meta.update(device_time=0.1, tensor_size=8)
+    masked.meta.update(device_time=0.1, tensor_size=8)
+    loaded = dcsched.load(dcsched.save(bundle, tmp_path / "inf.pt"))
+    node = next(n for n in loaded.forward.nodes if n.name == "masked")
+    assert node.args[2] == float("-inf") and isinstance(node.args[2], float)
+    kwargs = next(n for n in loaded.forward.nodes if n.name == "clamped").kwargs
+    assert kwargs["max"] == float("inf") and kwargs["min"] != kwargs["min"]
+
+
 @pytest.mark.parametrize("path", [ROOT / "sample_graphs" / f"{n}.pt" for n in ("gpt", "llama", "convnet")],
                          ids=lambda p: p.stem)
 def test_sample_forms_and_summaries_from_columns_match_fx(path):
@@ -312,6 +345,8 @@ HOSTILE_V2 = [
      "arguments hold more than 100000 values"),
     ("unknown tag", lambda d, t: _template_of(d, t, "mm_0").__setitem__(1, {"$eval": "1+1"}),
      "unknown argument tag '$eval'"),
+    ("float by expression", lambda d, t: _template_of(d, t, "mm_0").__setitem__(1, {"$dict": [["x", {
+        "$float": "__import__('os')"}]]}), "malformed float"),
     ("device by expression", lambda d, t: _template_of(d, t, "mm_0").__setitem__(1, {"$dict": [["device", {
         "$device": "__import__('os')"}]]}), "malformed arguments"),
     ("meta with other keys", lambda d, t: d["graphs"]["forward"]["metas"].__setitem__(0, {"val": 1}),

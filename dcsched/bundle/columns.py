@@ -8,7 +8,8 @@ distinct values (JSON):
 ``op``             uint8: 0 placeholder, 1 call_function, 2 get_attr, 3 output (:data:`OPS`)
 ``target``         int32: index into ``strings`` (qualified op name, placeholder or get_attr target, ``output``)
 ``args``           int32: index into ``templates``, each ``[args, kwargs]`` in version 1's tagged encoding
-                   with every node reference written ``{"$node": k}``: the node's k-th input
+                   with every node reference written ``{"$node": k}``: the node's k-th input, every integer
+                   ``{"$int": j}``: the node's j-th (``ints``), a non-finite float ``{"$float": "-inf"}``
 ``inputs``,        int32 / int64: CSR of each node's distinct inputs in reading order (args, then kwargs):
 ``input_offsets``  node ``v`` reads ``inputs[input_offsets[v]:input_offsets[v + 1]]`` (node numbers)
 ``meta``           int32: index into ``metas``, the distinct node meta dicts (``out``, ``ds_id``, ``time_source``)
@@ -107,6 +108,8 @@ def _template(value: Any, local: dict, order: list, ints: list) -> Any:
     if type(value) is int and _INT64[0] <= value < _INT64[1]:
         ints.append(value)
         return {"$int": len(ints) - 1}
+    if type(value) is float and not math.isfinite(value):  # JSON has no inf or nan (-inf: attention masks)
+        return {"$float": repr(value)}
     return value
 
 
@@ -678,6 +681,9 @@ def _index(payload: Any, what: str) -> int:
     return payload
 
 
+_NON_FINITE = ("inf", "-inf", "nan")
+
+
 def _decode_value(value: Any, nodes: list, ints: list) -> Any:
     """Version 1's tagged encoding (:func:`dcsched.bundle.core._decode`) with ``$node`` and ``$int`` slots."""
     if isinstance(value, list):
@@ -693,6 +699,10 @@ def _decode_value(value: Any, nodes: list, ints: list) -> Any:
     if tag == "$int":
         ints.append(_index(payload, "integer reference"))
         return _Int(payload)
+    if tag == "$float":
+        if payload not in _NON_FINITE:
+            raise ValueError(f"malformed float {payload!r:.40}")
+        return float(payload)
     if tag == "$tuple":
         if not isinstance(payload, list):
             raise ValueError(f"malformed tuple {payload!r:.80}")
@@ -767,5 +777,7 @@ def _named(value: Any, env: tuple[list, list]) -> Any:
             return {"$node": env[0][value["$node"]]}
         if len(value) == 1 and "$int" in value:
             return env[1][value["$int"]]
+        if len(value) == 1 and "$float" in value:
+            return float(value["$float"])
         return {k: _named(v, env) for k, v in value.items()}
     return value

@@ -123,6 +123,11 @@ class Bundle:
     constants: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
     provenance: dict[str, Any] = dataclasses.field(default_factory=dict)
 
+    def __repr__(self) -> str:  # without building FX graphs from columns
+        graphs = ", ".join(f"{name}: {type(self.__dict__.get(f'_graph_{name}')).__name__}" for name in self.graph_names)
+        return (f"Bundle(graphs={{{graphs}}}, params={len(self.params)}, inputs={len(self.inputs)}, "
+                f"constants={list(self.constants)}, provenance={self.provenance!r:.200})")
+
     @property
     def graph_names(self) -> list[str]:
         """The graphs' names, forward first (without building any FX graph)."""

@@ -172,9 +172,15 @@ def from_parts(doc: Any, tensors: dict[str, torch.Tensor]):
     from dcsched.bundle import core
     if not isinstance(doc, dict) or doc.get("format") != "dcsched-bundle" or doc.get("version") != VERSION:
         raise ValueError("not a dcsched graph bundle (its document lacks the 'dcsched-bundle' version 2 header)")
-    for part in ("provenance", "forward_placeholders", "backward_placeholders", "inputs", "params", "graphs",
-                 "constants"):
-        loadchecks.check_arguments(doc.get(part), f"the bundle's {part}")
+    # Nesting and size limits per entry: a table grows with the model (a placeholder per parameter), an entry
+    # does not. The graphs' templates and meta entries are checked one by one (GraphColumns.check).
+    loadchecks.check_arguments(doc.get("provenance"), "the bundle's provenance")
+    for part in ("forward_placeholders", "backward_placeholders", "inputs", "params", "constants"):
+        entries = doc.get(part, [])
+        if not isinstance(entries, list):
+            raise ValueError(f"the bundle's {part} is not a list")
+        for entry in entries:
+            loadchecks.check_arguments(entry, f"the bundle's {part}")
     names = doc.get("constants", [])
     if not isinstance(names, list):
         raise ValueError("the constants table is not a list of names")
@@ -213,9 +219,6 @@ def from_parts(doc: Any, tensors: dict[str, torch.Tensor]):
         else:
             entry["value"] = None
         inputs.append(core._input(entry))
-    for key in ("forward_placeholders", "backward_placeholders"):
-        if not isinstance(doc.get(key, []), list):
-            raise ValueError(f"the bundle's {key} is not a list")
     provenance = doc.get("provenance", {})
     if not isinstance(provenance, dict):
         raise ValueError("the bundle's provenance is not a table")
