@@ -341,8 +341,8 @@ HOSTILE_V2 = [
         "$layout": "_C"}]]}), "unknown layout '_C'"),
     ("deep arguments", lambda d, t: _template_of(d, t, "mm_0").__setitem__(1, {"$dict": [["x", _deep(40)]]}),
      "arguments nest deeper than 32 levels"),
-    ("wide arguments", lambda d, t: _template_of(d, t, "mm_0").__setitem__(1, {"$dict": [["x", [0] * 100_001]]}),
-     "arguments hold more than 100000 values"),
+    ("wide arguments", lambda d, t: _template_of(d, t, "mm_0").__setitem__(1, {"$dict": [["x", [0] * 100_100]]}),
+     "arguments hold more than 100030 values"),  # 100,000 + 2 per node (15)
     ("unknown tag", lambda d, t: _template_of(d, t, "mm_0").__setitem__(1, {"$eval": "1+1"}),
      "unknown argument tag '$eval'"),
     ("float by expression", lambda d, t: _template_of(d, t, "mm_0").__setitem__(1, {"$dict": [["x", {

@@ -285,9 +285,12 @@ class GraphColumns:
         self._in_range(meta, len(self.metas), "meta entry", where)
         # Templates, each once: tags, depth, how many distinct inputs and integers each refers to.
         decoded, node_slots, int_slots = [], [], []
+        # JSON shares nothing, so a template's size is the file's: beyond the usual limit, a template may refer
+        # to every node once (an output node lists every tensor the forward saves), two values each.
+        max_items = loadchecks.MAX_ITEMS + 2 * n
         for i, tpl in enumerate(self.templates):
             try:
-                loadchecks.check_arguments(tpl, "")
+                loadchecks.check_arguments(tpl, "", max_items)
                 value, nodes_used, ints_used = _decode_template(tpl)
             except (ValueError, TypeError, KeyError, RuntimeError, AttributeError) as exc:
                 user = self._first(args, i)

@@ -5,9 +5,13 @@ of one training step with their ZeRO-3 ops and profiled costs, the parameter
 table, how the forward's outputs feed the backward, the step's non-parameter
 inputs, and how every figure was obtained (provenance).
 
-On disk it is a ``torch.save`` of plain data only (dicts, lists, tuples, str,
-int, float, bool, None and tensors), read back with
-``torch.load(weights_only=True)``: loading never executes code from the file.
+On disk, version 2 (what :func:`save` writes) is one safetensors file: the
+graphs as columns, the tables as JSON, constants and inputs as tensors, no
+pickle (:mod:`dcsched.bundle.fileio`, :mod:`dcsched.bundle.columns`).
+Version 1, still read (:mod:`dcsched.bundle.legacy`), is a ``torch.save`` of
+plain data only (dicts, lists, tuples, str, int, float, bool, None and
+tensors), read back with ``torch.load(weights_only=True)``: loading never
+executes code from the file.
 Call targets are stored as qualified names (``'aten.mm.default'``) and resolved
 only from an allow-list of namespaces (aten, prims, operator, dcsched, dc).
 The schema is documented in ``docs/bundle-format.md``.
@@ -110,6 +114,12 @@ class Bundle:
     fed for the k-th user output). The backward's i-th output is the gradient
     of the forward's i-th placeholder: for a parameter, the ``reduce_grad``
     node's output (this rank's shard); None where there is none.
+
+    A bundle loaded from a version-2 file holds its graphs as columns
+    (:class:`dcsched.bundle.columns.GraphColumns`): :meth:`form` reads them
+    directly, ``forward`` / ``backward`` / ``graphs`` build the FX graphs on
+    first access, :meth:`reordered` permutes the columns and :func:`save`
+    writes them back as they are.
     """
 
     forward: torch.fx.Graph
