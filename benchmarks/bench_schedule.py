@@ -29,6 +29,17 @@ fitted over the graphs of at least 1,000 nodes. Last, memory against size: per
 algorithm and series, what the call added (+RSS) per 1,000 nodes at each size and
 the growth exponent of +RSS fitted over the graphs of at least 10,000 nodes (1:
 linear).
+
+``--cli`` measures the command line instead, as a user runs it: it writes
+bundles of ``--cli-sizes`` nodes (layered stacks, forward and backward
+together; ``--v1``: also as version-1 torch files) and times, each in a fresh
+process, ``dcsched.load`` (seconds inside the process, imports excluded),
+``dcsched show --json``, ``dcsched schedule --algo fast-free`` and ``--algo
+overlap`` (the bundle's default budget: 90% of 141 GB), end to end with the
+interpreter's start, with the peak RSS of the largest of the three commands::
+
+    python benchmarks/bench_schedule.py --cli                       # 10^4, 10^5, 10^6 nodes
+    python benchmarks/bench_schedule.py --cli --cli-sizes 10000,100000 --v1
 """
 
 from __future__ import annotations
@@ -194,7 +205,21 @@ def main() -> None:
                              "(default: unlimited)")
     parser.add_argument("--tied-max-nodes", type=int, default=None,
                         help="largest tied-head graph (default: --max-nodes)")
+    parser.add_argument("--cli", action="store_true",
+                        help="instead: the command line end to end on bundles of --cli-sizes nodes (show, "
+                             "schedule --algo fast-free, schedule --algo overlap, each in a fresh process)")
+    parser.add_argument("--cli-sizes", default="10000,100000,1000000",
+                        help="with --cli: total nodes (forward + backward) of each bundle")
+    parser.add_argument("--v1", action="store_true",
+                        help="with --cli: also time version-1 bundles (torch files), for comparison")
+    parser.add_argument("--v1-max-nodes", type=int, default=200_000,
+                        help="with --cli --v1: the largest version-1 bundle (they load slowly: 10 minutes at 10^6)")
+    parser.add_argument("--workdir", default=None, help="with --cli: where bundles go and stay, reused by the next "
+                                                         "run (default: a temporary directory, removed after)")
     args = parser.parse_args()
+    if args.cli:
+        cli_series(args)
+        return
     algos = args.algos.split(",")
     with_reference = deepspeed_available()
     print(f"dcsched {dcsched.__version__}; reference: "
@@ -207,6 +232,106 @@ def main() -> None:
     print_tables(rows, algos, args, with_reference)
     print_memory_growth(rows, algos, args.series.split(","))
     print(f"\ntotal benchmark time {time.time() - started:.0f} s")
+
+
+# ---------------------------------------------------------------------------
+# --cli: the command line end to end
+# ---------------------------------------------------------------------------
+
+#: Nodes per layer of :func:`layered_stack`, forward and backward together (about 91 + 104).
+NODES_PER_LAYER = 195
+#: What the bundles record as the target device's memory (overlap's default budget is 90% of it): an
+#: H200's 141 GB, as the 10^6-node stack needs 72.4 GB at least (all tensors).
+DEVICE_BYTES = 141 * 10**9
+
+_LOAD = ("import sys, time; from dcsched.bundle.core import load; t = time.perf_counter(); b = load(sys.argv[1]); "
+         "[b.form(name) for name in b.graph_names] if sys.argv[2] == 'form' else None; "
+         "print(time.perf_counter() - t)")
+
+
+def cli_bundle(nodes: int, path: Path, *, v1: bool) -> int:
+    """Write a bundle of about ``nodes`` nodes (layered stack, forward and backward); its node count."""
+    import gc
+    from dcsched.bundle.core import Bundle, save, save_v1
+    pair = layered_stack(max(1, round(nodes / NODES_PER_LAYER)))
+    bundle = Bundle(forward=pair.forward, backward=pair.backward, params=[], inputs=[], forward_placeholders=[],
+                    backward_placeholders=[], provenance={"target_memory_bytes": DEVICE_BYTES, "gpu": "synthetic"})
+    (save_v1 if v1 else save)(bundle, path)
+    count = len(pair.forward.nodes) + len(pair.backward.nodes)
+    del pair, bundle
+    gc.collect()
+    return count
+
+
+def fresh(argv: list[str]) -> tuple[float, float, str]:
+    """(seconds, peak RSS MiB, stdout) of ``argv`` run in a fresh process."""
+    import os
+    import subprocess
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    import tempfile
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        started = time.perf_counter()
+        proc = subprocess.Popen(argv, stdout=out, stderr=err, env=env, text=True)
+        _, status, usage = os.wait4(proc.pid, 0)  # this child's own rusage: its peak RSS
+        seconds = time.perf_counter() - started
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(argv)} failed ({proc.returncode}): {err.read().strip()[-500:]}")
+        return seconds, usage.ru_maxrss / 1024, out.read()
+
+
+def cli_series(args) -> None:
+    """Time ``dcsched show``, ``schedule --algo fast-free`` and ``schedule --algo overlap`` end to end."""
+    import shutil
+    import tempfile
+    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="dcsched-bench-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    cli = [sys.executable, "-m", "dcsched"]
+    versions = (2, 1) if args.v1 else (2,)
+    rows = []
+    try:
+        for nodes in (int(n) for n in args.cli_sizes.split(",")):
+            for version in versions:
+                if version == 1 and nodes > args.v1_max_nodes:
+                    continue
+                path = workdir / f"stack{nodes}.v{version}.pt"
+                started = time.perf_counter()
+                if args.workdir and path.exists():  # kept from an earlier run
+                    import dcsched as _d
+                    count = sum(len(_d.load(path).form(name)) for name in ("forward", "backward"))
+                else:
+                    count = cli_bundle(nodes, path, v1=version == 1)
+                made = time.perf_counter() - started
+                row = {"nodes": count, "version": version, "MB": path.stat().st_size / 1e6, "write_s": made}
+                load_s, _, out = fresh([sys.executable, "-c", _LOAD, str(path), "load"])
+                row["load_s"] = float(out.strip().splitlines()[-1])
+                row["show_s"], peak_show, _ = fresh([*cli, "show", str(path), "--json"])
+                row["fast_free_s"], peak_ff, _ = fresh([*cli, "schedule", str(path), "--algo", "fast-free", "--json",
+                                                        "-o", str(workdir / "out.pt"), "--force"])
+                row["overlap_s"], peak_ov, _ = fresh([*cli, "schedule", str(path), "--algo", "overlap", "--json",
+                                                      "-o", str(workdir / "out.pt"), "--force"])
+                row["peak_mib"] = max(peak_show, peak_ff, peak_ov)
+                rows.append(row)
+                print(f"{count:>9,} nodes v{version}: {row['MB']:.1f} MB written in {made:.1f} s; load "
+                      f"{row['load_s']:.2f} s, show {row['show_s']:.2f} s, fast-free {row['fast_free_s']:.2f} s, "
+                      f"overlap {row['overlap_s']:.2f} s, peak RSS {row['peak_mib']:.0f} MiB", flush=True)
+                if not args.workdir:
+                    path.unlink()
+    finally:
+        if not args.workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+    print("\n| nodes | bundle | file MB | load s | show s | schedule fast-free s | schedule overlap s | "
+          "peak RSS MiB |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['nodes']:,} | v{r['version']} | {r['MB']:.1f} | {r['load_s']:.2f} | {r['show_s']:.2f} | "
+              f"{r['fast_free_s']:.2f} | {r['overlap_s']:.2f} | {r['peak_mib']:.0f} |")
+    v2 = [r for r in rows if r["version"] == 2 and r["nodes"] >= 10_000]
+    if len(v2) >= 2:
+        k = math.log(v2[-1]["peak_mib"] / v2[0]["peak_mib"]) / math.log(v2[-1]["nodes"] / v2[0]["nodes"])
+        print(f"\npeak RSS growth exponent (v2, {v2[0]['nodes']:,} to {v2[-1]['nodes']:,} nodes): {k:.2f}")
 
 
 def measure(args, algos: list[str], with_reference: bool) -> dict[str, list]:

@@ -107,11 +107,11 @@ def _bad_files(tmp_path):
 
     noise = tmp_path / "noise.pt"
     noise.write_bytes(bytes(random.Random(0).getrandbits(8) for _ in range(4096)))
-    files["random bytes"] = (noise, "not a dcsched bundle (neither a torch file nor a pickle)")
+    files["random bytes"] = (noise, "not a dcsched bundle (neither a safetensors file, a torch file nor a pickle)")
 
     shadow = tmp_path / "shadow"
     shadow.write_text("root:$6$salt$hash:19000:0:99999:7:::\ndaemon:*:19000:0:99999:7:::\n")
-    files["password file"] = (shadow, "not a dcsched bundle (neither a torch file nor a pickle)")
+    files["password file"] = (shadow, "not a dcsched bundle (neither a safetensors file, a torch file nor a pickle)")
 
     empty = tmp_path / "empty.pt"
     empty.write_bytes(b"")

@@ -116,7 +116,7 @@ def check_op(target: Any, name: str) -> None:
                          "not keep their order against the other readers of that tensor)")
 
 
-def check_arguments(value: Any, where: str) -> None:
+def check_arguments(value: Any, where: str, max_items: int = MAX_ITEMS) -> None:
     """Refuse arguments nested deeper than :data:`MAX_DEPTH` or holding more than :data:`MAX_ITEMS` values.
 
     >>> nested = [1]
@@ -132,8 +132,8 @@ def check_arguments(value: Any, where: str) -> None:
     while stack:
         current, depth = stack.pop()
         items += 1
-        if items > MAX_ITEMS:
-            raise ValueError(f"{where}: arguments hold more than {MAX_ITEMS} values")
+        if items > max_items:
+            raise ValueError(f"{where}: arguments hold more than {max_items} values")
         if isinstance(current, (list, tuple, dict)):
             if depth >= MAX_DEPTH:
                 raise ValueError(f"{where}: arguments nest deeper than {MAX_DEPTH} levels")
@@ -142,7 +142,7 @@ def check_arguments(value: Any, where: str) -> None:
 
 
 #: The integer arguments of the ZeRO-3 ops (after the tensor), by op name.
-_COMM_INTS = {"allgather_param": ("graph_id", "id"), "wait_allgather": ("graph_id", "id"),
+COMM_INTS = {"allgather_param": ("graph_id", "id"), "wait_allgather": ("graph_id", "id"),
               "release_param": ("graph_id", "id", "n_users"), "reduce_grad": ("graph_id", "id")}
 
 
@@ -154,7 +154,7 @@ def check_comm_arguments(op_name: str, args: tuple, kwargs: dict, where: str) ->
     ...
     ValueError: node ag: allgather_param's id is 'zero', not an integer
     """
-    names = _COMM_INTS.get(op_name, ())
+    names = COMM_INTS.get(op_name, ())
     for position, name in enumerate(names, start=1):
         value = args[position] if len(args) > position else kwargs.get(name)
         if value is None:

@@ -5,9 +5,13 @@ of one training step with their ZeRO-3 ops and profiled costs, the parameter
 table, how the forward's outputs feed the backward, the step's non-parameter
 inputs, and how every figure was obtained (provenance).
 
-On disk it is a ``torch.save`` of plain data only (dicts, lists, tuples, str,
-int, float, bool, None and tensors), read back with
-``torch.load(weights_only=True)``: loading never executes code from the file.
+On disk, version 2 (what :func:`save` writes) is one safetensors file: the
+graphs as columns, the tables as JSON, constants and inputs as tensors, no
+pickle (:mod:`dcsched.bundle.fileio`, :mod:`dcsched.bundle.columns`).
+Version 1, still read (:mod:`dcsched.bundle.legacy`), is a ``torch.save`` of
+plain data only (dicts, lists, tuples, str, int, float, bool, None and
+tensors), read back with ``torch.load(weights_only=True)``: loading never
+executes code from the file.
 Call targets are stored as qualified names (``'aten.mm.default'``) and resolved
 only from an allow-list of namespaces (aten, prims, operator, dcsched, dc).
 The schema is documented in ``docs/bundle-format.md``.
@@ -17,13 +21,11 @@ Python API: :func:`load` and :func:`save` (atomic).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import operator
 import os
-import pickle
-import warnings
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +41,11 @@ from dcsched.outputs import write_atomic  # noqa: F401  (re-exported: dcsched.bu
 from dcsched.graph.roles import qualified_name
 
 FORMAT = "dcsched-bundle"
-#: Bump when the on-disk schema changes; readers refuse newer versions.
-BUNDLE_VERSION = 1
+#: Bump when the on-disk schema changes; readers refuse newer versions. Version 2 is a safetensors file
+#: (:mod:`dcsched.bundle.fileio`), version 1 a torch file of plain data (:mod:`dcsched.bundle.legacy`).
+BUNDLE_VERSION = 2
+#: The version :func:`to_data`'s plain data (a torch file's content) has.
+V1 = 1
 
 #: Python functions a graph may call, besides torch ops.
 ALLOWED_OPERATORS = frozenset({
@@ -109,6 +114,12 @@ class Bundle:
     fed for the k-th user output). The backward's i-th output is the gradient
     of the forward's i-th placeholder: for a parameter, the ``reduce_grad``
     node's output (this rank's shard); None where there is none.
+
+    A bundle loaded from a version-2 file holds its graphs as columns
+    (:class:`dcsched.bundle.columns.GraphColumns`): :meth:`form` reads them
+    directly, ``forward`` / ``backward`` / ``graphs`` build the FX graphs on
+    first access, :meth:`reordered` permutes the columns and :func:`save`
+    writes them back as they are.
     """
 
     forward: torch.fx.Graph
@@ -122,20 +133,93 @@ class Bundle:
     constants: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
     provenance: dict[str, Any] = dataclasses.field(default_factory=dict)
 
+    def __repr__(self) -> str:  # without building FX graphs from columns
+        graphs = ", ".join(f"{name}: {type(self.__dict__.get(f'_graph_{name}')).__name__}" for name in self.graph_names)
+        return (f"Bundle(graphs={{{graphs}}}, params={len(self.params)}, inputs={len(self.inputs)}, "
+                f"constants={list(self.constants)}, provenance={self.provenance!r:.200})")
+
+    @property
+    def graph_names(self) -> list[str]:
+        """The graphs' names, forward first (without building any FX graph)."""
+        return ["forward"] + (["backward"] if self.__dict__.get("_graph_backward") is not None else [])
+
     @property
     def graphs(self) -> dict[str, torch.fx.Graph]:
-        """The graphs by name, forward first; a bundle without backward has one."""
-        found = {"forward": self.forward}
-        if self.backward is not None:
-            found["backward"] = self.backward
-        return found
+        """The graphs by name, forward first; a bundle without backward has one. Builds the FX graphs of a
+        loaded version-2 bundle (:meth:`form` does not)."""
+        return {name: getattr(self, name) for name in self.graph_names}
 
-    def with_graphs(self, **graphs: torch.fx.Graph) -> "Bundle":
-        """A copy with some graphs replaced (e.g. ``with_graphs(forward=g)``)."""
-        return dataclasses.replace(self, **graphs, provenance=dict(self.provenance))
+    def columns(self, name: str):
+        """Graph ``name`` as :class:`~dcsched.bundle.columns.GraphColumns`, what a file stores (encoded from the
+        FX graph where the bundle holds one, unchecked: loading checks, as for version 1)."""
+        from dcsched.bundle.columns import GraphColumns, encode_fx
+        stored = self.__dict__.get(f"_graph_{name}")
+        if isinstance(stored, GraphColumns):
+            return stored
+        return encode_fx(getattr(self, name), self.graph_ids.get(name))
+
+    def form(self, name: str):
+        """Graph ``name``'s :class:`~dcsched.graph.form.GraphForm` (what the schedulers and the simulator
+        read): straight from the columns of a loaded version-2 bundle, no FX graph and no networkx view."""
+        from dcsched.bundle.columns import GraphColumns, one_thread
+        from dcsched.graph.form import GraphForm, paused_gc
+        stored = self.__dict__.get(f"_graph_{name}")
+        with paused_gc(), one_thread():
+            if isinstance(stored, GraphColumns):
+                return stored.form(label=f"graph '{name}'")
+            return GraphForm(getattr(self, name), label=f"graph '{name}'")
+
+    def with_graphs(self, **graphs) -> "Bundle":
+        """A copy with some graphs replaced (e.g. ``with_graphs(forward=g)``); the others are not built."""
+        unknown = set(graphs) - {"forward", "backward"}
+        if unknown:
+            raise TypeError(f"a bundle has no graph {', '.join(sorted(unknown))}")
+        new = copy.copy(self)
+        for name, graph in graphs.items():
+            setattr(new, name, graph)
+        new.provenance = dict(self.provenance)
+        return new
+
+    def reordered(self, orders: dict[str, list[str]]) -> "Bundle":
+        """A copy with graph ``name``'s nodes in ``orders[name]`` (node names, a topological order): the
+        columns permuted where the graph is stored as columns, else the FX graph rebuilt."""
+        from dcsched.bundle.columns import GraphColumns, one_thread
+        from dcsched.graph.nxview import to_fx
+        graphs = {}
+        for name, order in orders.items():
+            stored = self.__dict__.get(f"_graph_{name}")
+            if isinstance(stored, GraphColumns):
+                index = {n: i for i, n in enumerate(stored.names)}
+                with one_thread():
+                    graphs[name] = stored.permuted([index[n] for n in order])
+            else:
+                graph = to_fx(getattr(self, name), order)
+                graph.lint()
+                graphs[name] = graph
+        return self.with_graphs(**graphs)
 
     def param_by_ds_id(self) -> dict[int, ParamInfo]:
         return {p.ds_id: p for p in self.params}
+
+
+def _lazy_graph(name: str) -> property:
+    """``Bundle.forward`` / ``.backward``: an FX graph, built on first access from stored columns."""
+    key = f"_graph_{name}"
+
+    def get(self):
+        stored = self.__dict__.get(key)
+        if stored is not None and not isinstance(stored, torch.fx.Graph):
+            stored = self.__dict__[key] = stored.to_fx()
+        return stored
+
+    def put(self, value) -> None:
+        self.__dict__[key] = value
+
+    return property(get, put, doc=f"The {name} FX graph (built from the stored columns on first access).")
+
+
+Bundle.forward = _lazy_graph("forward")
+Bundle.backward = _lazy_graph("backward")
 
 
 # ---------------------------------------------------------------------------
@@ -460,7 +544,7 @@ def to_data(bundle: Bundle) -> dict:
               for name, graph in bundle.graphs.items()}
     return {
         "format": FORMAT,
-        "version": BUNDLE_VERSION,
+        "version": V1,
         "graphs": graphs,
         "params": [{"name": p.name, "shape": list(p.shape), "dtype": _dtype_name(p.dtype), "ds_id": p.ds_id}
                    for p in bundle.params],
@@ -484,6 +568,8 @@ def from_data(data: Any, path=None) -> Bundle:
     if version > BUNDLE_VERSION:
         raise BundleError(path, f"bundle version {version} was written by a newer dcsched "
                                 f"(this one reads up to version {BUNDLE_VERSION}); upgrade dcsched")
+    if version != V1:
+        raise BundleError(path, f"bundle version {version} is a safetensors file, not a torch file")
     try:
         for part in ("provenance", "forward_placeholders", "backward_placeholders", "inputs", "params"):
             loadchecks.check_arguments(data.get(part), f"the bundle's {part}")
@@ -513,59 +599,40 @@ def from_data(data: Any, path=None) -> Bundle:
 
 
 def load(path: str | os.PathLike) -> Bundle:
-    """Read a bundle. Never executes code from the file; raises :class:`BundleError` with the reason."""
+    """Read a bundle, version 2 (safetensors) or 1 (a torch file of plain data). Never executes code from
+    the file; raises :class:`BundleError` with the reason. A version-2 bundle's FX graphs are built on first
+    access (:attr:`Bundle.forward`); :meth:`Bundle.form` reads the columns directly."""
+    from dcsched.bundle import fileio, legacy
     path = Path(path)
     if not path.is_file():
         raise BundleError(path, "no such file" if not path.exists() else "not a file")
-    _check_magic(path)
-    try:
-        with warnings.catch_warnings():  # torch's note on a foreign pickle's protocol says nothing to a user
-            warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
-            data = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        text = str(exc)
-        if "weights only" in text.lower() or "global" in text.lower():
-            raise BundleError(path, "not a dcsched bundle: it holds objects other than plain data "
-                                    "(refused without running them)") from None
-        raise BundleError(path, "not a dcsched bundle (unreadable pickle)") from None
-    except (EOFError, zipfile.BadZipFile):
-        raise BundleError(path, "file is truncated or corrupt") from None
-    except RuntimeError as exc:
-        text = str(exc).lower()
-        if "zip" in text or "central directory" in text or "failed finding" in text or "eof" in text:
-            raise BundleError(path, "file is truncated or corrupt") from None
-        raise BundleError(path, f"not a readable torch file ({str(exc).splitlines()[0][:120]})") from None
-    except Exception:  # any other parse failure of foreign bytes; nothing was executed
-        raise BundleError(path, "not a dcsched bundle (not readable as a torch file)") from None
-    return from_data(data, path)
-
-
-#: How a file torch.save wrote begins: a zip archive (the format since torch 1.6) or a bare pickle.
-TORCH_FILE_MAGIC = (b"PK\x03\x04", b"\x80")
-
-
-def _check_magic(path: Path) -> None:
-    """Refuse, before unpickling anything, a file that begins like neither a torch file nor a pickle."""
-    try:
-        with open(path, "rb") as handle:
-            head = handle.read(4)
-    except OSError as exc:
-        raise BundleError(path, f"cannot be read ({exc.strerror or type(exc).__name__})") from None
-    if not head:
-        raise BundleError(path, "not a dcsched bundle (the file is empty)")
-    if not head.startswith(TORCH_FILE_MAGIC):
-        raise BundleError(path, "not a dcsched bundle (neither a torch file nor a pickle)")
+    head = legacy.read_head(path)
+    if fileio.is_v2(head):
+        return fileio.read(path)
+    return legacy.load_v1(path, head)
 
 
 def save(bundle: Bundle, path: str | os.PathLike, *, overwrite: bool = True) -> Path:
-    """Write ``bundle`` to ``path`` atomically (:func:`dcsched.outputs.write_atomic`).
+    """Write ``bundle`` to ``path`` atomically as a version-2 bundle (:func:`dcsched.outputs.write_atomic`).
 
     With ``overwrite=False`` an existing file is an error, also one that appears while the bundle is
     written (the rename never replaces it).
     """
+    from dcsched.bundle import fileio
     path = Path(path)
     if not overwrite and path.exists():
         raise BundleError(path, "exists already (pass `overwrite=True` to replace it)")
+    fileio.write(bundle, path, overwrite=overwrite)
+    return path
+
+
+def save_v1(bundle: Bundle, path: str | os.PathLike, *, overwrite: bool = True) -> Path:
+    """Write ``bundle`` as a version-1 torch file (what dcsched wrote before version 2; for tests and tools
+    that still read those)."""
+    path = Path(path)
     data = to_data(bundle)
     write_atomic(path, lambda handle: torch.save(data, handle), overwrite=overwrite)
     return path
+
+
+from dcsched.bundle.legacy import TORCH_FILE_MAGIC, check_magic as _check_magic  # noqa: E402,F401  (v1 readers)

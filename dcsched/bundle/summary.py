@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from dcsched.bundle.core import Bundle
-from dcsched.graph.nxview import to_networkx
+from dcsched.graph.form import COMM_KINDS, COMPUTE, CONSTANT, KIND_NAMES, OUTPUT, PLACEHOLDER
 from dcsched.graph.roles import Role
 
 
@@ -16,25 +16,25 @@ def summarize(bundle: Bundle) -> dict:
     and the node is listed under ``unprofiled``.
     """
     graphs = {}
-    for name, graph in bundle.graphs.items():
-        view = to_networkx(graph)
-        roles = Counter(data["role"] for _, data in view.nodes(data=True))
+    for name in bundle.graph_names:
+        form = bundle.form(name)  # straight from a version-2 bundle's columns: no FX graph, no networkx view
+        # A constant (get_attr) counts as compute, as in the networkx view.
+        roles = Counter(KIND_NAMES[COMPUTE if k == CONSTANT else k] for k in form.kind)
         compute = comm = 0.0
         unprofiled = 0
-        for _, data in view.nodes(data=True):
-            if data["role"] in (Role.PLACEHOLDER.value, Role.OUTPUT.value):
+        for k, time in zip(form.kind, form.device_time):
+            if k in (PLACEHOLDER, OUTPUT):
                 continue
-            time = data["device_time"]
             if time is None:
                 unprofiled += 1
                 continue
-            if data["role"] in (Role.ALLGATHER.value, Role.REDUCE.value):
+            if k in COMM_KINDS:
                 comm += time
-            elif data["role"] == Role.COMPUTE.value:
+            elif k in (COMPUTE, CONSTANT):
                 compute += time
         graphs[name] = {
             "graph_id": bundle.graph_ids.get(name),
-            "nodes": view.number_of_nodes(),
+            "nodes": len(form),
             "roles": {role.value: roles.get(role.value, 0) for role in Role},
             "compute_ms": compute,
             "comm_ms": comm,

@@ -101,6 +101,20 @@ class GraphForm:
         self._read(*read)
         self.topo = self._topological(source, label)
 
+    @classmethod
+    def from_columns(cls, names: list[str], columns, preds: list[tuple[int, ...]], output=None,
+                     order_only: Iterable[tuple[str, str]] = (), *, label: str = "graph") -> "GraphForm":
+        """A form from columns read elsewhere (a version-2 bundle's, :mod:`dcsched.bundle.columns`): the
+        attributes :class:`~dcsched.graph.nxview.FxColumns` gives, each node's inputs as node numbers, every
+        input before its reader."""
+        form = cls.__new__(cls)
+        form._read(names, columns, preds, output, order_only)
+        form._forward = all(p < i for i, ins in enumerate(preds) for p in ins)
+        if not form._forward:
+            raise GraphError(f"{label} is not in a topological order")
+        form.topo = list(range(len(names)))
+        return form
+
     def _read(self, names: list[str], columns, preds: list[tuple[int, ...]], output,
               order_only: Iterable[tuple[str, str]] = ()) -> None:
         """Fill the lists from the node names, the attribute columns (``role``, ``target``, ``ds_id``,

@@ -30,7 +30,7 @@ from dcsched import schedulers
 from dcsched.budget import Budget, default_budget
 from dcsched.bundle.core import Bundle
 from dcsched.errors import DcschedError, GraphError
-from dcsched.graph.nxview import to_fx, to_networkx
+from dcsched.graph.nxview import to_networkx
 from dcsched.graph.form import ALLGATHER, REDUCE, GraphForm
 from dcsched.schedulers.plan import Plan
 from dcsched.sim.simulate import CompiledGraph, SimResult, compile_view
@@ -169,7 +169,7 @@ def run_scheduler(form: GraphForm, algo: str, *, budget: Budget | None = None,
     return plan, time.perf_counter() - started
 
 
-def compare_graph(graph: torch.fx.Graph | nx.DiGraph, algorithms: Iterable[str], *, name: str,
+def compare_graph(graph: torch.fx.Graph | nx.DiGraph | GraphForm, algorithms: Iterable[str], *, name: str,
                   assume_zero: bool = False, compiled: CompiledGraph | None = None,
                   progress: Progress | None = None, options: dict | None = None,
                   skipped: dict[str, str] | None = None, budget: Budget | None = None,
@@ -215,8 +215,12 @@ def compare_graph(graph: torch.fx.Graph | nx.DiGraph, algorithms: Iterable[str],
     """
     view = to_networkx(graph) if isinstance(graph, torch.fx.Graph) else graph
     compiled = compiled or compile_view(view, assume_zero=assume_zero, name=name)
-    # One form for every algorithm (each gets its own copy of the form's attribute table).
-    form = GraphForm(_zero_filled(view) if compiled.missing else view, label=f"graph '{name}'")
+    # One form for every algorithm (each gets its own copy of the form's attribute table); a form counts a
+    # missing figure as 0 already (its ``time`` and ``size``).
+    if isinstance(view, GraphForm):
+        form = view
+    else:
+        form = GraphForm(_zero_filled(view) if compiled.missing else view, label=f"graph '{name}'")
     before = compiled.simulate(None)
     after, orders, seconds, plans = {}, {}, {}, {}
     for algo in algorithms:
@@ -278,7 +282,7 @@ def compare_bundle(bundle: Bundle, algorithms: Iterable[str], *, assume_zero: bo
     for algo in algorithms:
         schedulers.get(algo)  # an unknown name fails before any work
     budget = default_budget(bundle) if budget is None else budget
-    views = {name: to_networkx(graph) for name, graph in bundle.graphs.items()}
+    views = {name: bundle.form(name) for name in bundle.graph_names}  # no FX graph, no networkx view
     compiled = {name: check_graph(view, name=name, assume_zero=assume_zero) for name, view in views.items()}
     skipped: dict[str, str] | None = {} if skip_failing else None
     graphs = {name: compare_graph(view, algorithms, name=name, compiled=compiled[name], progress=progress,
@@ -299,11 +303,6 @@ def scheduled_bundle(bundle: Bundle, comparison: Comparison, algo: str, *, input
 
     ``provenance["schedule"]`` records the algorithm and ``input_name`` (the input's file name).
     """
-    graphs = {}
-    for name, graph in bundle.graphs.items():
-        new_graph = to_fx(graph, comparison.graphs[name].orders[algo])
-        new_graph.lint()
-        graphs[name] = new_graph
-    result = bundle.with_graphs(**graphs)
+    result = bundle.reordered({name: comparison.graphs[name].orders[algo] for name in bundle.graph_names})
     result.provenance["schedule"] = {"algorithm": algo, "input": input_name}
     return result

@@ -1,0 +1,235 @@
+"""The version-2 bundle file: one safetensors file, no pickle anywhere.
+
+Layout (schema in ``docs/bundle-format.md``): the safetensors header's
+``__metadata__`` is ``{"dcsched-bundle": "2"}`` (the version); the
+tensors are
+
+``bundle.json``            uint8: the UTF-8 JSON document (params, inputs, placeholder tables,
+                           provenance, constant names, each graph's tables of distinct values)
+``graph.<name>.<column>``  each graph's node columns (:mod:`dcsched.bundle.columns`)
+``constant.<name>``        the constants ``get_attr`` nodes read
+``input.<k>``              the stored value of step input ``k``
+
+Reading parses the safetensors header (Rust) and the JSON (C), then checks
+everything before anything is built; no stored name or value is executed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dcsched.bundle import checks as loadchecks
+from dcsched.bundle.columns import GraphColumns, one_thread
+from dcsched.errors import BundleError
+
+VERSION = 2
+#: The safetensors metadata key that marks a bundle; its value is the version (``"2"``).
+MAGIC_KEY = "dcsched-bundle"
+DOC = "bundle.json"
+GRAPH_NAMES = ("forward", "backward")
+#: Largest safetensors header read (the format's own parser allows 100 MB).
+MAX_HEADER = 100_000_000
+
+
+def is_v2(head: bytes) -> bool:
+    """Whether a file beginning with ``head`` (9 bytes or more) is a safetensors file (a version-2 bundle)."""
+    if len(head) < 9 or head[8:9] != b"{":
+        return False
+    return 2 <= int.from_bytes(head[:8], "little") <= MAX_HEADER
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def document_and_tensors(bundle) -> tuple[dict, dict[str, torch.Tensor]]:
+    """The JSON document and the tensors of ``bundle``'s file."""
+    tensors: dict[str, torch.Tensor] = {}
+    graphs = {}
+    for name in bundle.graph_names:
+        columns = bundle.columns(name)
+        graphs[name] = columns.tables()
+        tensors.update(columns.tensors(f"graph.{name}."))
+    inputs = []
+    for k, i in enumerate(bundle.inputs):
+        if i.value is not None:
+            tensors[f"input.{k}"] = i.value
+        inputs.append({"name": i.name, "shape": list(i.shape), "dtype": _dtype_name(i.dtype),
+                       "value": i.value is not None, "low": i.low, "high": i.high})
+    for name, value in bundle.constants.items():
+        tensors[f"constant.{name}"] = value
+    doc = {
+        "format": "dcsched-bundle",
+        "version": VERSION,
+        "graphs": graphs,
+        "params": [{"name": p.name, "shape": list(p.shape), "dtype": _dtype_name(p.dtype), "ds_id": p.ds_id}
+                   for p in bundle.params],
+        "inputs": inputs,
+        "forward_placeholders": [dict(p) for p in bundle.forward_placeholders],
+        "backward_placeholders": [dict(p) for p in bundle.backward_placeholders],
+        "num_user_outputs": bundle.num_user_outputs,
+        "constants": list(bundle.constants),
+        "provenance": dict(bundle.provenance),
+    }
+    return doc, tensors
+
+
+def encode(doc: dict, tensors: dict[str, torch.Tensor]) -> bytes:
+    """The file's bytes: ``doc`` as JSON in ``bundle.json`` beside ``tensors`` (no check: tests write hostile
+    files through this)."""
+    from safetensors.torch import save as st_save
+    try:
+        text = json.dumps(doc, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+    except ValueError as exc:
+        raise ValueError(f"the bundle holds a value JSON cannot store ({exc})") from None
+    blob = text.encode("utf-8")
+    stored = {DOC: torch.frombuffer(bytearray(blob), dtype=torch.uint8)}
+    for key, tensor in tensors.items():
+        stored[key] = tensor.detach().to("cpu").contiguous().clone()
+    # One metadata key: safetensors writes the metadata map in no fixed order, and a bundle's bytes are fixed.
+    return st_save(stored, metadata={MAGIC_KEY: str(VERSION)})
+
+
+def write(bundle, path: Path, *, overwrite: bool = True) -> None:
+    from dcsched.outputs import write_atomic
+    try:
+        data = encode(*document_and_tensors(bundle))
+    except (ValueError, TypeError) as exc:
+        raise BundleError(path, f"cannot be stored: {exc}") from None
+    write_atomic(path, lambda handle: handle.write(data), overwrite=overwrite)
+
+
+def read_raw(path: Path) -> tuple[Any, dict[str, torch.Tensor]]:
+    """The JSON document and tensors of a version-2 file, parsed but unchecked (BundleError if unreadable)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load as st_load
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise BundleError(path, f"cannot be read ({exc.strerror or type(exc).__name__})") from None
+    try:
+        tensors = st_load(data)
+    except (SafetensorError, ValueError, RuntimeError, OverflowError, TypeError):
+        raise BundleError(path, "file is truncated or corrupt (not a readable safetensors file)") from None
+    except Exception:  # any other parse failure of foreign bytes; nothing was executed
+        raise BundleError(path, "file is truncated or corrupt (not a readable safetensors file)") from None
+    metadata = _metadata(data)
+    if MAGIC_KEY not in metadata:
+        raise BundleError(path, "not a dcsched graph bundle (a safetensors file without the 'dcsched-bundle' "
+                                "header)")
+    _check_version(metadata[MAGIC_KEY], path)
+    blob = tensors.pop(DOC, None)
+    if blob is None or blob.dtype != torch.uint8 or blob.dim() != 1:
+        raise BundleError(path, f"not a dcsched graph bundle (no '{DOC}' document)")
+    try:
+        doc = json.loads(bytes(blob.numpy()).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise BundleError(path, "file is truncated or corrupt (its JSON document does not parse)") from None
+    except RecursionError:
+        raise BundleError(path, f"its JSON document nests deeper than {loadchecks.MAX_DEPTH} levels") from None
+    return doc, tensors
+
+
+def _metadata(data: bytes) -> dict:
+    size = int.from_bytes(data[:8], "little")
+    try:
+        header = json.loads(data[8:8 + size])
+    except (ValueError, RecursionError):
+        return {}
+    meta = header.get("__metadata__") if isinstance(header, dict) else None
+    return meta if isinstance(meta, dict) else {}
+
+
+def _check_version(text: Any, path) -> None:
+    if not isinstance(text, str) or not text.isdigit() or len(text) > 6 or int(text) < 1:
+        raise BundleError(path, f"bundle version {text!r} is not a version number (1 or more)")
+    if int(text) > VERSION:
+        raise BundleError(path, f"bundle version {text} was written by a newer dcsched "
+                                f"(this one reads up to version {VERSION}); upgrade dcsched")
+    if int(text) != VERSION:
+        raise BundleError(path, f"bundle version {text} is not stored as a safetensors file")
+
+
+def read(path: Path):
+    """Read and check a version-2 bundle (BundleError with the reason)."""
+    doc, tensors = read_raw(path)
+    try:
+        return from_parts(doc, tensors)
+    except BundleError:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError, RuntimeError, IndexError) as exc:
+        detail = str(exc) if not isinstance(exc, KeyError) else f"missing field {exc}"
+        raise BundleError(path, detail) from None
+
+
+def from_parts(doc: Any, tensors: dict[str, torch.Tensor]):
+    """A checked :class:`~dcsched.bundle.core.Bundle` from a file's document and tensors (ValueError)."""
+    from dcsched.bundle import core
+    if not isinstance(doc, dict) or doc.get("format") != "dcsched-bundle" or doc.get("version") != VERSION:
+        raise ValueError("not a dcsched graph bundle (its document lacks the 'dcsched-bundle' version 2 header)")
+    # Nesting and size limits per entry: a table grows with the model (a placeholder per parameter), an entry
+    # does not. The graphs' templates and meta entries are checked one by one (GraphColumns.check).
+    loadchecks.check_arguments(doc.get("provenance"), "the bundle's provenance")
+    for part in ("forward_placeholders", "backward_placeholders", "inputs", "params", "constants"):
+        entries = doc.get(part, [])
+        if not isinstance(entries, list):
+            raise ValueError(f"the bundle's {part} is not a list")
+        for entry in entries:
+            loadchecks.check_arguments(entry, f"the bundle's {part}")
+    names = doc.get("constants", [])
+    if not isinstance(names, list):
+        raise ValueError("the constants table is not a list of names")
+    constants = {}
+    for name in names:
+        loadchecks.check_constant_name(name)
+        if f"constant.{name}" not in tensors:
+            raise ValueError(f"constant {name!r} has no tensor")
+        constants[name] = tensors[f"constant.{name}"]
+    constants = core._constants(constants)
+    graphs = doc["graphs"]
+    if not isinstance(graphs, dict) or "forward" not in graphs:
+        raise ValueError("bundle has no forward graph")
+    stored = {}
+    for name, tables in graphs.items():
+        if name not in GRAPH_NAMES:
+            raise ValueError(f"graph {name!r:.40} is neither 'forward' nor 'backward'")
+        columns = GraphColumns.from_parts(tables, tensors, f"graph.{name}.", f"graph '{name}'")
+        with one_thread():
+            columns.check(name, set(constants))
+        stored[name] = columns
+    params = [core._param(p) for p in doc["params"]]
+    inputs = []
+    for k, entry in enumerate(doc.get("inputs", [])):
+        if not isinstance(entry, dict):
+            raise ValueError(f"input {k} is not a table")
+        entry = dict(entry)
+        flag = entry.get("value")
+        if flag is True:
+            entry["value"] = tensors.get(f"input.{k}")
+            if entry["value"] is None:
+                raise ValueError(f"input {entry.get('name')!r}: its stored value is missing")
+        elif flag not in (False, None):
+            raise ValueError(f"input {entry.get('name')!r}: its stored value is a {type(flag).__name__}, "
+                             "not a tensor")
+        else:
+            entry["value"] = None
+        inputs.append(core._input(entry))
+    provenance = doc.get("provenance", {})
+    if not isinstance(provenance, dict):
+        raise ValueError("the bundle's provenance is not a table")
+    num_user_outputs = doc.get("num_user_outputs", 1)
+    if isinstance(num_user_outputs, bool) or not isinstance(num_user_outputs, int) or num_user_outputs < 0:
+        raise ValueError(f"num_user_outputs {num_user_outputs!r} is not a count")
+    bundle = core.Bundle(
+        forward=stored["forward"], backward=stored.get("backward"), params=params, inputs=inputs,
+        forward_placeholders=list(doc.get("forward_placeholders", [])),
+        backward_placeholders=list(doc.get("backward_placeholders", [])),
+        num_user_outputs=num_user_outputs,
+        graph_ids={name: columns.graph_id for name, columns in stored.items()},
+        constants=constants, provenance=dict(provenance))
+    return bundle
