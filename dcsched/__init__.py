@@ -6,9 +6,18 @@ folder each (``dcsched.profile``, ``dcsched.bundle``, ``dcsched.schedulers``,
 forms in ``dcsched.graph``, the simulator in ``dcsched.sim`` and the ZeRO-3
 runtime in ``dcsched.runtime``. Every stage is a pure function usable from
 Python, and the ``dcsched`` command line only parses, calls and renders.
+
+The public names load on first use (:mod:`dcsched.lazy`), so ``import dcsched``
+does not import torch:
+
+>>> import dcsched
+>>> dcsched.load.__module__
+'dcsched.bundle.core'
 """
 
 from __future__ import annotations
+
+from dcsched.lazy import lazy_names
 
 __version__ = "0.1.0"
 
@@ -29,29 +38,12 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
-    """``dcsched.load`` and the other public names, imported when first asked for.
-
-    >>> import dcsched
-    >>> dcsched.load.__module__
-    'dcsched.bundle.core'
-    """
+def _register_ops() -> None:
     import importlib
-    import importlib.util
-    if name not in _LAZY:
-        # A subpackage (dcsched.sim, ...) is an attribute once imported.
-        if name.startswith("_") or importlib.util.find_spec(f"{__name__}.{name}") is None:
-            raise AttributeError(f"module 'dcsched' has no attribute {name!r}")
-        return importlib.import_module(f".{name}", __name__)
-    importlib.import_module(".runtime.ops", __name__)  # registers torch.ops.dcsched.* before any graph is built
-    value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-    globals()[name] = value
-    return value
+    importlib.import_module("dcsched.runtime.ops")  # registers torch.ops.dcsched.* before any graph is built
 
 
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
-
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, globals(), before=_register_ops)
 
 
 __all__ = [

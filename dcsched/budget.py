@@ -86,10 +86,10 @@ class Budget:
     --------
     >>> Budget(1000).bytes, Budget(1000).is_unlimited
     (1000, False)
-    >>> Budget(-1)
+    >>> Budget(-1)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    dcsched.errors.OptionError: memory_budget is not a size: -1 (a budget is a number of bytes, 0 or more, or 'unlimited')
+    dcsched.errors.OptionError: memory_budget is not a size: -1 (a budget is a number of bytes, 0 or more, ...)
     """
 
     bytes: float

@@ -120,18 +120,23 @@ def encode_nodes(nodes: list[dict], graph_id: int | None = None) -> "GraphColumn
     the graph lacks is stored as node number ``len(nodes)``, which no loader accepts.
     """
     n = len(nodes)
-    index = {}
-    for i, node in enumerate(nodes):
-        index.setdefault(node.get("name"), i)
+    names = [str(node.get("name")) for node in nodes]
+    index: dict[str, int] = {}
+    for i, name in enumerate(names):
+        index.setdefault(name, i)
     strings: dict[str, int] = {}
     templates: dict[str, int] = {}
     metas: dict[str, int] = {}
     op, target, args, meta = [], [], [], []
-    inputs, offsets = [], [0]
-    ints, int_offsets = [], [0]
-    times, sizes, figures = [], [], []
+    inputs: list[int] = []
+    offsets = [0]
+    ints: list[int] = []
+    int_offsets = [0]
+    times: list[float] = []
+    sizes: list[int] = []
+    figures: list[int] = []
     for node in nodes:
-        op.append(_OP_CODE.get(node.get("op"), 255))
+        op.append(_OP_CODE.get(str(node.get("op")), 255))
         target.append(strings.setdefault(str(node.get("target", node.get("name"))), len(strings)))
         local: dict = {}
         order: list = []
@@ -163,7 +168,7 @@ def encode_nodes(nodes: list[dict], graph_id: int | None = None) -> "GraphColumn
         rest = {k: node_meta[k] for k in META_KEYS if k in node_meta}
         meta.append(metas.setdefault(json.dumps(rest, separators=(",", ":"), allow_nan=False), len(metas)))
     return GraphColumns(
-        names=[node.get("name") for node in nodes],
+        names=names,
         op=torch.tensor(op, dtype=torch.uint8), target=torch.tensor(target, dtype=torch.int32),
         args=torch.tensor(args, dtype=torch.int32), meta=torch.tensor(meta, dtype=torch.int32),
         inputs=torch.tensor(inputs, dtype=torch.int32), input_offsets=torch.tensor(offsets, dtype=torch.int64),
@@ -198,9 +203,9 @@ class GraphColumns:
         self.device_time, self.tensor_size, self.figures = device_time, tensor_size, figures
         self.strings, self.templates, self.metas = strings, templates, metas
         self.graph_id = graph_id
-        self._decoded: list | None = None  # templates as Python values with _Slot references (after check)
-        self._targets: dict | None = None  # (op, target) code -> resolved target (after check)
-        self._comm: dict | None = None  # the ZeRO-3 ops' integer arguments (after check)
+        self._decoded: list = []  # templates as Python values with _Slot references (after check)
+        self._targets: dict = {}  # (op, target) code -> resolved target (after check)
+        self._comm: dict = {}  # the ZeRO-3 ops' integer arguments (after check)
 
     def __len__(self) -> int:
         return len(self.names)
@@ -318,7 +323,7 @@ class GraphColumns:
                         loadchecks.check_get_attr_target(text, constants)
                     resolved[c] = text
             except ValueError as exc:
-                raise ValueError(f"node {names[self._first(code, c)]}: {exc}") from None
+                raise ValueError(f"node {names[self._found(code, c)]}: {exc}") from None
         self._decoded, self._targets = decoded, resolved
         self._comm = self._comm_ids(code, args, where)
         # Meta entries, once each.
@@ -342,7 +347,7 @@ class GraphColumns:
         present, integers, not negative. Worked out once per distinct (op, template), gathered per node."""
         comm = {c: t._opname for c, t in self._targets.items() if isinstance(t, torch._ops.OpOverload)
                 and t.namespace in ("dcsched", "dc") and t._opname in loadchecks.COMM_INTS}
-        found = {"nodes": [], "graph_id": [], "id": [], "n_users": []}
+        found: dict[str, list] = {"nodes": [], "graph_id": [], "id": [], "n_users": []}
         if not comm:
             return found
         width = len(self.templates)
@@ -350,8 +355,8 @@ class GraphColumns:
         nodes = torch.nonzero(is_comm).flatten()
         pairs, inverse = torch.unique(code[nodes] * width + args[nodes], return_inverse=True)
         fields = ("graph_id", "id", "n_users")
-        slot = {f: [] for f in fields}
-        literal = {f: [] for f in fields}
+        slot: dict[str, list] = {f: [] for f in fields}
+        literal: dict[str, list] = {f: [] for f in fields}
         for pair in pairs.tolist():
             c, tpl = divmod(pair, width)
             a, kw = self._decoded[tpl]
@@ -361,8 +366,7 @@ class GraphColumns:
             try:
                 loadchecks.check_comm_arguments(opname, stand_in, stand_kw, "")
             except ValueError as exc:
-                first = self._first(code * width + args, pair)
-                raise ValueError(f"node {self.names[first]}{exc}") from None
+                raise ValueError(f"node {self.names[self._found(code * width + args, pair)]}{exc}") from None
             for position, name in enumerate(fields, start=1):
                 value = a[position] if len(a) > position else kw.get(name)
                 if name not in loadchecks.COMM_INTS[opname]:
@@ -390,6 +394,13 @@ class GraphColumns:
     def _first(column: torch.Tensor, value: int) -> int | None:
         hits = torch.nonzero(column == value)
         return int(hits[0]) if len(hits) else None
+
+    @classmethod
+    def _found(cls, column: torch.Tensor, value: int) -> int:
+        """The first position of ``value``, taken from ``column`` itself (so always there)."""
+        first = cls._first(column, value)
+        assert first is not None
+        return first
 
     def _in_range(self, column: torch.Tensor, limit: int, what: str, where: str) -> None:
         bad = (column < 0) | (column >= limit)

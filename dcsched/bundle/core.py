@@ -365,8 +365,9 @@ def decode_graph(nodes: list[dict], graph_name: str, constants: set[str] | None 
     """
     if not isinstance(nodes, list):
         raise ValueError(f"graph '{graph_name}' is not a list of nodes")
-    names = [n.get("name") if isinstance(n, dict) else None for n in nodes]
-    if any(not isinstance(n, str) for n in names):
+    given = [n.get("name") if isinstance(n, dict) else None for n in nodes]
+    names = [n for n in given if isinstance(n, str)]
+    if len(names) != len(given):
         raise ValueError(f"graph '{graph_name}' holds a node without a name")
     if len(set(names)) != len(names):
         raise ValueError(f"graph '{graph_name}' holds two nodes of one name")

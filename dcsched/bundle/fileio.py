@@ -17,7 +17,6 @@ everything before anything is built; no stored name or value is executed.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 

@@ -106,8 +106,9 @@ def flag_of(parameter: str, command: str | None, table: dict[str, dict[str, str]
     (``dcsched profile --meta``); None where no command has one."""
     table = flags() if table is None else table
     parameter = PARAMETER_ALIASES.get(parameter, parameter)
-    if parameter in table.get(command or "", {}):
-        return table[command][parameter]
+    own = table.get(command or "", {})
+    if parameter in own:
+        return own[parameter]
     for other, params in table.items():
         if parameter in params:
             return f"dcsched {other} {params[parameter]}"

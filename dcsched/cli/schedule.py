@@ -229,19 +229,20 @@ def schedule(
     if sweep_budgets:
         from dcsched.report.sweep import sweep_bundle
         scope = budget_scope or DEFAULT_SCOPE
-        report = formats.SweepReport(path, scope, sweep_bundle(bundle, scope=scope, progress=progress),
-                                     report_files)
+        report: formats.Report = formats.SweepReport(
+            path, scope, sweep_bundle(bundle, scope=scope, progress=progress), report_files)
+        scheduled: dict = {}
     else:
         budget = chosen_budget(bundle, algorithms, given_budget, budget_scope)
-        report = formats.ScheduleReport(path, run_comparison(bundle, algorithms, options, assume_zero=assume_zero,
-                                                             budget=budget, skip_failing=algo == "all"),
-                                        files=report_files, params=params,
-                                        param_names={p.ds_id: p.name for p in bundle.params})
-        report.outputs = {a: p for a, p in outputs.items() if a in report.comparison.algorithms}
+        comparison = run_comparison(bundle, algorithms, options, assume_zero=assume_zero, budget=budget,
+                                    skip_failing=algo == "all")
+        scheduled = {a: p for a, p in outputs.items() if a in comparison.algorithms}
+        report = formats.ScheduleReport(path, comparison, files=report_files, params=params,
+                                        param_names={p.ds_id: p.name for p in bundle.params}, outputs=scheduled)
     written = []
     with all_or_none(force=force):  # every output, or none where one fails (a full disk under --plot)
-        for algo_name, out in ({} if sweep_budgets else report.outputs).items():
-            bundle_io.save(scheduled_bundle(bundle, report.comparison, algo_name, input_name=path.name), out)
+        for algo_name, out in scheduled.items():
+            bundle_io.save(scheduled_bundle(bundle, comparison, algo_name, input_name=path.name), out)
             written.append(out)
         for name, target in report.files.items():
             formats.get(name)(report, target)

@@ -19,6 +19,8 @@ registry is first asked for one.
 
 from __future__ import annotations
 
+from dcsched.lazy import lazy_names
+
 #: Public name -> the module (in this package) that defines it.
 _LAZY = {
     "CostModel": "base", "ProfileRun": "base", "StaticCostModel": "base",
@@ -30,21 +32,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
-    import importlib
-    import importlib.util
-    if name not in _LAZY:
-        # A submodule (dcsched.costmodels.formulas, ...) is an attribute once imported.
-        if name.startswith("_") or importlib.util.find_spec(f"{__name__}.{name}") is None:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        return importlib.import_module(f"{__name__}.{name}")
-    value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())
 
 
 __all__ = ["CostModel", "ProfileRun", "StaticCostModel", "available", "build", "get", "register", "unregister",

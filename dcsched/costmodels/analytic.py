@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.fx
 
-from dcsched.errors import DcschedError, OptionError
+from dcsched.errors import OptionError
 from dcsched.graph.roles import is_view_like
 from dcsched.graph.specs import nbytes, node_bytes, node_specs
 from dcsched.costmodels.base import StaticCostModel
@@ -69,7 +69,8 @@ class AnalyticCostModel(StaticCostModel):
 
     @classmethod
     def from_options(cls, options: ProfileOptions) -> AnalyticCostModel:
-        return cls(target_gpu(options, cls.name), options.gpu.lower())
+        gpu = target_gpu(options, cls.name)  # raises when options.gpu is None
+        return cls(gpu, str(options.gpu).lower())
 
     def target_gpu(self, options: ProfileOptions) -> GPU:
         return self.gpu

@@ -74,9 +74,8 @@ COMM_KINDS = (ALLGATHER, REDUCE)
 _KIND_OF_ROLE = {role.value: Kind[role.name] for role in Role}
 _GETITEM = "operator.getitem"
 #: Attributes a form consists of (what a form built from another form shares).
-FIELDS = ("names", "index", "preds", "succs", "topo", "_forward", "kind", "ds_id", "n_users", "device_time", "tensor_size",
-          "time", "size", "aliasing", "view_like", "getitem", "output",
-          "order_only")
+FIELDS = ("names", "index", "preds", "succs", "topo", "_forward", "kind", "ds_id", "n_users", "device_time",
+          "tensor_size", "time", "size", "aliasing", "view_like", "getitem", "output", "order_only")
 
 
 class GraphForm:

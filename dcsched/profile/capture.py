@@ -49,8 +49,8 @@ from dcsched.errors import DcschedError
 from dcsched.graph.nxview import copy_graph
 from dcsched.graph.roles import is_aliasing
 from dcsched.runtime.step import on_device
-from dcsched.profile.scripts import (ScriptError, StopScript, compile_interceptor, describe_exception, fresh_dynamo, run_script,
-                      unwrap_dynamo_error)
+from dcsched.profile.scripts import (ScriptError, StopScript, compile_interceptor, describe_exception, fresh_dynamo,
+                                     run_script, unwrap_dynamo_error)
 
 CPU = torch.device("cpu")
 META = torch.device("meta")

@@ -49,7 +49,8 @@ from typing import Mapping, Sequence
 
 import torch
 
-from dcsched import costmodels
+from dcsched.costmodels.base import CostModel, ProfileRun
+from dcsched.costmodels.registry import build as build_cost_model
 
 from dcsched.runtime import consensus
 from dcsched.bundle.core import Bundle
@@ -142,7 +143,7 @@ def _with_sizes(bundle: Bundle, world_size: int) -> Bundle:
     return bundle
 
 
-def _provenance(model: costmodels.CostModel, options: ProfileOptions, run: costmodels.ProfileRun,
+def _provenance(model: CostModel, options: ProfileOptions, run: ProfileRun,
                 device: str) -> dict:
     target_gpu = model.target_gpu(options)
     how = model.provenance(options)
@@ -202,10 +203,10 @@ def profile_bundle(bundle: Bundle, options: ProfileOptions = ProfileOptions(), *
     4
     """
     options.check()
-    model = costmodels.build(options)
+    model = build_cost_model(options)
     world = consensus.group_size()
     distributed = world > 1
-    run = costmodels.ProfileRun(params, inputs, world if distributed else options.world_size, distributed)
+    run = ProfileRun(params, inputs, world if distributed else options.world_size, distributed)
     bundle = _with_sizes(bundle, run.world_size)
     # Under a process group: the same step on every rank before the profile's collectives pair up, and the
     # same figures after (each rank timed its own nodes), so every rank's scheduler makes the same plan.

@@ -34,7 +34,7 @@ import sys
 import threading
 import traceback
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Sequence, NoReturn
 
 import torch
 import torch.nn as nn
@@ -166,10 +166,10 @@ def script_environment(path: Path, argv: Sequence[str], compile_fn: Callable):
     torch.compile = compile_fn
     pid = os.getpid()
 
-    def script_exit(code: int) -> None:
+    def script_exit(status: int) -> NoReturn:
         if os.getpid() == pid and threading.current_thread() is threading.main_thread():
-            raise SystemExit(code)
-        real_exit(code)
+            raise SystemExit(status)
+        real_exit(status)
 
     os._exit = script_exit
     try:

@@ -288,7 +288,8 @@ class FastFreeRun:
         (which needs the path) only when they tie.
         """
         g, anc, last, pending, bit_of, size = self.g, self.anc, self.last, self.pending, self.bit_of, self.g.size
-        scored = []
+        # (free_acc, n_ags, ag_acc, ag), then (n_ags, ag_acc, ag) once only freeing ones are left
+        scored: list[tuple[int, ...]] = []
         for ag in tier:
             at_last = unpack(anc[last[ag]]) & pending  # holds the all-gather's own bit
             if packed_count(anc[ag]) == 1:  # the usual case: no all-gather before this one
@@ -413,6 +414,7 @@ class FastFreeRun:
         ag_acc = sum([size[v] for v in path[:until_ag] if is_ag[v]])
         free_acc = sum([size[v] for v in path[until_ag:until_last] if is_ag[v]])
         n_ags = sum(1 for v in path if is_ag[v])
+        key: tuple[float | str, ...]  # (free_acc dropped when 0), n_ags, ag_acc, free_cost, name
         if free_acc == 0:
             key = (n_ags, ag_acc, free_cost, g.names[ag])
         else:

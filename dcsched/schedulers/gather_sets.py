@@ -63,7 +63,7 @@ def pack(bits: int) -> Packed:
         return k, 0, 0, ()
     z = (rest & -rest).bit_length() - 1  # then the zeros up to the next one
     rest >>= z
-    outliers = ()
+    outliers: tuple[int, ...] = ()
     while rest.bit_length() > SMALL_SET and len(outliers) < MAX_OUTLIERS:
         top = rest.bit_length() - 1
         below = rest ^ (1 << top)

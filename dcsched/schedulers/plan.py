@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import types
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Sequence
 
 #: A bucket's kinds: fused all-gathers, fused gradient reduces.
 BUCKET_KINDS = ("allgather", "reduce")
@@ -27,6 +27,8 @@ BUCKET_KINDS = ("allgather", "reduce")
 RESIDENCIES = ("sharded", "kept", "replicated")
 #: A parameter not named in :attr:`Plan.residency`.
 DEFAULT_RESIDENCY = "sharded"
+#: :class:`Plan`'s default residency: none named (read-only, so one object can serve every plan).
+NO_RESIDENCY: Mapping[int, str] = types.MappingProxyType({})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,9 +59,12 @@ class Bucket:
     members: tuple[str, ...]
     ds_ids: tuple[int, ...]
 
-    def __post_init__(self):
-        object.__setattr__(self, "members", tuple(self.members))
-        object.__setattr__(self, "ds_ids", tuple(self.ds_ids))
+    # Written out (dataclass keeps a class's own __init__) so that the parameters say what is taken, any
+    # sequence, while the fields say what is kept, a tuple.
+    def __init__(self, kind: str, members: Sequence[str], ds_ids: Sequence[int]) -> None:
+        object.__setattr__(self, "kind", kind)
+        object.__setattr__(self, "members", tuple(members))
+        object.__setattr__(self, "ds_ids", tuple(ds_ids))
         if self.kind not in BUCKET_KINDS:
             raise ValueError(f"unknown bucket kind {self.kind!r} (choose from {', '.join(BUCKET_KINDS)})")
         if not self.members or len(self.members) != len(self.ds_ids):
@@ -97,14 +102,16 @@ class Plan:
     buckets: tuple[Bucket, ...] = ()
     residency: Mapping[int, str] = dataclasses.field(default_factory=dict)
 
-    def __post_init__(self):
-        if not isinstance(self.order, tuple):
-            object.__setattr__(self, "order", tuple(self.order))
-        object.__setattr__(self, "buckets", tuple(self.buckets))
-        bad = sorted({r for r in self.residency.values() if r not in RESIDENCIES})
+    # Written out (dataclass keeps a class's own __init__) so that the parameters say what is taken, any
+    # sequence or iterable, while the fields say what is kept, tuples and a read-only mapping.
+    def __init__(self, order: Sequence[str], buckets: Iterable[Bucket] = (),
+                 residency: Mapping[int, str] = NO_RESIDENCY) -> None:
+        object.__setattr__(self, "order", order if isinstance(order, tuple) else tuple(order))
+        object.__setattr__(self, "buckets", tuple(buckets))
+        bad = sorted({r for r in residency.values() if r not in RESIDENCIES})
         if bad:
             raise ValueError(f"unknown residency {', '.join(map(repr, bad))} (choose from {', '.join(RESIDENCIES)})")
-        object.__setattr__(self, "residency", types.MappingProxyType(dict(self.residency)))
+        object.__setattr__(self, "residency", types.MappingProxyType(dict(residency)))
 
     def __len__(self) -> int:
         return len(self.order)

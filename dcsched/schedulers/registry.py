@@ -217,11 +217,14 @@ def run(name: str, form: GraphForm, *, budget: Budget | None = None, **options) 
         if not isinstance(plan, Plan):
             raise ScheduleError(f"scheduler '{name}' returned {type(plan).__name__}, not a Plan")
         # Every scheduler's order ends with the output, whatever its rule ranks there (graph.form.output_last).
-        order = output_last(form, plan.order)
-        if order is not plan.order:
+        # (as a list, what output_last and check_order take; output_last hands back the same list when the
+        # output already comes last)
+        names = list(plan.order)
+        order = output_last(form, names)
+        if order is not names:
             plan = plan.with_order(order)
         try:
-            form.check_order(plan.order)
+            form.check_order(order)
         except GraphError as exc:
             raise ScheduleError(f"scheduler '{name}' returned an invalid order: {exc}") from None
     return plan

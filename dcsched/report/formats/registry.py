@@ -28,12 +28,14 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from dcsched.errors import DcschedError
 from dcsched.report.formats.model import Report
 
-Writer = Callable[[Report, Any], None]
+#: ``write(report, target)``: each format takes the report kinds it lists (``reports``), so its first parameter is
+#: narrower than :data:`Report`; the registry checks the kind before calling (:meth:`ReportFormat.require`).
+Writer = Callable[..., None]
 
 #: Built-in format -> its module in this package, imported on first use.
 BUILTIN = {"table": "table", "json": "json_report", "trace": "trace", "plot": "plot", "sweep": "sweep"}

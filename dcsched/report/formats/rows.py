@@ -109,10 +109,10 @@ def legend(cmp: GraphComparison) -> str | None:
     """The line that says how the rows shortened ``cmp``'s node names; None when none was."""
     names = {printable(name) for r in (cmp.before, *cmp.after.values())
              for name in (r.peak_node, r.gathered_peak_node) if name}
-    names = [name for name in names if len(name) > NODE_WIDTH]
-    if not names:
+    shortened = [name for name in names if len(name) > NODE_WIDTH]
+    if not shortened:
         return None
-    parts = [f"{short} {long}" for long, short in PREFIXES if any(name.startswith(long) for name in names)]
-    if any("…" in short_node(name) for name in names):
+    parts = [f"{short} {long}" for long, short in PREFIXES if any(name.startswith(long) for name in shortened)]
+    if any("…" in short_node(name) for name in shortened):
         parts.append("… elided")
     return f"node names shortened ({', '.join(parts)}); full names with --json"

@@ -130,7 +130,7 @@ def render_sparklines(cmp: GraphComparison, console: Console) -> None:
                       f"peak {format_bytes(result.peak_bytes)}", highlight=False)
 
 
-def params_table(name: str, cmp: GraphComparison, algo: str, names: dict[int, str]) -> Table:
+def params_table(name: str, cmp: GraphComparison, algo: str, names: dict) -> Table:
     result = cmp.after[algo]
     before = {p.gather_node: p for p in cmp.before.params}
     table = Table(title=f"{safe_text(name)} / {algo}: gathered parameters", title_justify="left")

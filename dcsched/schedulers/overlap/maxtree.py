@@ -27,7 +27,7 @@ class MaxTree:
             a, b = mx[2 * i], mx[2 * i + 1]
             mx[i] = a if a > b else b
         self.mx = mx
-        self.lz = [0] * (2 * size)
+        self.lz: list[float] = [0] * (2 * size)
 
     def copy(self) -> MaxTree:
         """A tree of the same values (a placement starts from the same capacities several times)."""

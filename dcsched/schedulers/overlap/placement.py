@@ -157,7 +157,7 @@ class Placement:
             self._take(k, p, slots)
             if p > prev:
                 prev = p
-        placed = [None] * len(variants)
+        placed: list[tuple[list[int], list[int]] | None] = [None] * len(variants)
         for v, first, tree, own_slots, own_prev in forks:
             used = list(range(first))
             Placement(self.planner, tree).moving(list(range(n - 1, first - 1, -1)), own_prev, own_slots, used,

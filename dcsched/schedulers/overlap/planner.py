@@ -60,21 +60,21 @@ class OverlapPlanner:
             compiled = shares.compiled
         elif compiled is None:
             compiled = view if isinstance(view, CompiledGraph) else compile_view(view, assume_zero=True, name=name)
-        self.compiled = compiled
+        self.compiled: CompiledGraph = compiled
         if shares is not None:
             ff = shares.fast_free_order
         else:
             self.compiled.check_input_order()
             # As the registered fast-free runs it: the output last, after any chain nothing reads.
             ff = output_last_indices(self.compiled.kind, fast_free_indices(self.compiled))
-        self.fast_free_order = ff
+        self.fast_free_order: list[int] = ff
         if base == "fast-free":
-            base = ff
+            base_order = ff
         elif base == "input":
-            base = list(self.compiled.topo)
+            base_order = list(self.compiled.topo)
         else:
-            base = sink_readers(self.compiled, ff)
-        self._build_skeleton(base)
+            base_order = sink_readers(self.compiled, ff)
+        self._build_skeleton(base_order)
         self._measure_jit()
 
     @property
@@ -117,7 +117,8 @@ class OverlapPlanner:
         m = len(self.skeleton)
         order, issue_pos = self._layout(self.need)
         c.check(order)
-        self._jit_layout = order, issue_pos
+        # (dropped once _jit_memory has used it)
+        self._jit_layout: tuple[list[int], list[int]] | None = order, issue_pos
         free_pos = c.free_positions(order, c.gather_owners)
         # Last slot each buffer lives: the skeleton node after which the simulator frees it (the
         # slot whose group holds the freeing position).
@@ -134,7 +135,7 @@ class OverlapPlanner:
                 self.lo[k] = min(self.need[k], max(self.lo[k], last_free[d] + 1))
             last_free[d] = max(last_free.get(d, -1), free[k])
         self.largest_gather = max((c.size[g] for g in self.gathers), default=0)
-        self._memory = None
+        self._memory: tuple[list, list, int, int] | None = None
 
     def _jit_memory(self) -> tuple[list, list, int, int]:
         """``(rest, fixed, jit_peak, jit_gathered_peak)``: what the model of movable buffers does not cover
@@ -142,6 +143,8 @@ class OverlapPlanner:
         ``fixed``: gathered buffers that stay in the skeleton), and its peaks."""
         if self._memory is None:
             c = self.compiled
+            # (set by _measure_jit, and dropped only below, once _memory holds what it was kept for)
+            assert self._jit_layout is not None
             order, issue_pos = self._jit_layout
             memory, gathered_memory, _ = c.memory_with_frees(order)
             # Skeleton node j closes slot j's group: it sits just before slot j + 1's group.

@@ -197,7 +197,8 @@ class Overlap:
     def _candidates(feasible: list[OverlapPlanner], budget: float, scope: str) -> list[tuple]:
         """Steps 3, 3b and 4 on every feasible skeleton: ``(step_ms, planner index, slots, FIFO rank or
         None, clocks)`` per distinct placement, shortest simulated step first (ties: planner order)."""
-        candidates, variants = [], []
+        candidates: list[tuple[float, int, list[int], list[int] | None, Clocks]] = []
+        variants = []
         for index, planner in enumerate(feasible):
             asked = [(lookahead, max(1, planner.largest_gather // SMALL_FRACTION) if small else 0, passing)
                      for lookahead, small, passing in FIFO_VARIANTS]

@@ -49,7 +49,7 @@ def sink_readers(compiled: CompiledGraph, order: list[int]) -> list[int]:
         return list(order)
     for w, (target, start, rank) in moved_from.items():
         moved.setdefault(target, []).append((start, rank, w))
-    result = []
+    result: list[int] = []
     for i, v in enumerate(order):
         if i in moved:
             result.extend(w for _, _, w in sorted(moved[i]))
