@@ -120,6 +120,13 @@ class Bundle:
     directly, ``forward`` / ``backward`` / ``graphs`` build the FX graphs on
     first access, :meth:`reordered` permutes the columns and :func:`save`
     writes them back as they are.
+
+    Examples
+    --------
+    >>> from dcsched import replay
+    >>> bundle = replay.example_bundle()
+    >>> bundle.graph_names, [p.shape for p in bundle.params]
+    (['forward', 'backward'], [(7, 4), (7,), (3, 7)])
     """
 
     forward: torch.fx.Graph
@@ -600,9 +607,36 @@ def from_data(data: Any, path=None) -> Bundle:
 
 
 def load(path: str | os.PathLike) -> Bundle:
-    """Read a bundle, version 2 (safetensors) or 1 (a torch file of plain data). Never executes code from
-    the file; raises :class:`BundleError` with the reason. A version-2 bundle's FX graphs are built on first
-    access (:attr:`Bundle.forward`); :meth:`Bundle.form` reads the columns directly."""
+    """Read a bundle, version 2 (safetensors) or 1 (a torch file of plain data); never executes code from it.
+
+    A version-2 bundle's FX graphs are built on first access (:attr:`Bundle.forward`);
+    :meth:`Bundle.form` reads the columns directly.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The bundle file.
+
+    Returns
+    -------
+    Bundle
+
+    Raises
+    ------
+    BundleError
+        A missing or unreadable file, or one that does not hold a valid bundle (every check of
+        ``docs/bundle-format.md``: names that are not identifiers, ops outside the allow-list, dangling
+        references, figures out of range, ...); the message says which.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> from dcsched import replay
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     path = save(replay.example_bundle(), os.path.join(d, "graph.pt"))
+    ...     [p.name for p in load(path).params]
+    ['fc1.weight', 'fc1.bias', 'fc2.weight']
+    """
     from dcsched.bundle import fileio, legacy
     path = Path(path)
     if not path.is_file():
@@ -616,8 +650,28 @@ def load(path: str | os.PathLike) -> Bundle:
 def save(bundle: Bundle, path: str | os.PathLike, *, overwrite: bool = True) -> Path:
     """Write ``bundle`` to ``path`` atomically as a version-2 bundle (:func:`dcsched.outputs.write_atomic`).
 
-    With ``overwrite=False`` an existing file is an error, also one that appears while the bundle is
-    written (the rename never replaces it).
+    Parameters
+    ----------
+    bundle : Bundle
+    path : str or os.PathLike
+        The file to write (written beside it, then renamed into place).
+    overwrite : bool
+        Replace an existing file. Without it an existing file is an error, also one that appears while the
+        bundle is written (the rename never replaces it).
+
+    Returns
+    -------
+    Path
+        ``path``.
+
+    Raises
+    ------
+    BundleError
+        ``path`` exists and ``overwrite`` is False.
+
+    Examples
+    --------
+    See :func:`load`.
     """
     from dcsched.bundle import fileio
     path = Path(path)

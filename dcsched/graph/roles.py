@@ -25,6 +25,14 @@ COMM_NAMESPACES = ("dcsched", "dc")
 
 
 class Role(str, enum.Enum):
+    """What a node of a ZeRO-3 graph does (:func:`role_of`); the value is the name reports and views use.
+
+    Examples
+    --------
+    >>> Role("allgather") is Role.ALLGATHER, Role.WAIT.value
+    (True, 'wait')
+    """
+
     PLACEHOLDER = "placeholder"
     COMPUTE = "compute"
     ALLGATHER = "allgather"
