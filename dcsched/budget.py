@@ -44,6 +44,12 @@ DEFAULT_SCOPE = "all"
 #: Share of the device's memory the default budget leaves free: the CUDA context, the caching
 #: allocator's fragmentation and kernel workspaces, which the simulator does not model.
 DEFAULT_MARGIN = 0.10
+#: What a memory budget option means, for every command and options class that takes one (written once).
+MEMORY_BUDGET_HELP = ("Memory budget for the schedulers that take one, in bytes with an optional SI/IEC suffix "
+                      "(40GiB, 1.5GB) or 'unlimited' (default: the target device's memory less 10%, unlimited "
+                      "where none is known).")
+BUDGET_SCOPE_HELP = ("What the budget caps, for the schedulers that take it: all (all tensors, the default) or "
+                     "gathered (gathered parameters).")
 
 
 def check_scope(scope: str) -> str:

@@ -16,7 +16,8 @@ import typer
 from dcsched.report import formats
 from dcsched.errors import DcschedError
 from dcsched.outputs import all_or_none, check_outputs
-from dcsched.budget import DEFAULT_MARGIN, DEFAULT_SCOPE, Budget, check_scope, default_budget, device_memory
+from dcsched.budget import (BUDGET_SCOPE_HELP, DEFAULT_MARGIN, DEFAULT_SCOPE, MEMORY_BUDGET_HELP, Budget, check_scope,
+                            default_budget, device_memory)
 from dcsched.units import format_bytes
 from dcsched.cli.app import app, console, err_console, in_flags, safe_text
 from dcsched.cli.options import NAMED_OPTIONS, named_from_options, parse_options
@@ -180,13 +181,8 @@ def schedule(
                                                         "and how long it stays."),
     assume_zero: bool = typer.Option(False, "--assume-zero", help="Count missing device_time (ms) / tensor_size "
                                                                   "(bytes) as 0 instead of refusing the graph."),
-    memory_budget: str | None = typer.Option(None, "--memory-budget",
-                                             help="Memory budget for the schedulers that take one, in bytes with an "
-                                                  "optional SI/IEC suffix (6GiB, 1.5GB) or 'unlimited'."),
-    budget_scope: str | None = typer.Option(None, "--budget-scope",
-                                            help="What the memory budget caps, for the schedulers that take it: "
-                                                 "'all' (all tensors, the default) or 'gathered' (gathered "
-                                                 "parameters)."),
+    memory_budget: str | None = typer.Option(None, "--memory-budget", help=MEMORY_BUDGET_HELP),
+    budget_scope: str | None = typer.Option(None, "--budget-scope", help=BUDGET_SCOPE_HELP),
     option: list[str] = typer.Option([], "--option", "-O",
                                      help="KEY=VALUE passed to the selected schedulers that take KEY "
                                           "(repeatable; e.g. -O k=3)."),

@@ -11,6 +11,7 @@ import dataclasses
 import functools
 from typing import TYPE_CHECKING, Any, Mapping
 
+from dcsched.budget import BUDGET_SCOPE_HELP, MEMORY_BUDGET_HELP
 from dcsched.costmodels.options import ProfileOptions
 from dcsched.errors import DcschedError, OptionError
 
@@ -74,11 +75,8 @@ class TrainOptions:
     """
 
     algo: str = _field("none", "Scheduler for every compiled graph (an unknown name lists them all).")
-    memory_budget: float | int | str | None = _field(
-        None, "Memory budget for the schedulers that take one, in bytes with an optional suffix (40GiB, 1.5GB) or "
-              "'unlimited' (default: the target device's memory less 10%, unlimited where none is known).")
-    budget_scope: str | None = _field(None, "What the budget caps, for the schedulers that take it: all (all "
-                                            "tensors, the default) or gathered (gathered parameters).")
+    memory_budget: float | int | str | None = _field(None, MEMORY_BUDGET_HELP)
+    budget_scope: str | None = _field(None, BUDGET_SCOPE_HELP)
     algo_options: Mapping[str, Any] = dataclasses.field(
         default_factory=dict,
         metadata={"help": "Further options of the scheduler by name (e.g. k=3 for prefetch-ahead)."})
