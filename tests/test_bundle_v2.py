@@ -498,7 +498,11 @@ def _hostile_v2_edit(draw):
             key = f"graph.forward.{column}"
             tensor = tensors[key].clone()
             if len(tensor):
-                tensor[index % len(tensor)] = value
+                stored = value
+                if not tensor.dtype.is_floating_point:  # any value the column's type can hold (uint8: 0..255)
+                    info = torch.iinfo(tensor.dtype)
+                    stored = (value - info.min) % (info.max - info.min + 1) + info.min
+                tensor[index % len(tensor)] = stored
             tensors[key] = tensor
     return edit
 
