@@ -250,7 +250,7 @@ def test_json_schema_and_nothing_else_on_stdout(bundle_path, second_scheduler, c
         assert key in fwd
     figure_keys = {"peak_bytes", "peak_node", "gathered_peak_bytes", "gathered_peak_node", "step_ms",
                    "compute_ms", "comm_ms", "exposed_comm_ms", "overlap_pct", "lower_bound_ms",
-                   "tight_lower_bound_ms", "resident_bytes", "scheduler_s"}
+                   "tight_lower_bound_ms", "resident_bytes", "collectives", "scheduler_s"}
     assert set(fwd["before"]) == figure_keys and fwd["before"]["scheduler_s"] is None
     for algo in available():
         assert set(fwd["after"][algo]) == figure_keys

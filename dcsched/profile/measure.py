@@ -160,6 +160,10 @@ def _provenance(model: CostModel, options: ProfileOptions, run: ProfileRun,
         "world_size": run.world_size,
         "bandwidth_GBps": None if run.distributed else options.bandwidth_gbps,
         "latency_us": None if run.distributed else options.latency_us,
+        # The latency every modelled collective's figure includes: what a bucket of them saves per extra member
+        # (dcsched.sim.collectives). Measured collectives: unknown (None; readers take the default).
+        "comm_latency_ms": None if run.distributed else options.latency_us / 1e3,
+        "comm_bandwidth_GBps": None if run.distributed else options.bandwidth_gbps,
         "iters": how["iters"],
         "warmup": how["warmup"],
     }

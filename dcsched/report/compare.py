@@ -33,13 +33,15 @@ from dcsched.errors import DcschedError, GraphError
 from dcsched.graph.nxview import to_networkx
 from dcsched.graph.form import ALLGATHER, REDUCE, GraphForm
 from dcsched.schedulers.plan import Plan
+from dcsched.sim.collectives import DEFAULT_LATENCY_MS, latency_from_provenance
 from dcsched.sim.simulate import CompiledGraph, SimResult, compile_view
 
 #: JSON schema version of :meth:`Comparison.to_dict`.
 REPORT_VERSION = 1
 
 #: The figures a report shows per order, in display order (bytes, ms, percent).
-FIGURE_KEYS = ("peak_bytes", "gathered_peak_bytes", "step_ms", "exposed_comm_ms", "overlap_pct", "scheduler_s")
+FIGURE_KEYS = ("peak_bytes", "gathered_peak_bytes", "step_ms", "exposed_comm_ms", "overlap_pct", "collectives",
+               "scheduler_s")
 
 Progress = Callable[[str], None]
 
@@ -108,14 +110,17 @@ def _figures(result: SimResult, scheduler_s: float | None) -> dict:
     return figures
 
 
-def check_graph(view: nx.DiGraph | torch.fx.Graph, *, name: str, assume_zero: bool = False) -> CompiledGraph:
+def check_graph(view: nx.DiGraph | torch.fx.Graph | GraphForm, *, name: str, assume_zero: bool = False,
+                comm_latency_ms: float = DEFAULT_LATENCY_MS) -> CompiledGraph:
     """Compile ``view`` for simulation, refusing what cannot be scheduled.
+
+    ``comm_latency_ms``: the latency the communication figures include (what a bucket pays once).
 
     Raises :class:`GraphError` for a cycle, negative figures, missing figures
     (unless ``assume_zero``) and a graph with no parameters (no all-gather and
     no reduce-grad: nothing for a ZeRO-3 scheduler to place).
     """
-    compiled = compile_view(view, assume_zero=assume_zero, name=name)
+    compiled = compile_view(view, assume_zero=assume_zero, name=name, comm_latency_ms=comm_latency_ms)
     if not any(k in (ALLGATHER, REDUCE) for k in compiled.kind):
         raise GraphError(f"graph '{name}' has no parameters (no allgather_param or reduce_grad node): "
                          "nothing to schedule")
@@ -238,7 +243,8 @@ def compare_graph(graph: torch.fx.Graph | nx.DiGraph | GraphForm, algorithms: It
             continue
         order = list(plan.order)
         orders[algo], plans[algo] = order, plan
-        after[algo] = compiled.simulate(order, check=False)
+        # A plan's buckets run as one collective each (dcsched.sim.collectives); buckets are checked.
+        after[algo] = compiled.simulate(order, check=False, buckets=plan.buckets)
     return GraphComparison(name, compiled, before, after, orders, seconds, plans)
 
 
@@ -283,7 +289,9 @@ def compare_bundle(bundle: Bundle, algorithms: Iterable[str], *, assume_zero: bo
         schedulers.get(algo)  # an unknown name fails before any work
     budget = default_budget(bundle) if budget is None else budget
     views = {name: bundle.form(name) for name in bundle.graph_names}  # no FX graph, no networkx view
-    compiled = {name: check_graph(view, name=name, assume_zero=assume_zero) for name, view in views.items()}
+    latency = latency_from_provenance(bundle.provenance)
+    compiled = {name: check_graph(view, name=name, assume_zero=assume_zero, comm_latency_ms=latency)
+                for name, view in views.items()}
     skipped: dict[str, str] | None = {} if skip_failing else None
     graphs = {name: compare_graph(view, algorithms, name=name, compiled=compiled[name], progress=progress,
                                   options=options, skipped=skipped, budget=budget, describe=describe)

@@ -16,5 +16,6 @@ from dcsched.schedulers import simple_prefetch  # noqa: F401
 from dcsched.schedulers import fast_free  # noqa: F401
 from dcsched.schedulers import overlap, ahead  # noqa: F401
 from dcsched.schedulers import deepcompile  # noqa: F401
+from dcsched.schedulers import fsdp  # noqa: F401
 
 __all__ = ["Bucket", "Plan", "SchedulerInfo", "available", "get", "register", "run"]

@@ -31,10 +31,9 @@ fast-free's order runs (DeepSpeed measures it on the device); ``t`` is a line
 place, where it then only waits for the prefetched buffer. dcsched adds no
 node: the group's all-gathers move to where the fused op would be, one after
 another in the order they are needed, and each wait stays where fast-free put
-it, so its reader still waits for its own parameter. The simulator runs the
-group's all-gathers back to back on the communication stream, each with its
-own duration (a fused collective pays its latency once, so this is at most
-``(members - 1) x latency`` per group slower than DeepSpeed's runtime).
+it, so its reader still waits for its own parameter. The plan's buckets are
+the groups; the simulator runs each as one collective paying its latency
+once, as DeepSpeed's fused prefetch does (docs/simulator.md, "Buckets").
 
 >>> from dcsched.synthetic import layered_stack
 >>> from dcsched.graph.nxview import to_networkx, check_order

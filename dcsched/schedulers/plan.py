@@ -4,9 +4,10 @@
 ``buckets`` groups communication nodes that the plan means to run as one
 collective (``deepcompile``'s fused all-gather groups); ``residency`` says, per
 parameter (``ds_id``), whether it stays sharded between uses (the default), is
-kept gathered, or is replicated. Today only ``deepcompile`` fills ``buckets``,
-and the runtime and the simulator still run a bucket's members one by one in
-``order`` (fused execution is issue #32); no scheduler sets ``residency`` yet.
+kept gathered, or is replicated. ``deepcompile`` and ``fsdp`` fill ``buckets``;
+the simulator runs each bucket as one collective issued at its first member
+(:meth:`dcsched.sim.simulate.CompiledGraph.simulate`), the runtime still runs
+the members one by one in ``order`` (issue #32); no scheduler sets ``residency`` yet.
 
 >>> plan = Plan(("w", "ag", "out"), buckets=(Bucket("allgather", ("ag",), (0,)),))
 >>> plan.residency_of(0), len(plan), plan.buckets[0].members

@@ -60,6 +60,7 @@ class SimResult:
     gathered_peak_node: str | None
     step_ms: float
     compute_ms: float
+    #: the step's communication time: every all-gather's and reduce-grad's, a bucket's as one collective
     comm_ms: float
     exposed_comm_ms: float
     overlap_pct: float
@@ -67,6 +68,8 @@ class SimResult:
     #: them: computed when first read, so the simulations inside a scheduler never pay for them
     bounds: object = dataclasses.field(repr=False, compare=False)
     resident_bytes: int
+    #: collectives issued in the step: every all-gather and reduce-grad, a bucket of them once
+    collectives: int = 0
     #: memory of all tensors while each node runs (after it allocated, before frees)
     memory: list[int] = dataclasses.field(default_factory=list, repr=False)
     #: memory of gathered parameters while each node runs
@@ -112,6 +115,7 @@ class SimResult:
             "lower_bound_ms": self.lower_bound_ms,
             "tight_lower_bound_ms": self.tight_lower_bound_ms,
             "resident_bytes": self.resident_bytes,
+            "collectives": self.collectives,
         }
 
     def scalars(self) -> SimResult:

@@ -46,6 +46,7 @@ per order over plain integer arrays.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 import operator
@@ -55,6 +56,7 @@ import networkx as nx
 import torch.fx
 
 from dcsched.errors import GraphError
+from dcsched.sim.collectives import DEFAULT_LATENCY_MS, bucket_time_ms
 from dcsched.sim.result import Clocks, ParamLifetime, SimResult  # noqa: F401  (simulate's results, imported from here too)
 from dcsched.graph.form import (ALLGATHER, COMM_KINDS, COMPUTE, CONSTANT, KIND_NAMES, OUTPUT, PLACEHOLDER, REDUCE,
                                 RELEASE, GraphForm)
@@ -77,10 +79,34 @@ class Bounds:
     def simple(self) -> float:
         return max(self.compute_ms, self.comm_ms)
 
+    def with_buckets(self, saved_ms: float) -> Bounds:
+        """The bounds for plans whose buckets save ``saved_ms`` of communication (docs/simulator.md).
+
+        A bucket starts after all its members' inputs and lasts at least as
+        long as each member, so the paths (critical path, first communication
+        then its dependents) keep their length; only the communication total
+        shrinks, by what the buckets save.
+        """
+        if not saved_ms:
+            return self
+        return dataclasses.replace(self, comm_ms=max(0.0, self.comm_ms - saved_ms),
+                                   comm_with_head_and_tail_ms=max(0.0, self.comm_with_head_and_tail_ms - saved_ms))
+
     @property
     def tight(self) -> float:
         return max(self.compute_ms, self.comm_ms, self.critical_path_ms, self.first_comm_then_dependent_ms,
                    self.comm_with_head_and_tail_ms)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Fused:
+    """Buckets as one simulation reads them: per node its bucket's first member (-1: none), each first
+    member's fused time (ms), the communication time the buckets save and the collectives issued."""
+
+    lead: list[int]
+    time: dict[int, float]
+    saved_ms: float
+    collectives: int
 
 
 class CompiledGraph(GraphForm):
@@ -99,17 +125,22 @@ class CompiledGraph(GraphForm):
     else -1).
 
     ``graph`` is a networkx view, an FX graph or a form (whose lists are
-    shared). Raises :class:`GraphError` (naming the nodes) for a cycle,
+    shared). ``comm_latency_ms`` is the latency every communication figure
+    includes (:func:`dcsched.sim.collectives.latency_from_provenance` of the
+    bundle's provenance), what a bucket of collectives pays once
+    (:meth:`simulate`'s ``buckets``). Raises :class:`GraphError` (naming the nodes) for a cycle,
     negative, NaN or non-numeric figures, and (unless ``assume_zero``) missing
     ``device_time`` or ``tensor_size`` (placeholders, constants and the
     output need none).
     """
 
     def __init__(self, graph: nx.DiGraph | torch.fx.Graph | GraphForm, *, assume_zero: bool = False,
-                 name: str | None = None):
+                 name: str | None = None, comm_latency_ms: float = DEFAULT_LATENCY_MS):
         label = f"graph '{name}'" if name else "graph"
         super().__init__(graph, label=label)
         self.name = name
+        #: The per-collective latency (ms) the communication figures include: what a bucket saves per extra member.
+        self.comm_latency_ms = comm_latency_ms
         self.missing = self._check_figures(label, assume_zero)
         #: Inputs (placeholders, constants) with no size at all, counted as 0 bytes.
         self.unsized_inputs = [self.names[i] for i, (k, nbytes) in enumerate(zip(self.kind, self.tensor_size))
@@ -379,25 +410,85 @@ class CompiledGraph(GraphForm):
                         count[d] = c
         return released
 
-    def simulate(self, order: Sequence | None = None, *, detail: bool | str = True, check: bool = True) -> SimResult:
+    def simulate(self, order: Sequence | None = None, *, detail: bool | str = True, check: bool = True,
+                 buckets: Sequence | None = None) -> SimResult:
         """Simulate ``order`` (names or node numbers; None = input order). O(N + E).
 
         ``detail``: True (everything), False (scalars only) or ``"series"`` (also the
         per-node series and the order as node numbers, ``indices``; no names, ``kinds``
         or ``params``).
-        """
-        return self.simulate_with_frees(self.order_indices(order, check=check), detail=detail)[0]
 
-    def simulate_with_frees(self, idx: list[int], *, detail: bool | str = "series") -> tuple[SimResult, list[int]]:
+        ``buckets``: collectives run as one (:class:`dcsched.schedulers.plan.Bucket`
+        objects, or sequences of member names or numbers). A bucket is issued
+        when the order reaches its first member, as one collective taking
+        :func:`dcsched.sim.collectives.bucket_time_ms` of its members' times with
+        :attr:`comm_latency_ms`; every member's buffer is allocated there, and
+        every member is done when it ends (the later members take no time where
+        they stand). Checked (:meth:`bucket_indices`) unless ``check`` is false.
+        No bucket (None or empty): exactly the simulation without buckets.
+        """
+        idx = self.order_indices(order, check=check)
+        if not buckets:
+            return self.simulate_with_frees(idx, detail=detail)[0]
+        return self.simulate_with_frees(idx, detail=detail, buckets=self.bucket_indices(buckets, idx))[0]
+
+    def bucket_indices(self, buckets: Sequence, idx: Sequence[int]) -> list[list[int]]:
+        """``buckets`` as lists of member numbers, each in the order ``idx`` runs them, checked against ``idx``.
+
+        Raises :class:`GraphError` for a member that is not a node, not an
+        all-gather or a reduce, of another kind than the bucket's other members,
+        in two buckets, or whose input runs after the bucket's first member in
+        ``idx`` (the bucket is issued there).
+        """
+        pos_of = [-1] * len(self.names)
+        for pos, i in enumerate(idx):
+            pos_of[i] = pos
+        kind, names, index = self.kind, self.names, self.index
+        seen: set[int] = set()
+        result: list[list[int]] = []
+        for bucket in buckets:
+            members = getattr(bucket, "members", bucket)
+            nodes: list[int] = []
+            for m in members:
+                found = m if isinstance(m, int) else index.get(m)
+                if found is None or not 0 <= found < len(names):
+                    raise GraphError(f"bucket member {m!r} is not in the graph")
+                i = found
+                if kind[i] not in COMM_KINDS:
+                    raise GraphError(f"bucket member {names[i]!r} is a {KIND_NAMES[kind[i]]}, not an all-gather "
+                                     "or a reduce")
+                if i in seen:
+                    raise GraphError(f"{names[i]!r} is in two buckets")
+                seen.add(i)
+                nodes.append(i)
+            if not nodes:
+                continue
+            if len({kind[i] for i in nodes}) > 1:
+                raise GraphError(f"bucket {names[nodes[0]]!r}... mixes all-gathers and reduces")
+            nodes.sort(key=pos_of.__getitem__)
+            first = pos_of[nodes[0]]
+            for i in nodes:
+                for p in self.preds[i]:
+                    if pos_of[p] > first:
+                        raise GraphError(f"bucket of {names[nodes[0]]!r} is issued before its member {names[i]!r}'s "
+                                         f"input {names[p]!r} has run")
+            result.append(nodes)
+        return result
+
+    def simulate_with_frees(self, idx: list[int], *, detail: bool | str = "series",
+                            buckets: list[list[int]] | None = None) -> tuple[SimResult, list[int]]:
         """:meth:`simulate` of the node numbers ``idx`` (taken as they are, unchecked), and
-        :meth:`free_positions` of them (computed on the way)."""
+        :meth:`free_positions` of them (computed on the way). ``buckets``: lists of member numbers,
+        each in ``idx``'s order (:meth:`bucket_indices`, unchecked)."""
         kind = self.kind
-        memory, gathered, free = self.memory_with_frees(idx)
+        fused = self._fused(buckets) if buckets else None
+        memory, gathered, free = self.memory_with_frees(idx, fused=fused)
         peak, peak_pos = _first_peak(memory)
         gpeak, gpeak_pos = _first_peak(gathered)
         record = bool(detail)
-        step, reach, start, end = self._timeline(idx, record)
-        result = self._result(idx, step, peak, peak_pos, gpeak, gpeak_pos, record and detail != "series")
+        step, reach, start, end = self._timeline(idx, record) if fused is None else \
+            self._fused_timeline(idx, record, fused)
+        result = self._result(idx, step, peak, peak_pos, gpeak, gpeak_pos, record and detail != "series", fused)
         if record:
             result.memory, result.gathered_memory = memory, gathered
             result.reach_ms, result.start_ms, result.end_ms = reach, start, end
@@ -408,10 +499,24 @@ class CompiledGraph(GraphForm):
                 result.params = self._lifetimes(idx, free, reach, start, end)
         return result, free
 
-    def memory_with_frees(self, idx: list[int]) -> tuple[list, list, list[int]]:
+    def _fused(self, buckets: list[list[int]]) -> _Fused:
+        """Per node, the bucket's first member (-1 outside buckets), and each first member's fused time."""
+        lead = [-1] * len(self.names)
+        time: dict[int, float] = {}
+        dur, latency = self.duration, self.comm_latency_ms
+        for members in buckets:
+            first = members[0]
+            for m in members:
+                lead[m] = first
+            time[first] = bucket_time_ms([dur[m] for m in members], latency_ms=latency)
+        saved = sum(dur[m] for members in buckets for m in members) - sum(time.values())
+        collectives = self.num_allgathers + self.num_reduces - sum(len(members) - 1 for members in buckets)
+        return _Fused(lead, time, max(0.0, saved), collectives)
+
+    def memory_with_frees(self, idx: list[int], *, fused: _Fused | None = None) -> tuple[list, list, list[int]]:
         """The memory of all tensors and of gathered buffers while each position of the node numbers
         ``idx`` (unchecked) runs, and :meth:`free_positions`: :meth:`simulate`'s memory model without
-        its clocks."""
+        its clocks. With ``fused`` buckets, every member allocates at its bucket's first member."""
         kind, owned = self.kind, self.owned
         free = self.free_positions(idx)
         free_all = [0] * len(idx)
@@ -422,7 +527,7 @@ class CompiledGraph(GraphForm):
                 free_all[p] += owned[r]
                 if kind[r] == ALLGATHER:
                     free_gathered[p] += owned[r]
-        return (*self._memory_series(idx, free_all, free_gathered), free)
+        return (*self._memory_series(idx, free_all, free_gathered, fused), free)
 
     def clocks(self, idx: list[int]) -> Clocks:
         """The step time and each position's reach, start and end (ms) for the node numbers ``idx``
@@ -430,11 +535,26 @@ class CompiledGraph(GraphForm):
         step, reach, start, end = self._timeline(idx, True)
         return Clocks(idx, step, reach, start, end)
 
-    def _memory_series(self, idx: list[int], free_all: list, free_gathered: list) -> tuple[list, list]:
+    def _memory_series(self, idx: list[int], free_all: list, free_gathered: list,
+                       fused: _Fused | None = None) -> tuple[list, list]:
         """Memory of all tensors and of gathered buffers while each position's node runs (after it
         allocated, before what it frees)."""
         allocs = list(map(self.alloc.__getitem__, idx))
         gallocs = list(map(self.gathered_alloc.__getitem__, idx))
+        if fused is not None:  # a bucket's members allocate where its first member stands
+            lead = fused.lead
+            at: dict[int, int] = {}
+            for pos, i in enumerate(idx):
+                first = lead[i]
+                if first < 0:
+                    continue
+                if first == i:
+                    at[i] = pos
+                else:
+                    p = at[first]
+                    allocs[p] += allocs[pos]
+                    gallocs[p] += gallocs[pos]
+                    allocs[pos] = gallocs[pos] = 0
         if self.integral_sizes:  # exact in any summation order: running sums at C speed
             memory = list(map(operator.sub, itertools.islice(itertools.accumulate(allocs, initial=self.resident_bytes),
                                                             1, None), itertools.accumulate(free_all, initial=0)))
@@ -494,13 +614,59 @@ class CompiledGraph(GraphForm):
                 add_end(tc)
         return (tc if tc > tq else tq), reach, start, end
 
+    def _fused_timeline(self, idx: list[int], record: bool, fused: _Fused) -> tuple[float, list, list, list]:
+        """:meth:`_timeline` with buckets: a bucket's first member issues the fused collective; the later
+        members take no time and end with it (their reach, start and end are the bucket's)."""
+        is_comm, dur, gates = self.is_comm, self.duration, self.gates
+        lead, time = fused.lead, fused.time
+        tc = tq = 0.0
+        done: list = [None] * len(self.names)
+        issued: dict[int, tuple[float, float]] = {}
+        reach: list[float] = []
+        start: list[float] = []
+        end: list[float] = []
+        for i in idx:
+            if is_comm[i]:
+                first = lead[i]
+                if first < 0 or first == i:
+                    s = tc if tc > tq else tq
+                    tq = done[i] = s + (dur[i] if first < 0 else time[i])
+                    issued[i] = (tc, s)
+                    r = tc
+                else:  # a later member: issued with its bucket
+                    done[i] = done[first]
+                    r, s = issued[first]
+                if record:
+                    reach.append(r)
+                    start.append(s)
+                    end.append(done[i])
+            else:
+                if record:
+                    reach.append(tc)
+                for g in gates[i]:
+                    e = done[g]
+                    if e > tc:
+                        tc = e
+                if record:
+                    start.append(tc)
+                tc += dur[i]
+                if record:
+                    end.append(tc)
+        return (tc if tc > tq else tq), reach, start, end
+
     def _result(self, idx, step: float, peak: int, peak_pos: int, gpeak: int, gpeak_pos: int,
-                with_order: bool) -> SimResult:
-        """The scalars of a simulation that ended at ``step`` ms with these peaks."""
+                with_order: bool, fused: _Fused | None = None) -> SimResult:
+        """The scalars of a simulation that ended at ``step`` ms with these peaks (``fused``: with buckets)."""
         n = len(idx)
+        comm_ms = self.comm_ms if fused is None else self.comm_ms - fused.saved_ms
         exposed = max(0.0, step - self.compute_ms)
-        overlap = 100.0 if self.comm_ms <= 0 else min(100.0, max(0.0, 100.0 * (self.comm_ms - exposed) / self.comm_ms))
+        overlap = 100.0 if comm_ms <= 0 else min(100.0, max(0.0, 100.0 * (comm_ms - exposed) / comm_ms))
         names = self.names
+        bounds: object
+        if fused is None:
+            bounds = self._bounds if self._bounds is not None else (lambda: self.bounds)
+        else:
+            bounds = functools.partial(_bucketed_bounds, self, fused.saved_ms)
         return SimResult(
             order=[names[i] for i in idx] if with_order else [],
             peak_bytes=max(peak, self.resident_bytes) if n else self.resident_bytes,
@@ -509,11 +675,12 @@ class CompiledGraph(GraphForm):
             gathered_peak_node=names[idx[gpeak_pos]] if gpeak > 0 else None,
             step_ms=step,
             compute_ms=self.compute_ms,
-            comm_ms=self.comm_ms,
+            comm_ms=comm_ms,
             exposed_comm_ms=exposed,
             overlap_pct=overlap,
-            bounds=self._bounds if self._bounds is not None else (lambda: self.bounds),
+            bounds=bounds,
             resident_bytes=self.resident_bytes,
+            collectives=self.num_allgathers + self.num_reduces if fused is None else fused.collectives,
         )
 
     def _lifetimes(self, idx, free, reach, start, end) -> list[ParamLifetime]:
@@ -528,6 +695,11 @@ class CompiledGraph(GraphForm):
                 free_node=names[idx[p]] if p >= 0 else None, free_index=p if p >= 0 else None,
                 issued_ms=reach[pos], ready_ms=end[pos], freed_ms=end[p] if p >= 0 else end[-1]))
         return lifetimes
+
+
+def _bucketed_bounds(compiled: CompiledGraph, saved_ms: float) -> Bounds:
+    """``compiled``'s bounds for a plan whose buckets save ``saved_ms`` (:meth:`Bounds.with_buckets`)."""
+    return compiled.bounds.with_buckets(saved_ms)
 
 
 def _plain_figures(values: list) -> bool:
@@ -548,19 +720,22 @@ def _some(names: list[str], limit: int = 8) -> str:
     return f"{len(names)} node{'s' if len(names) != 1 else ''} ({shown}{more})"
 
 
-def compile_view(view: nx.DiGraph | torch.fx.Graph, *, assume_zero: bool = False,
-                 name: str | None = None) -> CompiledGraph:
+def compile_view(view: nx.DiGraph | torch.fx.Graph | GraphForm, *, assume_zero: bool = False,
+                 name: str | None = None, comm_latency_ms: float = DEFAULT_LATENCY_MS) -> CompiledGraph:
     """Check ``view``'s costs and compile it for fast repeated simulation.
 
-    Raises :class:`GraphError` (naming the nodes) for a cycle, negative or NaN
+    ``comm_latency_ms``: the per-collective latency the figures include (what a
+    bucket pays once; :class:`CompiledGraph`). Raises :class:`GraphError`
+    (naming the nodes) for a cycle, negative or NaN
     figures, and — unless ``assume_zero`` — missing ``device_time`` or
     ``tensor_size`` (placeholders, get_attr constants and the output need none).
     """
-    return CompiledGraph(view, assume_zero=assume_zero, name=name)
+    return CompiledGraph(view, assume_zero=assume_zero, name=name, comm_latency_ms=comm_latency_ms)
 
 
 def simulate(graph: torch.fx.Graph | nx.DiGraph | CompiledGraph, order: Sequence | None = None, *,
-             assume_zero: bool = False, detail: bool = True, name: str | None = None) -> SimResult:
+             assume_zero: bool = False, detail: bool = True, name: str | None = None,
+             buckets: Sequence | None = None) -> SimResult:
     """Simulate ``graph`` run in ``order``: memory over time and the two-stream step time.
 
     See the module docstring for the model (docs/simulator.md in full).
@@ -579,6 +754,9 @@ def simulate(graph: torch.fx.Graph | nx.DiGraph | CompiledGraph, order: Sequence
         Keep the per-node series and lifetimes (off: figures only, faster).
     name : str, optional
         The graph's name in the result (for reports).
+    buckets : sequence, optional
+        Collectives run as one (a plan's :attr:`~dcsched.schedulers.plan.Plan.buckets`; see
+        :meth:`CompiledGraph.simulate`), with the latency of a compiled ``graph`` or the default one.
 
     Returns
     -------
@@ -603,4 +781,4 @@ def simulate(graph: torch.fx.Graph | nx.DiGraph | CompiledGraph, order: Sequence
     True
     """
     compiled = graph if isinstance(graph, CompiledGraph) else compile_view(graph, assume_zero=assume_zero, name=name)
-    return compiled.simulate(order, detail=detail)
+    return compiled.simulate(order, detail=detail, buckets=buckets)

@@ -68,6 +68,7 @@ GROUPS: tuple[tuple[tuple[str, str, Cell], ...], ...] = (
     (("step time", "right", _with_change(lambda r: r.step_ms, format_ms)),),
     (("exposed comm", "right", lambda b, r, s: format_ms(r.exposed_comm_ms)),),
     (("overlap", "right", lambda b, r, s: pct(r.overlap_pct)),),
+    (("collectives", "right", lambda b, r, s: str(r.collectives)),),
     (("scheduler time", "right", lambda b, r, s: "-" if s is None else format_ms(s * 1000.0)),),
 )
 

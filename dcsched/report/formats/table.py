@@ -85,6 +85,7 @@ def graph_table(name: str, cmp: GraphComparison) -> Table:
         ("step time", format_ms(b.step_ms), [format_ms(r.step_ms) + change(b.step_ms, r.step_ms) for r in after]),
         ("exposed comm", format_ms(b.exposed_comm_ms), [format_ms(r.exposed_comm_ms) for r in after]),
         ("overlap", pct(b.overlap_pct), [pct(r.overlap_pct) for r in after]),
+        ("collectives", str(b.collectives), [str(r.collectives) for r in after]),
         ("scheduler time", "-", [format_ms(cmp.scheduler_s[a] * 1000.0) for a in cmp.after]),
     ]
     for label, before, values in rows:
