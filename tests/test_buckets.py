@@ -150,6 +150,9 @@ def test_fsdp_one_bucket_per_block_on_layered_stacks(layers):
     if layers > 1:
         sizes = sorted({len(b.members) for b in gathers})
         assert len([b for b in gathers if len(b.members) == sizes[-1]]) >= layers
+        # The backward's gradients are reduced one block at a time, as the forward gathers them.
+        reduces = [len(b.members) for b in run("fsdp", GraphForm(pair.backward)).buckets if b.kind == "reduce"]
+        assert reduces.count(sizes[-1]) == layers
 
 
 @pytest.mark.parametrize("name", ["gpt", "llama", "convnet"])

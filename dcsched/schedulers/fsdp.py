@@ -18,7 +18,9 @@ identical blocks. The periodic stretch is cut into buckets of ``p``
 all-gathers; what comes before it (embeddings) is one bucket, what is left
 after it (final norm, head) another. With no period, buckets of about
 ``sqrt(n)`` consecutive all-gathers stand in for blocks. Gradient reduces
-are grouped the same way over their input order.
+follow the blocks of the parameters they reduce (the backward's own
+all-gather buckets, matched by ``ds_id``), so a block's gradients are one
+reduce bucket; a graph without all-gathers groups them by sizes instead.
 
 **The order.** The input order, with each all-gather bucket moved (its members
 one after another) to where the previous bucket's first member stood: bucket
@@ -112,6 +114,28 @@ def _groups(form: GraphForm, kind: int) -> list[list[int]]:
     return [nodes[s:e] for s, e in blocks([size[i] for i in nodes])]
 
 
+def _reduce_groups(form: GraphForm, gathers: list[list[int]]) -> list[list[int]]:
+    """The reduces in input order, cut where the block of the parameter they reduce changes.
+
+    A parameter's block is its all-gather bucket in this graph (the backward gathers again the parameters its
+    compute reads); a reduce of a parameter the graph does not gather joins the block before it. A graph
+    without all-gathers falls back to blocks by byte sizes, as the all-gathers are found.
+    """
+    if not gathers:
+        return _groups(form, REDUCE)
+    block_of = {form.ds_id[m]: k for k, group in enumerate(gathers) for m in group}
+    groups: list[list[int]] = []
+    current = None
+    for r in (i for i in form.topo if form.kind[i] == REDUCE):
+        block = block_of.get(form.ds_id[r])
+        if not groups or (block is not None and block != current):
+            groups.append([])
+        if block is not None:
+            current = block
+        groups[-1].append(r)
+    return groups
+
+
 def fsdp_indices(form: GraphForm) -> tuple[list[int], list[list[int]]]:
     """The order (node numbers, output last) and the buckets (node numbers, in order) of :func:`fsdp`."""
     topo = form.topo
@@ -130,7 +154,7 @@ def fsdp_indices(form: GraphForm) -> tuple[list[int], list[list[int]]]:
         before.setdefault(at, []).extend(members)
         moved.update(members)
         buckets.append(members)
-    for group in _groups(form, REDUCE):
+    for group in _reduce_groups(form, gathers):
         last = group[-1]
         # A member read before the block's last gradient (never in DeepCompile graphs) cannot wait for it.
         members = [m for m in group if all(pos[s] > pos[last] for s in form.succs[m])]
