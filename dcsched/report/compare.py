@@ -54,11 +54,15 @@ class GraphComparison:
     compiled: CompiledGraph
     before: SimResult
     after: dict[str, SimResult]
-    orders: dict[str, list[str]]
+    #: each scheduler's whole result (order, buckets, residency)
+    plans: dict[str, Plan]
     #: seconds each scheduler took to compute its order
     scheduler_s: dict[str, float]
-    #: each scheduler's whole result (its order is ``orders[algo]``; buckets, residency)
-    plans: dict[str, Plan] = dataclasses.field(default_factory=dict)
+
+    @property
+    def orders(self) -> dict[str, list[str]]:
+        """Each scheduler's order (node names), from its plan."""
+        return {algo: list(plan.order) for algo, plan in self.plans.items()}
 
     @property
     def nodes(self) -> int:
@@ -227,7 +231,7 @@ def compare_graph(graph: torch.fx.Graph | nx.DiGraph | GraphForm, algorithms: It
     else:
         form = GraphForm(_zero_filled(view) if compiled.missing else view, label=f"graph '{name}'")
     before = compiled.simulate(None)
-    after, orders, seconds, plans = {}, {}, {}, {}
+    after, seconds, plans = {}, {}, {}
     for algo in algorithms:
         if skipped is not None and algo in skipped:
             continue
@@ -241,11 +245,10 @@ def compare_graph(graph: torch.fx.Graph | nx.DiGraph | GraphForm, algorithms: It
                 raise
             skipped[algo] = describe(exc)
             continue
-        order = list(plan.order)
-        orders[algo], plans[algo] = order, plan
+        plans[algo] = plan
         # A plan's buckets run as one collective each (dcsched.sim.collectives); buckets are checked.
-        after[algo] = compiled.simulate(order, check=False, buckets=plan.buckets)
-    return GraphComparison(name, compiled, before, after, orders, seconds, plans)
+        after[algo] = compiled.simulate(list(plan.order), check=False, buckets=plan.buckets)
+    return GraphComparison(name, compiled, before, after, plans, seconds)
 
 
 def compare_bundle(bundle: Bundle, algorithms: Iterable[str], *, assume_zero: bool = False,
@@ -300,7 +303,6 @@ def compare_bundle(bundle: Bundle, algorithms: Iterable[str], *, assume_zero: bo
     for cmp in graphs.values():  # an algorithm skipped on a later graph leaves the earlier ones too
         for algo in skipped:
             cmp.after.pop(algo, None)
-            cmp.orders.pop(algo, None)
             cmp.scheduler_s.pop(algo, None)
             cmp.plans.pop(algo, None)
     return Comparison([a for a in algorithms if a not in skipped], graphs, skipped)
@@ -311,6 +313,7 @@ def scheduled_bundle(bundle: Bundle, comparison: Comparison, algo: str, *, input
 
     ``provenance["schedule"]`` records the algorithm and ``input_name`` (the input's file name).
     """
-    result = bundle.reordered({name: comparison.graphs[name].orders[algo] for name in bundle.graph_names})
+    result = bundle.reordered({name: list(comparison.graphs[name].plans[algo].order)
+                               for name in bundle.graph_names})
     result.provenance["schedule"] = {"algorithm": algo, "input": input_name}
     return result
