@@ -149,13 +149,12 @@ class TrainOptions:
             For an unreadable budget or scope, or a budget given to a scheduler that takes none.
         """
         from dcsched import schedulers
-        from dcsched.budget import default_budget
+        from dcsched.budget import budget_for
         if not schedulers.get(self.algo).takes_budget:
             if self.memory_budget is not None:
                 raise OptionError("memory_budget", f"is given, but scheduler '{self.algo}' takes no memory budget")
             return None
-        given = self.given_budget
-        return given if given is not None else default_budget(bundle, scope=self.budget_scope)
+        return budget_for(self.given_budget, bundle, scope=self.budget_scope)
 
     @functools.cached_property
     def given_budget(self) -> Budget | None:
