@@ -41,6 +41,7 @@ import torch
 import torch.fx
 
 from dcsched.bundle import checks as loadchecks
+from dcsched.bundle.arguments import decode_argument
 
 #: Node kinds by their code in the ``op`` column.
 OPS = ("placeholder", "call_function", "get_attr", "output")
@@ -695,52 +696,19 @@ def _index(payload: Any, what: str) -> int:
     return payload
 
 
-_NON_FINITE = ("inf", "-inf", "nan")
-
-
 def _decode_value(value: Any, nodes: list, ints: list) -> Any:
-    """Version 1's tagged encoding (:func:`dcsched.bundle.core._decode`) with ``$node`` and ``$int`` slots."""
-    if isinstance(value, list):
-        return [_decode_value(v, nodes, ints) for v in value]
-    if not isinstance(value, dict):
-        return value
-    if len(value) != 1:
-        raise ValueError(f"malformed argument {value!r:.80}")
-    (tag, payload), = value.items()
-    if tag == "$node":
+    """``value`` decoded (:func:`dcsched.bundle.arguments.decode_argument`), ``$node`` and ``$int`` as slots,
+    their numbers appended to ``nodes`` and ``ints``."""
+
+    def node(payload: Any) -> _Slot:
         nodes.append(_index(payload, "node reference"))
         return _Slot(payload)
-    if tag == "$int":
+
+    def integer(payload: Any) -> _Int:
         ints.append(_index(payload, "integer reference"))
         return _Int(payload)
-    if tag == "$float":
-        if payload not in _NON_FINITE:
-            raise ValueError(f"malformed float {payload!r:.40}")
-        return float(payload)
-    if tag == "$tuple":
-        if not isinstance(payload, list):
-            raise ValueError(f"malformed tuple {payload!r:.80}")
-        return tuple(_decode_value(v, nodes, ints) for v in payload)
-    if tag == "$dict":
-        if not isinstance(payload, list) or not all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], str)
-                                                    for p in payload):
-            raise ValueError(f"malformed dict {payload!r:.80}")
-        return {k: _decode_value(v, nodes, ints) for k, v in payload}
-    if tag == "$dtype":
-        return loadchecks.from_table(loadchecks.DTYPES, payload, "dtype")
-    if tag == "$device":
-        if not isinstance(payload, str):
-            raise ValueError(f"malformed device {payload!r:.80}")
-        return torch.device(payload)
-    if tag == "$layout":
-        return loadchecks.from_table(loadchecks.LAYOUTS, payload, "layout")
-    if tag == "$memory_format":
-        return loadchecks.from_table(loadchecks.MEMORY_FORMATS, payload, "memory format")
-    if tag == "$slice":
-        if not isinstance(payload, list) or len(payload) != 3:
-            raise ValueError(f"malformed slice {payload!r:.80}")
-        return slice(*(_decode_value(v, nodes, ints) for v in payload))
-    raise ValueError(f"unknown argument tag {tag!r:.40}")
+
+    return decode_argument(value, node, integer, non_finite=True)
 
 
 def _decode_template(tpl: Any) -> tuple[tuple, int, int]:

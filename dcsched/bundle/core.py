@@ -34,6 +34,7 @@ import torch
 import torch.fx
 
 from dcsched.bundle import checks as loadchecks
+from dcsched.bundle.arguments import decode_argument
 
 from dcsched.runtime import ops
 from dcsched.errors import BundleError
@@ -266,31 +267,14 @@ def _encode(value: Any) -> Any:
 
 
 def _decode(value: Any, env: dict[str, torch.fx.Node], refs: list[str]) -> Any:
-    if isinstance(value, list):
-        return [_decode(v, env, refs) for v in value]
-    if not isinstance(value, dict):
-        return value
-    if len(value) != 1:
-        raise ValueError(f"malformed argument {value!r}")
-    (tag, payload), = value.items()
-    if tag == "$node":
-        refs.append(payload)
-        return env[payload]
-    if tag == "$tuple":
-        return tuple(_decode(v, env, refs) for v in payload)
-    if tag == "$dict":
-        return {k: _decode(v, env, refs) for k, v in payload}
-    if tag == "$dtype":
-        return dtype_from_name(payload)
-    if tag == "$device":
-        return torch.device(payload)
-    if tag == "$layout":
-        return loadchecks.from_table(loadchecks.LAYOUTS, payload, "layout")
-    if tag == "$memory_format":
-        return loadchecks.from_table(loadchecks.MEMORY_FORMATS, payload, "memory format")
-    if tag == "$slice":
-        return slice(*(_decode(v, env, refs) for v in payload))
-    raise ValueError(f"unknown argument tag {tag!r}")
+    """``value`` decoded (:func:`dcsched.bundle.arguments.decode_argument`), each ``$node`` the FX node of
+    that name in ``env``, its name appended to ``refs``."""
+
+    def node(name: Any) -> torch.fx.Node:
+        refs.append(name)
+        return env[name]
+
+    return decode_argument(value, node)
 
 
 def _output_spec(val: Any) -> Any:
