@@ -30,7 +30,7 @@ _LAZY = {
     "to_fx": "graph.nxview", "to_networkx": "graph.nxview", "Role": "graph.roles", "role_of": "graph.roles",
     "capture": "profile.capture", "capture_script": "profile.capture", "ProfileOptions": "costmodels.options",
     "profile_bundle": "profile.measure",
-    "Budget": "budget", "Plan": "schedulers.plan",
+    "Budget": "budget", "Plan": "plan",
     "schedule": "schedulers.reorder", "simulate": "sim.simulate", "SimResult": "sim.simulate",
     "replay_orders": "replay",
     "backend": "train.backend", "shard": "train.sharding",

@@ -16,7 +16,7 @@ from dcsched.report.compare import compare_bundle, compare_graph
 from dcsched.runtime import ops
 from dcsched.schedulers import run
 from dcsched.schedulers.deepcompile import deepcompile
-from dcsched.schedulers.plan import Bucket
+from dcsched.plan import Bucket
 from dcsched.sim.collectives import DEFAULT_LATENCY_MS, bucket_time_ms, latency_from_provenance
 from dcsched.sim.simulate import compile_view
 from dcsched.synthetic import layered_stack, moe_graph, random_graph

@@ -140,6 +140,9 @@ class Bundle:
     graph_ids: dict[str, int] = dataclasses.field(default_factory=lambda: {"forward": 0, "backward": 1})
     constants: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
     provenance: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: The communication plan by graph name (:class:`dcsched.plan.Plan`: buckets and residency; the order is
+    #: the graph's own node order). Empty: every collective alone, every parameter sharded.
+    plans: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __repr__(self) -> str:  # without building FX graphs from columns
         graphs = ", ".join(f"{name}: {type(self.__dict__.get(f'_graph_{name}')).__name__}" for name in self.graph_names)

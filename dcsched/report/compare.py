@@ -32,7 +32,7 @@ from dcsched.bundle.core import Bundle
 from dcsched.errors import DcschedError, GraphError
 from dcsched.graph.nxview import to_networkx
 from dcsched.graph.form import ALLGATHER, REDUCE, GraphForm
-from dcsched.schedulers.plan import Plan
+from dcsched.plan import Plan
 from dcsched.sim.collectives import DEFAULT_LATENCY_MS, latency_from_provenance
 from dcsched.sim.simulate import CompiledGraph, SimResult, compile_view
 

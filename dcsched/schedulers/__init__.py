@@ -6,7 +6,7 @@ way to call one: a :class:`~dcsched.graph.form.GraphForm` and a
 :class:`~dcsched.budget.Budget` in, a :class:`Plan` out.
 """
 
-from dcsched.schedulers.plan import Bucket, Plan
+from dcsched.plan import Bucket, Plan
 from dcsched.schedulers.registry import SchedulerInfo, available, get, register, run
 
 # Each import registers one algorithm.

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dcsched.errors import OptionError
 from dcsched.graph.form import GraphForm
-from dcsched.schedulers.plan import Plan
+from dcsched.plan import Plan
 from dcsched.schedulers.overlap.scheduler import OverlapPlanner
 from dcsched.schedulers.registry import register
 

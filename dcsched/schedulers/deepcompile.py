@@ -56,7 +56,7 @@ from dcsched.sim.simulate import ALLGATHER, PLACEHOLDER, CompiledGraph, compile_
 from dcsched.graph.form import GraphForm, paused_gc
 from dcsched.schedulers.fast_free import fast_free_indices
 from dcsched.budget import UNLIMITED
-from dcsched.schedulers.plan import Bucket, Plan
+from dcsched.plan import Bucket, Plan
 from dcsched.schedulers.registry import register
 
 #: DeepSpeed's prefetch pass: a group may hold at most this many bytes, all buffered groups together
@@ -286,7 +286,7 @@ def deepcompile(form: GraphForm, *, budget_bytes: float = UNLIMITED) -> Plan:
     Returns
     -------
     Plan
-        The order, and one ``'allgather'`` :class:`~dcsched.schedulers.plan.Bucket` per fused group
+        The order, and one ``'allgather'`` :class:`~dcsched.plan.Bucket` per fused group
         (DeepSpeed's ``prefetch_params_fused``, one member or more), in the order placed, members in the
         order needed. The runtime still runs a bucket's all-gathers one by one (fused execution: issue #32).
 

@@ -56,7 +56,7 @@ from dcsched.graph.lastuse import last_use_indices
 from dcsched.graph.form import PLACEHOLDER, REDUCE, GraphForm, schedule_indexed
 from dcsched.schedulers.gather_sets import (EMPTY, Packed, allgather_ancestors, pack, packed_count, total_size, union,
                                             unpack)
-from dcsched.schedulers.plan import Plan
+from dcsched.plan import Plan
 from dcsched.schedulers.registry import register
 
 

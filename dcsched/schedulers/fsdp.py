@@ -4,7 +4,7 @@ PyTorch FSDP2 wraps each transformer block as one unit: its parameters are
 gathered by one collective before the block runs, the next block's gather is
 issued when a block starts (prefetch one block ahead), and in the backward the
 block's gradients are reduced by one collective once the block's backward is
-done. This module gives that policy as a :class:`~dcsched.schedulers.plan.Plan`
+done. This module gives that policy as a :class:`~dcsched.plan.Plan`
 with buckets.
 
 **Finding the blocks.** A :class:`~dcsched.graph.form.GraphForm` knows each
@@ -46,7 +46,7 @@ import math
 from typing import Hashable, Sequence
 
 from dcsched.graph.form import ALLGATHER, REDUCE, GraphForm, output_last_indices, paused_gc
-from dcsched.schedulers.plan import Bucket, Plan
+from dcsched.plan import Bucket, Plan
 from dcsched.schedulers.registry import register
 
 #: The most parameters one block may hold (the longest period searched).

@@ -34,7 +34,7 @@ import heapq
 
 from dcsched.errors import GraphError
 from dcsched.graph.form import ALLGATHER, RELEASE, GraphForm, schedule_indexed
-from dcsched.schedulers.plan import Plan
+from dcsched.plan import Plan
 from dcsched.schedulers.registry import register
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dcsched.graph.form import GraphForm
-from dcsched.schedulers.plan import Plan
+from dcsched.plan import Plan
 from dcsched.schedulers.registry import register
 
 

@@ -5,7 +5,7 @@ A scheduler is one module that registers one pure function::
     func(form: GraphForm, *, budget_bytes: float, budget_scope: str, **options) -> Plan
 
 It takes the graph's :class:`~dcsched.graph.form.GraphForm` and keyword
-options, and returns a :class:`~dcsched.schedulers.plan.Plan` whose ``order``
+options, and returns a :class:`~dcsched.plan.Plan` whose ``order``
 holds every node (by name) once, in a topological order. ``budget_bytes``
 (bytes, ``math.inf`` for no limit) and ``budget_scope`` (``'all'`` or
 ``'gathered'``) are passed only to a function that declares them; a
@@ -17,7 +17,7 @@ order. The user-facing option names (:attr:`SchedulerInfo.options`) are
 ``memory_budget`` for ``budget_bytes`` and ``budget_scope``, as the command
 line and :func:`dcsched.schedule` spell them.
 
->>> from dcsched.schedulers.plan import Plan
+>>> from dcsched.plan import Plan
 >>> @register("reverse-demo", description="demo only")
 ... def _demo(form: GraphForm) -> Plan:
 ...     return Plan(form.order_names(form.topo))
@@ -35,7 +35,7 @@ from typing import Callable
 from dcsched.budget import Budget, default_budget
 from dcsched.errors import GraphError, OptionError, ScheduleError
 from dcsched.graph.form import GraphForm, output_last, paused_gc
-from dcsched.schedulers.plan import Plan
+from dcsched.plan import Plan
 
 Scheduler = Callable[..., Plan]
 #: The scheduler function's budget parameters, and the option names users give for them.

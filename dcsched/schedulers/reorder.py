@@ -17,12 +17,12 @@ from dcsched.budget import Budget, budget_for
 from dcsched.errors import OptionError
 from dcsched.graph.form import GraphForm, paused_gc
 from dcsched.graph.nxview import to_fx
-from dcsched.schedulers.plan import Plan
+from dcsched.plan import Plan
 
 
 def plan(graph: torch.fx.Graph, algo: str = "fast-free", *, budget: Budget | None = None,
          memory_budget=None, budget_scope: str | None = None, **options) -> Plan:
-    """Scheduler ``algo``'s :class:`~dcsched.schedulers.plan.Plan` for ``graph`` (order checked).
+    """Scheduler ``algo``'s :class:`~dcsched.plan.Plan` for ``graph`` (order checked).
 
     Parameters
     ----------

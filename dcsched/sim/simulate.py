@@ -418,7 +418,7 @@ class CompiledGraph(GraphForm):
         per-node series and the order as node numbers, ``indices``; no names, ``kinds``
         or ``params``).
 
-        ``buckets``: collectives run as one (:class:`dcsched.schedulers.plan.Bucket`
+        ``buckets``: collectives run as one (:class:`dcsched.plan.Bucket`
         objects, or sequences of member names or numbers). A bucket is issued
         when the order reaches its first member, as one collective taking
         :func:`dcsched.sim.collectives.bucket_time_ms` of its members' times with
@@ -755,7 +755,7 @@ def simulate(graph: torch.fx.Graph | nx.DiGraph | CompiledGraph, order: Sequence
     name : str, optional
         The graph's name in the result (for reports).
     buckets : sequence, optional
-        Collectives run as one (a plan's :attr:`~dcsched.schedulers.plan.Plan.buckets`; see
+        Collectives run as one (a plan's :attr:`~dcsched.plan.Plan.buckets`; see
         :meth:`CompiledGraph.simulate`), with the latency of a compiled ``graph`` or the default one.
 
     Returns

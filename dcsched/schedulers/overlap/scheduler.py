@@ -64,7 +64,7 @@ from dcsched.graph.form import COMM_KINDS, OUTPUT, GraphForm, paused_gc
 from dcsched.sim.simulate import Clocks, SimResult
 from dcsched.budget import DEFAULT_SCOPE
 from dcsched.errors import DcschedError
-from dcsched.schedulers.plan import Plan
+from dcsched.plan import Plan
 from dcsched.schedulers.overlap.sink import sink_readers  # noqa: F401
 from dcsched.schedulers.overlap.planner import BASES, JUMP_RATIO, SCOPES, UNLIMITED, OverlapPlanner, check_scope  # noqa: F401
 from dcsched.schedulers.registry import register
