@@ -34,6 +34,7 @@ from dcsched.graph.nxview import to_networkx
 from dcsched.graph.form import ALLGATHER, REDUCE, GraphForm
 from dcsched.plan import Plan
 from dcsched.sim.collectives import DEFAULT_LATENCY_MS, latency_from_provenance
+from dcsched.sim.plans import simulate_plan
 from dcsched.sim.simulate import CompiledGraph, SimResult, compile_view
 
 #: JSON schema version of :meth:`Comparison.to_dict`.
@@ -182,7 +183,8 @@ def compare_graph(graph: torch.fx.Graph | nx.DiGraph | GraphForm, algorithms: It
                   assume_zero: bool = False, compiled: CompiledGraph | None = None,
                   progress: Progress | None = None, options: dict | None = None,
                   skipped: dict[str, str] | None = None, budget: Budget | None = None,
-                  describe: Callable[[DcschedError], str] = str) -> GraphComparison:
+                  describe: Callable[[DcschedError], str] = str,
+                  planned: dict[str, tuple[Plan, float]] | None = None) -> GraphComparison:
     """Simulate ``graph``'s input order and each algorithm's order.
 
     Parameters
@@ -208,6 +210,9 @@ def compare_graph(graph: torch.fx.Graph | nx.DiGraph | GraphForm, algorithms: It
         The memory budget for the schedulers that take one (None: no limit).
     describe : callable, optional
         How a skipped algorithm's error is worded (default ``str``).
+    planned : dict, optional
+        ``{algorithm: (plan, seconds)}``: this graph's plan from a scheduler
+        that planned the whole step (:func:`compare_bundle`), used as it is.
 
     Returns
     -------
@@ -239,15 +244,20 @@ def compare_graph(graph: torch.fx.Graph | nx.DiGraph | GraphForm, algorithms: It
             progress(f"{name}: scheduling {compiled.num_allgathers} all-gathers of {len(compiled)} nodes "
                      f"with {algo}")
         try:
-            plan, seconds[algo] = run_scheduler(GraphForm(form), algo, budget=budget, **(options or {}).get(algo, {}))
+            if planned and algo in planned:
+                plan, seconds[algo] = planned[algo]
+            else:
+                plan, seconds[algo] = run_scheduler(GraphForm(form), algo, budget=budget,
+                                                    **(options or {}).get(algo, {}))
         except DcschedError as exc:
             if skipped is None:
                 raise
             skipped[algo] = describe(exc)
             continue
         plans[algo] = plan
-        # A plan's buckets run as one collective each (dcsched.sim.collectives); buckets are checked.
-        after[algo] = compiled.simulate(list(plan.order), check=False, buckets=plan.buckets)
+        # A plan's buckets run as one collective each (dcsched.sim.collectives), its kept parameters stay
+        # gathered between the graphs (dcsched.sim.plans); buckets are checked.
+        after[algo] = simulate_plan(compiled, plan, name, check=False)
     return GraphComparison(name, compiled, before, after, plans, seconds)
 
 
@@ -296,8 +306,12 @@ def compare_bundle(bundle: Bundle, algorithms: Iterable[str], *, assume_zero: bo
     compiled = {name: check_graph(view, name=name, assume_zero=assume_zero, comm_latency_ms=latency)
                 for name, view in views.items()}
     skipped: dict[str, str] | None = {} if skip_failing else None
+    planned = _plan_steps(views, [a for a in algorithms if schedulers.get(a).step], budget=budget,
+                          comm_latency_ms=latency, options=options, progress=progress, skipped=skipped,
+                          describe=describe)
     graphs = {name: compare_graph(view, algorithms, name=name, compiled=compiled[name], progress=progress,
-                                  options=options, skipped=skipped, budget=budget, describe=describe)
+                                  options=options, skipped=skipped, budget=budget, describe=describe,
+                                  planned={algo: plans[name] for algo, plans in planned.items()})
               for name, view in views.items()}
     skipped = skipped or {}
     for cmp in graphs.values():  # an algorithm skipped on a later graph leaves the earlier ones too
@@ -306,6 +320,29 @@ def compare_bundle(bundle: Bundle, algorithms: Iterable[str], *, assume_zero: bo
             cmp.scheduler_s.pop(algo, None)
             cmp.plans.pop(algo, None)
     return Comparison([a for a in algorithms if a not in skipped], graphs, skipped)
+
+
+def _plan_steps(views: dict[str, GraphForm], algorithms: list[str], *, budget: Budget, comm_latency_ms: float,
+                options: dict | None, progress: Progress | None, skipped: dict[str, str] | None,
+                describe: Callable[[DcschedError], str]) -> dict[str, dict[str, tuple[Plan, float]]]:
+    """``{algorithm: {graph: (plan, seconds)}}`` for the schedulers that plan the step's graphs together
+    (:func:`dcsched.schedulers.run_step`); the seconds are split evenly between the graphs."""
+    planned: dict[str, dict[str, tuple[Plan, float]]] = {}
+    for algo in algorithms:
+        if progress:
+            progress(f"planning the step ({', '.join(views)}) with {algo}")
+        started = time.perf_counter()
+        try:
+            plans = schedulers.run_step(algo, {name: GraphForm(view) for name, view in views.items()}, budget=budget,
+                                        comm_latency_ms=comm_latency_ms, **(options or {}).get(algo, {}))
+        except DcschedError as exc:
+            if skipped is None:
+                raise
+            skipped[algo] = describe(exc)
+            continue
+        share = (time.perf_counter() - started) / len(views)
+        planned[algo] = {name: (plan, share) for name, plan in plans.items()}
+    return planned
 
 
 def scheduled_bundle(bundle: Bundle, comparison: Comparison, algo: str, *, input_name: str) -> Bundle:

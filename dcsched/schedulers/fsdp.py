@@ -136,8 +136,9 @@ def _reduce_groups(form: GraphForm, gathers: list[list[int]]) -> list[list[int]]
     return groups
 
 
-def fsdp_indices(form: GraphForm) -> tuple[list[int], list[list[int]]]:
-    """The order (node numbers, output last) and the buckets (node numbers, in order) of :func:`fsdp`."""
+def fsdp_indices(form: GraphForm, *, ahead: int = 1) -> tuple[list[int], list[list[int]]]:
+    """The order (node numbers, output last) and the buckets (node numbers, in order) of :func:`fsdp`;
+    ``ahead``: how many blocks ahead each block's bucket is issued (FSDP2's is 1)."""
     topo = form.topo
     pos = {v: p for p, v in enumerate(topo)}
     preds = form.preds
@@ -147,7 +148,7 @@ def fsdp_indices(form: GraphForm) -> tuple[list[int], list[list[int]]]:
     buckets: list[list[int]] = []
     gathers = _groups(form, ALLGATHER)
     for k, group in enumerate(gathers):
-        at = gathers[k - 1][0] if k else group[0]  # issued where the previous block is first needed
+        at = gathers[k - ahead][0] if k >= ahead else gathers[0][0]  # where block k - ahead is first needed
         members = [m for m in group if all(pos[p] < pos[at] for p in preds[m])]
         if not members:
             continue

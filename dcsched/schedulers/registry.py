@@ -17,6 +17,18 @@ order. The user-facing option names (:attr:`SchedulerInfo.options`) are
 ``memory_budget`` for ``budget_bytes`` and ``budget_scope``, as the command
 line and :func:`dcsched.schedule` spell them.
 
+A *step* scheduler (``register(..., step=True)``) plans the step's graphs
+together, since what a plan keeps gathered trades forward memory for backward
+communication::
+
+    func(forms: dict[str, GraphForm], *, budget_bytes, budget_scope, comm_latency_ms, **options)
+        -> dict[str, Plan]
+
+:func:`run_step` is the entry for a whole step (every scheduler: one that
+plans a graph at a time gets each graph alone); ``comm_latency_ms`` (the
+latency the bundle's communication figures include) is passed only to a
+function that declares it.
+
 >>> from dcsched.plan import Plan
 >>> @register("reverse-demo", description="demo only")
 ... def _demo(form: GraphForm) -> Plan:
@@ -30,7 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Callable
+from typing import Callable, Mapping
 
 from dcsched.budget import Budget, default_budget
 from dcsched.errors import GraphError, OptionError, ScheduleError
@@ -40,6 +52,8 @@ from dcsched.plan import Plan
 Scheduler = Callable[..., Plan]
 #: The scheduler function's budget parameters, and the option names users give for them.
 BUDGET_PARAMETERS = {"budget_bytes": "memory_budget", "budget_scope": "budget_scope"}
+#: What the caller knows of the graphs' costs, passed to a function that declares it (not a user option).
+LATENCY_PARAMETER = "comm_latency_ms"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +73,9 @@ class SchedulerInfo:
     options: tuple[str, ...]
     takes_budget: bool = False
     takes_scope: bool = False
+    #: Plans the step's graphs together (``func(forms: dict, ...) -> dict``).
+    step: bool = False
+    takes_latency: bool = False
 
     @property
     def own_options(self) -> tuple[str, ...]:
@@ -69,7 +86,7 @@ class SchedulerInfo:
 _REGISTRY: dict[str, SchedulerInfo] = {}
 
 
-def register(name: str, *, description: str) -> Callable[[Scheduler], Scheduler]:
+def register(name: str, *, description: str, step: bool = False) -> Callable[[Scheduler], Scheduler]:
     """Decorator: make ``func(form, **options) -> Plan`` available as ``name``.
 
     Parameters
@@ -78,6 +95,8 @@ def register(name: str, *, description: str) -> Callable[[Scheduler], Scheduler]
         The name users pick it by (``--algo name``).
     description : str
         One line: what it does.
+    step : bool, optional
+        ``func`` plans the step's graphs together: ``func(forms, **options) -> {name: Plan}``.
 
     Returns
     -------
@@ -99,9 +118,10 @@ def register(name: str, *, description: str) -> Callable[[Scheduler], Scheduler]
             raise ValueError(f"scheduler {name!r} is registered twice")
         params = list(inspect.signature(func).parameters.values())[1:]
         names = [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        options = tuple(BUDGET_PARAMETERS.get(n, n) for n in names)
+        options = tuple(BUDGET_PARAMETERS.get(n, n) for n in names if n != LATENCY_PARAMETER)
         _REGISTRY[name] = SchedulerInfo(name, func, description, options,
-                                        takes_budget="budget_bytes" in names, takes_scope="budget_scope" in names)
+                                        takes_budget="budget_bytes" in names, takes_scope="budget_scope" in names,
+                                        step=step, takes_latency=LATENCY_PARAMETER in names)
         return func
 
     return decorate
@@ -198,9 +218,50 @@ def run(name: str, form: GraphForm, *, budget: Budget | None = None, **options) 
     >>> len(plan.order) == len(form), plan.buckets
     (True, ())
     """
-    info = get(name)
     if not isinstance(form, GraphForm):
         raise TypeError(f"schedulers take a GraphForm, not {type(form).__name__} (GraphForm(graph) builds one)")
+    return run_step(name, {"graph": form}, budget=budget, **options)["graph"]
+
+
+def run_step(name: str, forms: Mapping[str, GraphForm], *, budget: Budget | None = None,
+             comm_latency_ms: float | None = None, **options) -> dict[str, Plan]:
+    """Plan a step's graphs with scheduler ``name``: together for a step scheduler, else each alone.
+
+    Parameters
+    ----------
+    name : str
+        A registered scheduler (:func:`available`).
+    forms : mapping of str to GraphForm
+        The step's graphs by name (``'forward'``, ``'backward'``); a step
+        scheduler takes any other name as a graph on its own.
+    budget : Budget, optional
+        As :func:`run`: one budget for every graph.
+    comm_latency_ms : float, optional
+        The latency (ms) the communication figures include, for a scheduler
+        that costs buckets (:func:`dcsched.sim.collectives.latency_from_provenance`);
+        None: the default one.
+    **options
+        The scheduler's own options.
+
+    Returns
+    -------
+    dict of str to Plan
+        One plan per graph, each order checked as :func:`run` checks it.
+
+    Raises
+    ------
+    ScheduleError, OptionError, BudgetError
+        As :func:`run`; a step scheduler that leaves out a graph is a ScheduleError.
+
+    Examples
+    --------
+    >>> from dcsched.synthetic import layered_stack
+    >>> stack = layered_stack(1)
+    >>> plans = run_step("fast-free", {"forward": GraphForm(stack.forward), "backward": GraphForm(stack.backward)})
+    >>> sorted(plans), plans["forward"].order[-1]
+    (['backward', 'forward'], 'output')
+    """
+    info = get(name)
     unknown = sorted(set(options) - set(info.own_options))
     if unknown:
         if set(unknown) & set(BUDGET_PARAMETERS.values()):
@@ -208,23 +269,36 @@ def run(name: str, form: GraphForm, *, budget: Budget | None = None, **options) 
         raise OptionError(unknown[0], f"is not an option of scheduler '{name}' (unknown: {', '.join(unknown)}; "
                                       f"it takes: {', '.join(info.options) or 'none'})")
     if info.takes_budget:
-        chosen = budget if budget is not None else default_budget(form)
+        chosen = budget if budget is not None else default_budget(next(iter(forms.values())))
         options["budget_bytes"] = chosen.bytes
         if info.takes_scope:
             options["budget_scope"] = chosen.scope
+    if info.takes_latency and comm_latency_ms is not None:
+        options[LATENCY_PARAMETER] = comm_latency_ms
     with paused_gc():
-        plan = info.func(form, **options)
-        if not isinstance(plan, Plan):
-            raise ScheduleError(f"scheduler '{name}' returned {type(plan).__name__}, not a Plan")
-        # Every scheduler's order ends with the output, whatever its rule ranks there (graph.form.output_last).
-        # (as a list, what output_last and check_order take; output_last hands back the same list when the
-        # output already comes last)
-        names = list(plan.order)
-        order = output_last(form, names)
-        if order is not names:
-            plan = plan.with_order(order)
-        try:
-            form.check_order(order)
-        except GraphError as exc:
-            raise ScheduleError(f"scheduler '{name}' returned an invalid order: {exc}") from None
+        if info.step:
+            plans = info.func(dict(forms), **options)
+            missing = sorted(set(forms) - set(plans)) if isinstance(plans, dict) else sorted(forms)
+            if missing:
+                raise ScheduleError(f"scheduler '{name}' returned no plan for graph {', '.join(missing)}")
+        else:
+            plans = {graph: info.func(form, **options) for graph, form in forms.items()}
+        return {graph: _checked(name, forms[graph], plans[graph]) for graph in forms}
+
+
+def _checked(name: str, form: GraphForm, plan: Plan) -> Plan:
+    """``plan`` with the output last, its order checked (:class:`ScheduleError` names the scheduler)."""
+    if not isinstance(plan, Plan):
+        raise ScheduleError(f"scheduler '{name}' returned {type(plan).__name__}, not a Plan")
+    # Every scheduler's order ends with the output, whatever its rule ranks there (graph.form.output_last).
+    # (as a list, what output_last and check_order take; output_last hands back the same list when the
+    # output already comes last)
+    names = list(plan.order)
+    order = output_last(form, names)
+    if order is not names:
+        plan = plan.with_order(order)
+    try:
+        form.check_order(order)
+    except GraphError as exc:
+        raise ScheduleError(f"scheduler '{name}' returned an invalid order: {exc}") from None
     return plan

@@ -50,7 +50,7 @@ import functools
 import itertools
 import math
 import operator
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import networkx as nx
 import torch.fx
@@ -100,13 +100,21 @@ class Bounds:
 
 @dataclasses.dataclass(frozen=True)
 class _Fused:
-    """Buckets as one simulation reads them: per node its bucket's first member (-1: none), each first
-    member's fused time (ms), the communication time the buckets save and the collectives issued."""
+    """A plan as one simulation reads it: per node its bucket's first member (-1: none; :data:`HELD`: an
+    all-gather of a parameter still gathered from the forward), each first member's fused time (ms), the
+    communication time the plan saves, the collectives issued, the ds_ids kept gathered past the graph's
+    end and the bytes held gathered from its start."""
 
     lead: list[int]
     time: dict[int, float]
     saved_ms: float
     collectives: int
+    keep: frozenset = frozenset()
+    held_bytes: int | float = 0
+
+
+#: :attr:`_Fused.lead` of an all-gather whose parameter is held from the forward: no collective, ready at once.
+HELD = -2
 
 
 class CompiledGraph(GraphForm):
@@ -411,7 +419,7 @@ class CompiledGraph(GraphForm):
         return released
 
     def simulate(self, order: Sequence | None = None, *, detail: bool | str = True, check: bool = True,
-                 buckets: Sequence | None = None) -> SimResult:
+                 buckets: Sequence | None = None, keep: Iterable[int] = (), held: Iterable[int] = ()) -> SimResult:
         """Simulate ``order`` (names or node numbers; None = input order). O(N + E).
 
         ``detail``: True (everything), False (scalars only) or ``"series"`` (also the
@@ -426,11 +434,40 @@ class CompiledGraph(GraphForm):
         every member is done when it ends (the later members take no time where
         they stand). Checked (:meth:`bucket_indices`) unless ``check`` is false.
         No bucket (None or empty): exactly the simulation without buckets.
+
+        ``keep`` and ``held`` run a plan's ``'kept'`` parameters (by ds_id):
+        in the forward (``keep``) their gathered buffers are not freed at their
+        release but stay to the graph's end; in the backward (``held``) they
+        are gathered from the start (their bytes resident, counted as
+        gathered), their all-gathers issue no collective and are ready at
+        once (a bucket simply goes without them), and their release frees
+        them as usual.
         """
         idx = self.order_indices(order, check=check)
-        if not buckets:
+        keep, held = frozenset(keep), frozenset(held)
+        if not buckets and not keep and not held:
             return self.simulate_with_frees(idx, detail=detail)[0]
-        return self.simulate_with_frees(idx, detail=detail, buckets=self.bucket_indices(buckets, idx))[0]
+        held_nodes = [i for i in range(len(self.names)) if self.kind[i] == ALLGATHER and self.ds_id[i] in held]
+        fused = self._fused(self.bucket_indices(buckets or (), idx), held_nodes, keep)
+        return self.simulate_with_frees(idx, detail=detail, fused=fused)[0]
+
+    def step_ms(self, idx: list[int], *, buckets: Sequence | None = None, held: Iterable[int] = ()) -> float:
+        """:meth:`simulate`'s step time alone (no memory model, a third of the cost) for the node numbers
+        ``idx`` (unchecked) with ``buckets`` (checked) and the ``held`` parameters (ds_ids).
+
+        Examples
+        --------
+        >>> from dcsched.synthetic import layered_stack
+        >>> g = compile_view(layered_stack(1).forward)
+        >>> g.step_ms(list(g.topo)) == g.simulate(None).step_ms
+        True
+        """
+        held = frozenset(held)
+        if not buckets and not held:
+            return self._timeline(idx, False)[0]
+        held_nodes = [i for i in range(len(self.names)) if self.kind[i] == ALLGATHER and self.ds_id[i] in held]
+        fused = self._fused(self.bucket_indices(buckets or (), idx), held_nodes)
+        return self._fused_timeline(idx, False, fused)[0]
 
     def bucket_indices(self, buckets: Sequence, idx: Sequence[int]) -> list[list[int]]:
         """``buckets`` as lists of member numbers, each in the order ``idx`` runs them, checked against ``idx``.
@@ -476,12 +513,14 @@ class CompiledGraph(GraphForm):
         return result
 
     def simulate_with_frees(self, idx: list[int], *, detail: bool | str = "series",
-                            buckets: list[list[int]] | None = None) -> tuple[SimResult, list[int]]:
+                            buckets: list[list[int]] | None = None,
+                            fused: _Fused | None = None) -> tuple[SimResult, list[int]]:
         """:meth:`simulate` of the node numbers ``idx`` (taken as they are, unchecked), and
         :meth:`free_positions` of them (computed on the way). ``buckets``: lists of member numbers,
-        each in ``idx``'s order (:meth:`bucket_indices`, unchecked)."""
+        each in ``idx``'s order (:meth:`bucket_indices`, unchecked); or ``fused``, the plan already read."""
         kind = self.kind
-        fused = self._fused(buckets) if buckets else None
+        if fused is None and buckets:
+            fused = self._fused(buckets)
         memory, gathered, free = self.memory_with_frees(idx, fused=fused)
         peak, peak_pos = _first_peak(memory)
         gpeak, gpeak_pos = _first_peak(gathered)
@@ -499,9 +538,14 @@ class CompiledGraph(GraphForm):
                 result.params = self._lifetimes(idx, free, reach, start, end)
         return result, free
 
-    def _fused(self, buckets: list[list[int]]) -> _Fused:
-        """Per node, the bucket's first member (-1 outside buckets), and each first member's fused time."""
+    def _fused(self, buckets: list[list[int]], held: Sequence[int] = (), keep: frozenset = frozenset()) -> _Fused:
+        """Per node, the bucket's first member (-1 outside buckets, :data:`HELD` for ``held`` all-gathers),
+        and each first member's fused time; ``keep``: ds_ids whose gathered buffers outlive the graph."""
         lead = [-1] * len(self.names)
+        for i in held:
+            lead[i] = HELD
+        buckets = [[m for m in members if lead[m] != HELD] for members in buckets]  # held members leave
+        buckets = [members for members in buckets if members]
         time: dict[int, float] = {}
         dur, latency = self.duration, self.comm_latency_ms
         for members in buckets:
@@ -509,9 +553,10 @@ class CompiledGraph(GraphForm):
             for m in members:
                 lead[m] = first
             time[first] = bucket_time_ms([dur[m] for m in members], latency_ms=latency)
-        saved = sum(dur[m] for members in buckets for m in members) - sum(time.values())
-        collectives = self.num_allgathers + self.num_reduces - sum(len(members) - 1 for members in buckets)
-        return _Fused(lead, time, max(0.0, saved), collectives)
+        saved = sum(dur[m] for members in buckets for m in members) - sum(time.values()) + sum(dur[i] for i in held)
+        collectives = self.num_allgathers + self.num_reduces - sum(len(members) - 1 for members in buckets) \
+            - len(held)
+        return _Fused(lead, time, max(0.0, saved), collectives, keep, sum(self.size[i] for i in held))
 
     def memory_with_frees(self, idx: list[int], *, fused: _Fused | None = None) -> tuple[list, list, list[int]]:
         """The memory of all tensors and of gathered buffers while each position of the node numbers
@@ -519,6 +564,11 @@ class CompiledGraph(GraphForm):
         its clocks. With ``fused`` buckets, every member allocates at its bucket's first member."""
         kind, owned = self.kind, self.owned
         free = self.free_positions(idx)
+        if fused is not None and fused.keep:  # kept gathered buffers outlive the graph
+            ds_id, keep = self.ds_id, fused.keep
+            for r in self.gather_owners:
+                if ds_id[r] in keep:
+                    free[r] = -1
         free_all = [0] * len(idx)
         free_gathered = [0] * len(idx)
         for r in self.owners:
@@ -541,11 +591,17 @@ class CompiledGraph(GraphForm):
         allocated, before what it frees)."""
         allocs = list(map(self.alloc.__getitem__, idx))
         gallocs = list(map(self.gathered_alloc.__getitem__, idx))
+        start, gstart = self.resident_bytes, 0
         if fused is not None:  # a bucket's members allocate where its first member stands
             lead = fused.lead
             at: dict[int, int] = {}
+            start += fused.held_bytes  # held parameters are gathered from the start
+            gstart += fused.held_bytes
             for pos, i in enumerate(idx):
                 first = lead[i]
+                if first == HELD:
+                    allocs[pos] = gallocs[pos] = 0
+                    continue
                 if first < 0:
                     continue
                 if first == i:
@@ -556,13 +612,13 @@ class CompiledGraph(GraphForm):
                     gallocs[p] += gallocs[pos]
                     allocs[pos] = gallocs[pos] = 0
         if self.integral_sizes:  # exact in any summation order: running sums at C speed
-            memory = list(map(operator.sub, itertools.islice(itertools.accumulate(allocs, initial=self.resident_bytes),
-                                                            1, None), itertools.accumulate(free_all, initial=0)))
-            gathered = list(map(operator.sub, itertools.islice(itertools.accumulate(gallocs, initial=0), 1, None),
+            memory = list(map(operator.sub, itertools.islice(itertools.accumulate(allocs, initial=start), 1, None),
+                              itertools.accumulate(free_all, initial=0)))
+            gathered = list(map(operator.sub, itertools.islice(itertools.accumulate(gallocs, initial=gstart), 1, None),
                                 itertools.accumulate(free_gathered, initial=0)))
             return memory, gathered
         memory, gathered = [], []
-        mem, gmem = self.resident_bytes, 0
+        mem, gmem = start, gstart
         for a, ga, f, gf in zip(allocs, gallocs, free_all, free_gathered):
             if a:
                 mem += a
@@ -628,7 +684,9 @@ class CompiledGraph(GraphForm):
         for i in idx:
             if is_comm[i]:
                 first = lead[i]
-                if first < 0 or first == i:
+                if first == HELD:  # gathered since the forward: ready when reached
+                    done[i] = r = s = tc
+                elif first < 0 or first == i:
                     s = tc if tc > tq else tq
                     tq = done[i] = s + (dur[i] if first < 0 else time[i])
                     issued[i] = (tc, s)
@@ -667,9 +725,10 @@ class CompiledGraph(GraphForm):
             bounds = self._bounds if self._bounds is not None else (lambda: self.bounds)
         else:
             bounds = functools.partial(_bucketed_bounds, self, fused.saved_ms)
+        resident = self.resident_bytes + (fused.held_bytes if fused is not None else 0)
         return SimResult(
             order=[names[i] for i in idx] if with_order else [],
-            peak_bytes=max(peak, self.resident_bytes) if n else self.resident_bytes,
+            peak_bytes=max(peak, resident) if n else resident,
             peak_node=names[idx[peak_pos]] if peak_pos >= 0 else None,
             gathered_peak_bytes=max(gpeak, 0),
             gathered_peak_node=names[idx[gpeak_pos]] if gpeak > 0 else None,
@@ -679,7 +738,7 @@ class CompiledGraph(GraphForm):
             exposed_comm_ms=exposed,
             overlap_pct=overlap,
             bounds=bounds,
-            resident_bytes=self.resident_bytes,
+            resident_bytes=resident,
             collectives=self.num_allgathers + self.num_reduces if fused is None else fused.collectives,
         )
 

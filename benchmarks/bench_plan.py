@@ -1,0 +1,159 @@
+"""The communication plan against its baselines, by the simulator: issue 32's acceptance table.
+
+For each step (forward and backward graphs planned together) and each budget, one row per algorithm:
+``overlap`` (today's orders, every collective alone), ``deepcompile`` (its fused groups run as one collective),
+``fsdp`` (FSDP2's per-block buckets, prefetch one block ahead) and ``overlap-plan`` (buckets and kept
+parameters chosen within the budget). Figures are the step's: forward plus backward step time, the larger of
+the two graphs' peaks (all tensors), collectives per step, and the seconds the scheduler took.
+
+Budgets: the bundle's default (the recorded device's memory less 10%) and 1.1 x the smallest feasible one
+(the smallest all-tensor budget ``overlap`` accepts for either graph, from its BudgetError). A baseline that
+does not fit a budget is marked ``over``.
+
+Verdicts per step and budget (``overlap-plan`` against each baseline that fits the budget):
+``faster``: its step no slower than each's; ``fewer``: its collectives at most ``fsdp``'s;
+``fits``: its peak within the budget; ``at-peak``: given exactly a baseline's own peak as its budget, it is
+still no slower than that baseline (no more memory, pairwise).
+
+    .venv/bin/python benchmarks/bench_plan.py              # everything
+    .venv/bin/python benchmarks/bench_plan.py --quick      # the samples and the small synthetic steps
+    .venv/bin/python benchmarks/bench_plan.py --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from dcsched.budget import Budget, default_budget  # noqa: E402
+from dcsched.bundle.core import load  # noqa: E402
+from dcsched.errors import BudgetError  # noqa: E402
+from dcsched.graph.form import GraphForm  # noqa: E402
+from dcsched.schedulers import run_step  # noqa: E402
+from dcsched.schedulers.overlap.scheduler import Overlap  # noqa: E402
+from dcsched.sim.collectives import DEFAULT_LATENCY_MS, latency_from_provenance  # noqa: E402
+from dcsched.sim.plans import simulate_plan  # noqa: E402
+from dcsched.sim.simulate import CompiledGraph  # noqa: E402
+from dcsched.synthetic import layered_stack, moe_graph  # noqa: E402
+from dcsched.synthetic.stacking import stack_copies  # noqa: E402
+
+BASELINES = ("overlap", "deepcompile", "fsdp")
+PLANNER = "overlap-plan"
+EPS = 1e-9
+
+
+def steps(quick: bool) -> dict:
+    """``{name: (graphs, latency_ms, default budget)}`` for every step benchmarked."""
+    found: dict = {}
+    for path in sorted((ROOT / "sample_graphs").glob("*.pt")):
+        bundle = load(path)
+        graphs = {name: bundle.graphs[name] for name in bundle.graph_names}
+        found[f"sample:{path.stem}"] = (graphs, latency_from_provenance(bundle.provenance), default_budget(bundle))
+        if not quick and path.stem in ("gpt", "llama"):
+            for copies in (8, 32):
+                stacked = {name: stack_copies(graph, copies) for name, graph in graphs.items()}
+                found[f"stacked:{path.stem}x{copies}"] = (stacked, latency_from_provenance(bundle.provenance),
+                                                          default_budget(bundle))
+    for layers in ((2, 8) if quick else (2, 8, 32)):
+        pair = layered_stack(layers)
+        found[f"layered-{layers}"] = ({"forward": pair.forward, "backward": pair.backward}, DEFAULT_LATENCY_MS,
+                                      Budget.unlimited())
+    for layers in ((2,) if quick else (2, 4)):
+        moe = {kind: moe_graph(0, kind=kind, n_layers=layers) for kind in ("forward", "backward")}
+        found[f"moe-{layers}"] = (moe, DEFAULT_LATENCY_MS, Budget.unlimited())
+    return found
+
+
+def smallest_feasible(forms: dict) -> int:
+    """The smallest all-tensor budget ``overlap`` accepts for every graph."""
+    return max(Overlap(form).min_budget("all") for form in forms.values())
+
+
+def measure(forms: dict, compiled: dict, algo: str, budget: Budget, latency: float) -> dict:
+    started = time.process_time()
+    try:
+        plans = run_step(algo, forms, budget=budget, comm_latency_ms=latency)
+    except BudgetError:
+        return {"algo": algo, "error": "refuses the budget"}
+    seconds = time.process_time() - started
+    results = {name: simulate_plan(compiled[name], plan, name, check=False) for name, plan in plans.items()}
+    kept = sum(1 for where in next(iter(plans.values())).residency.values() if where == "kept")
+    return {"algo": algo, "step_ms": sum(r.step_ms for r in results.values()),
+            "peak_bytes": max(r.peak_bytes for r in results.values()),
+            "collectives": sum(r.collectives for r in results.values()), "kept": kept, "sched_s": seconds}
+
+
+def bench_step(name: str, graphs: dict, latency: float, default: Budget) -> list[dict]:
+    forms = {g: GraphForm(graph) for g, graph in graphs.items()}
+    compiled = {g: CompiledGraph(form, comm_latency_ms=latency) for g, form in forms.items()}
+    nodes = sum(len(form) for form in forms.values())
+    tight = Budget(math.ceil(1.1 * smallest_feasible(forms)), "all")
+    rows = []
+    for label, budget in (("default", default), ("1.1x min", tight)):
+        measured = {algo: measure(forms, compiled, algo, budget, latency) for algo in (*BASELINES, PLANNER)}
+        plan = measured[PLANNER]
+        fitting = {a: m for a, m in measured.items() if "error" not in m and m["peak_bytes"] <= budget.bytes}
+        verdict = {}
+        if "error" not in plan:
+            verdict["faster"] = all(plan["step_ms"] <= m["step_ms"] + EPS for a, m in fitting.items() if a != PLANNER)
+            verdict["fewer"] = plan["collectives"] <= measured["fsdp"]["collectives"]
+            verdict["fits"] = plan["peak_bytes"] <= budget.bytes
+            at_peak = []
+            for algo in BASELINES:
+                base = measured[algo]
+                if "error" in base:
+                    continue
+                own = measure(forms, compiled, PLANNER, Budget(base["peak_bytes"], "all"), latency)
+                at_peak.append("error" not in own and own["step_ms"] <= base["step_ms"] + EPS)
+            verdict["at-peak"] = all(at_peak)
+        for algo, m in measured.items():
+            over = "error" not in m and m["peak_bytes"] > budget.bytes
+            rows.append({"step": name, "nodes": nodes, "budget": label, "budget_bytes": budget.bytes, **m,
+                         "over": over, **(verdict if algo == PLANNER else {})})
+    return rows
+
+
+def _table(rows: list[dict]) -> str:
+    keys = ("step", "nodes", "budget", "algo", "step_ms", "peak_MiB", "collectives", "kept", "sched_s", "note")
+    cells = []
+    for row in rows:
+        note = row.get("error", "over budget" if row.get("over") else "")
+        if row["algo"] == PLANNER and "faster" in row:
+            note = " ".join(f"{k}={'yes' if row[k] else 'NO'}" for k in ("faster", "fewer", "fits", "at-peak"))
+        cells.append([row["step"], str(row["nodes"]), row["budget"], row["algo"],
+                      f"{row['step_ms']:.3f}" if "step_ms" in row else "-",
+                      f"{row['peak_bytes'] / 2**20:.1f}" if "peak_bytes" in row else "-",
+                      str(row.get("collectives", "-")), str(row.get("kept", "-")),
+                      f"{row['sched_s']:.2f}" if "sched_s" in row else "-", note])
+    widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
+    lines = ["  ".join(k.ljust(w) for k, w in zip(keys, widths))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="the samples and the small synthetic steps")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    parser.add_argument("only", nargs="*", help="step names to run (default: all)")
+    args = parser.parse_args(argv)
+    rows = []
+    for name, (graphs, latency, default) in steps(args.quick).items():
+        if args.only and name not in args.only:
+            continue
+        rows += bench_step(name, graphs, latency, default)
+        if not args.json:
+            print(_table([r for r in rows if r["step"] == name]), flush=True)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,468 @@
+"""``overlap-plan``: one communication plan for the step, buckets and residency chosen within the budget.
+
+Where :mod:`~dcsched.schedulers.overlap` moves each collective on its own,
+this planner decides, for the forward and backward graphs together, which
+collectives run as one (buckets) and which parameters stay gathered from the
+forward to the backward (``'kept'`` residency), and picks each graph's order,
+by the simulator, within ``budget_bytes`` of ``budget_scope``:
+
+1. **Blocks.** Each graph's all-gathers are cut into blocks as ``fsdp`` cuts
+   them (:func:`dcsched.schedulers.fsdp.blocks`: the period of the parameter
+   sizes, one block per transformer layer), and its reduces follow the blocks
+   of the parameters they reduce. A block is one all-gather bucket (and one
+   reduce bucket): the step issues no more collectives than FSDP2's policy.
+2. **Orders.** Candidates per graph, each with the block buckets
+   (:func:`bucketed`: a bucket's all-gathers move to where its first one
+   stands, its reduces to where its last one stands): ``fsdp``'s order
+   prefetching one and two blocks ahead, and ``overlap``'s, ``fast-free``'s
+   and the graph's own order.
+3. **Residency.** Keeping a parameter gathered saves its backward all-gather
+   (time and a collective) and costs its bytes from its forward release to
+   its backward one. The parameters needed last in the forward (first in
+   the backward) cost least, so the candidates keep the last ``j`` forward
+   blocks, for ``j`` in 0, 1, 2, 4, ... and all of them.
+4. **Choice.** Every candidate is simulated with its buckets and residency
+   (:meth:`dcsched.sim.simulate.CompiledGraph.simulate`); for each ``j`` each
+   graph takes its fastest order within the budget, and the ``j`` with the
+   shortest step (forward plus backward) wins; ties go to fewer collectives,
+   then to the lower peak.
+
+When no bucketed order fits the budget (a budget near what gathering one
+parameter at a time needs), the graph falls back to ``overlap``'s own plan,
+every collective alone, which fits any budget ``overlap`` accepts.
+
+A graph on its own (not named ``'forward'`` / ``'backward'``, or a step
+without a backward) gets buckets alone: nothing to keep.
+
+>>> from dcsched.synthetic import layered_stack
+>>> stack = layered_stack(4)
+>>> forms = {"forward": GraphForm(stack.forward), "backward": GraphForm(stack.backward)}
+>>> plans = overlap_plan(forms)
+>>> forms["forward"].check_order(list(plans["forward"].order))
+>>> plans["forward"].residency == plans["backward"].residency
+True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Iterable, Mapping, Sequence
+
+from dcsched.budget import DEFAULT_SCOPE
+from dcsched.errors import BudgetError
+from dcsched.graph.form import ALLGATHER, REDUCE, GraphForm, output_last_indices
+from dcsched.plan import Bucket, Plan
+from dcsched.schedulers.fast_free import fast_free
+from dcsched.schedulers.fsdp import _groups, _reduce_groups, fsdp_indices
+from dcsched.schedulers.overlap.planner import UNLIMITED, check_scope
+from dcsched.schedulers.overlap.scheduler import Overlap
+from dcsched.schedulers.registry import register
+from dcsched.sim.collectives import DEFAULT_LATENCY_MS
+from dcsched.sim.simulate import CompiledGraph
+
+#: How many blocks ahead the ``fsdp``-style candidates prefetch.
+AHEAD = (1, 2)
+#: How many blocks ahead the bucketed orders issue their all-gather buckets.
+BUCKETS_AHEAD = (0, 1, 2)
+#: How many blocks of each kind at each end of a graph :func:`_refine` tries cutting.
+SPLIT_ENDS = 2
+#: How many of a graph's fastest bucketed candidates :func:`_refine` cuts blocks of.
+REFINED = 2
+#: The most blocks :func:`_refine` cuts in a step.
+MAX_CUTS = 12
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One graph's order with its buckets (node numbers), simulated with the step's residency.
+
+    ``base`` is the order the buckets were made from and ``groups`` the blocks (all-gather blocks, then
+    reduce blocks) :func:`bucketed` made them of, so a block can be cut and the buckets made again;
+    ``fsdp``'s own orders have none (their buckets sit where FSDP2 issues them).
+    """
+
+    source: str
+    order: list[int]
+    buckets: list[list[int]]
+    #: the simulated step (ms), collectives and peak (bytes of the budget's scope; 0 when no budget was set)
+    step_ms: float
+    collectives: int
+    peak: float
+    base: list[int] | None = None
+    groups: tuple[list[list[int]], list[list[int]]] | None = None
+    ahead: int = 0
+
+    def key(self) -> tuple:
+        """What ranks candidates: step time, then collectives, then peak."""
+        return (self.step_ms, self.collectives, self.peak)
+
+
+def bucketed(form: GraphForm, order: Sequence[int], gathers: Sequence[Sequence[int]],
+             reduces: Sequence[Sequence[int]], *, ahead: int = 0) -> tuple[list[int], list[list[int]]]:
+    """``order`` with each block of ``gathers`` and of ``reduces`` made one bucket.
+
+    A block's all-gathers move to where the block ``ahead`` blocks before it
+    (in ``gathers``' order, the order they are needed) has its first
+    all-gather in ``order``, or its own first where that is earlier: ``ahead``
+    0 issues each bucket when its first parameter would have been gathered,
+    1 when the block before is (FSDP2's prefetch). A block's reduces move to
+    where its last one stands (every gradient of the block is ready there).
+    A member that cannot move (an all-gather whose input has not run by then,
+    a reduce read before the last one: neither occurs in DeepCompile graphs)
+    stays alone.
+
+    Parameters
+    ----------
+    form : GraphForm
+        The graph.
+    order : sequence of int
+        A topological order (node numbers).
+    gathers, reduces : sequence of sequences of int
+        The blocks (node numbers).
+    ahead : int, optional
+        How many blocks ahead a bucket of all-gathers is issued (default 0).
+
+    Returns
+    -------
+    (list of int, list of list of int)
+        The order (output last) and the buckets of two or more members, each in its order.
+
+    Examples
+    --------
+    >>> from dcsched.synthetic import layered_stack
+    >>> form = GraphForm(layered_stack(2).forward)
+    >>> gathers = [[i for i in form.topo if form.kind[i] == ALLGATHER]]
+    >>> order, buckets = bucketed(form, list(form.topo), gathers, [])
+    >>> form.check_order(form.order_names(order)); len(buckets), len(buckets[0]) == len(gathers[0])
+    (1, True)
+    """
+    pos = [0] * len(form.kind)
+    for p, v in enumerate(order):
+        pos[v] = p
+    preds, succs = form.preds, form.succs
+    before: dict[int, list[int]] = {}  # base position -> all-gathers issued right before the node there
+    after: dict[int, list[int]] = {}  # base position -> reduces issued right after the node there
+    moved: set[int] = set()
+    buckets: list[list[int]] = []
+    firsts = [min(pos[m] for m in group) if group else -1 for group in gathers]
+    for k, group in enumerate(gathers):
+        if not group:
+            continue
+        at = min(firsts[max(0, k - ahead)], firsts[k])
+        members = sorted((m for m in group if all(pos[p] < at for p in preds[m])), key=pos.__getitem__)
+        before.setdefault(at, []).extend(members)
+        moved.update(members)
+        buckets.append(members)
+    for group in reduces:
+        if not group:
+            continue
+        at = max(pos[m] for m in group)
+        members = sorted((m for m in group if all(pos[s] > at for s in succs[m])), key=pos.__getitem__)
+        later = [m for m in members if pos[m] != at]
+        after.setdefault(at, []).extend(later)
+        moved.update(later)
+        buckets.append([order[at]] + later)  # as it runs: the last gradient's reduce, then the ones moved after it
+    result: list[int] = []
+    extend, append = result.extend, result.append
+    for p, v in enumerate(order):
+        if p in before:
+            extend(before[p])
+        if v not in moved:
+            append(v)
+        if p in after:
+            extend(after[p])
+    return output_last_indices(form.kind, result), [b for b in buckets if len(b) > 1]
+
+
+class _GraphPlanner:
+    """One graph's blocks and candidate orders; :meth:`best` simulates them with a residency."""
+
+    def __init__(self, form: GraphForm, latency_ms: float, scope: str, budget: float, graph: str = "") -> None:
+        self.form, self.scope, self.budget = form, scope, budget
+        self._held_nodes: dict[frozenset, frozenset] = {}
+        #: How the step's kept parameters reach this graph: kept past its end (forward), held from its start
+        #: (backward), or not at all.
+        self.residency_role = {"forward": "keep", "backward": "held"}.get(graph)
+        self.compiled = CompiledGraph(form, assume_zero=True, comm_latency_ms=latency_ms)
+        self.gathers = _groups(form, ALLGATHER)
+        self.reduces = _reduce_groups(form, self.gathers)
+        self._bases: dict[str, list[int]] = {}
+        self._fsdp: dict[str, tuple[list[int], list[list[int]]]] = {}
+        self._overlap: Overlap | None = None
+        self._overlap_orders: dict[float, list[int] | None] = {}
+
+    def role(self, kept: frozenset) -> dict[str, frozenset]:
+        """The simulator's ``keep`` / ``held`` argument for the step's ``kept`` parameters."""
+        return {self.residency_role: kept} if self.residency_role and kept else {}
+
+    def gathered_ids(self) -> set[int]:
+        return {self.form.ds_id[m] for group in self.gathers for m in group}
+
+    def fsdp_orders(self) -> dict[str, tuple[list[int], list[list[int]]]]:
+        """FSDP2-style orders and buckets, prefetching :data:`AHEAD` blocks ahead (computed once)."""
+        if not self._fsdp:
+            self._fsdp = {f"fsdp-{k}": fsdp_indices(self.form, ahead=k) for k in AHEAD}
+        return self._fsdp
+
+    def _fixed_bases(self) -> dict[str, list[int]]:
+        """The orders to bucket that do not depend on the budget (computed once)."""
+        if not self._bases:
+            index = self.form.index
+            self._bases = {"fast-free": [index[n] for n in fast_free(self.form).order], "input": list(self.form.topo)}
+        return self._bases
+
+    def _overlap_order(self, budget: float) -> list[int] | None:
+        """``overlap``'s order under ``budget`` (node numbers), None where it refuses the budget."""
+        if budget not in self._overlap_orders:
+            if self._overlap is None:
+                self._overlap = Overlap(self.form)
+            try:
+                names = self._overlap.order(budget, self.scope)
+                self._overlap_orders[budget] = [self.form.index[n] for n in names]
+            except BudgetError:
+                self._overlap_orders[budget] = None
+        return self._overlap_orders[budget]
+
+    def candidates(self, budget: float, reserved: float, role: dict) -> Iterable[Candidate]:
+        """Every candidate order, bucketed and simulated (``reserved``: the kept parameters' bytes)."""
+        for source, (order, buckets) in self.fsdp_orders().items():
+            yield self.simulated(source, order, buckets, **role)
+        bases = dict(self._fixed_bases())
+        # overlap under what the kept parameters leave of the budget
+        overlap_order = self._overlap_order(budget - reserved if math.isfinite(budget) else budget)
+        if overlap_order is not None:
+            bases["overlap"] = overlap_order
+        groups = (self.gathers, self.reduces)
+        for source, base in bases.items():
+            for ahead in BUCKETS_AHEAD:
+                yield self.rebucketed(f"{source}, {ahead} ahead", base, groups, role, ahead)
+
+    def rebucketed(self, source: str, base: list[int], groups: tuple, role: dict, ahead: int) -> Candidate:
+        order, buckets = bucketed(self.form, base, *groups, ahead=ahead)
+        candidate = self.simulated(source, order, buckets, **role)
+        return dataclasses.replace(candidate, base=base, groups=groups, ahead=ahead)
+
+    def simulated(self, source: str, order: list[int], buckets: list[list[int]], *, keep: frozenset = frozenset(),
+                  held: frozenset = frozenset()) -> Candidate:
+        """The candidate simulated; without a budget its timeline alone (the memory model is two thirds of
+        a simulation's cost, and nothing would read it)."""
+        compiled = self.compiled
+        skipped = self.held_nodes(held)
+        collectives = compiled.num_allgathers + compiled.num_reduces - len(skipped) \
+            - sum(max(0, len(b) - 1 - sum(1 for m in b if m in skipped)) for b in buckets)
+        if not math.isfinite(self.budget):
+            step = compiled.step_ms(order, buckets=buckets, held=held)
+            return Candidate(source, order, buckets, step, collectives, 0)
+        result = compiled.simulate(order, detail=False, check=False, buckets=buckets, keep=keep, held=held)
+        peak = result.peak_bytes if self.scope == "all" else result.gathered_peak_bytes
+        return Candidate(source, order, buckets, result.step_ms, result.collectives, peak)
+
+    def held_nodes(self, held: frozenset) -> frozenset:
+        """The all-gathers of the ``held`` parameters."""
+        if held not in self._held_nodes:
+            form = self.form
+            self._held_nodes[held] = frozenset(m for group in self.gathers for m in group if form.ds_id[m] in held)
+        return self._held_nodes[held]
+
+    def fitting(self, budget: float, kept: frozenset) -> list[Candidate]:
+        """The candidates within ``budget`` with the step's ``kept`` parameters, fastest first."""
+        role = self.role(kept)
+        reserved = sum(self.form.size[m] for group in self.gathers for m in group if self.form.ds_id[m] in kept) \
+            if role else 0
+        return sorted((c for c in self.candidates(budget, reserved, role) if c.peak <= budget),
+                      key=Candidate.key)
+
+    def cuts(self, candidate: Candidate, kept: frozenset) -> Iterable[Candidate]:
+        """The candidate with one block cut in two and bucketed again: the first and last
+        :data:`SPLIT_ENDS` blocks of each kind (where a graph waits on its first all-gathers and its last
+        reduces), each cut at :func:`_cut_points`."""
+        if candidate.base is None or candidate.groups is None:
+            return
+        role = self.role(kept)
+        held = role.get("held", frozenset())
+        ds_id = self.form.ds_id
+        for which in (0, 1):
+            blocks = candidate.groups[which]
+            live = [k for k, b in enumerate(blocks)
+                    if len(b) > 1 and (which or sum(1 for m in b if ds_id[m] not in held) > 1)]
+            for k in dict.fromkeys(live[:SPLIT_ENDS] + live[-SPLIT_ENDS:]):
+                members = blocks[k]
+                for cut in _cut_points(len(members)):
+                    cut_blocks = blocks[:k] + [members[:cut], members[cut:]] + blocks[k + 1:]
+                    groups = (cut_blocks, candidate.groups[1]) if which == 0 else (candidate.groups[0], cut_blocks)
+                    yield self.rebucketed(candidate.source, candidate.base, groups, role, candidate.ahead)
+
+    def merged(self, candidate: Candidate, kept: frozenset, budget: float) -> tuple[Candidate, int]:
+        """The candidate with neighbouring inner blocks merged wherever that costs no time and fits ``budget``
+        (one pass over each kind, first and last blocks left alone), and how many merges were made."""
+        if candidate.base is None or candidate.groups is None:
+            return candidate, 0
+        role = self.role(kept)
+        made = 0
+        for which in (0, 1):
+            k = 1
+            while candidate.groups is not None and k < len(candidate.groups[which]) - 2:
+                blocks = candidate.groups[which]
+                joined = blocks[:k] + [blocks[k] + blocks[k + 1]] + blocks[k + 2:]
+                groups = (joined, candidate.groups[1]) if which == 0 else (candidate.groups[0], joined)
+                trial = self.rebucketed(candidate.source, candidate.base, groups, role, candidate.ahead)
+                if trial.step_ms <= candidate.step_ms and trial.peak <= budget \
+                        and trial.collectives < candidate.collectives:
+                    candidate, made = trial, made + 1
+                k += 1
+        return candidate, made
+
+    def fallback(self, budget: float) -> Candidate:
+        """``overlap``'s own order, every collective alone (raises :class:`BudgetError` where it does)."""
+        if self._overlap is None:
+            self._overlap = Overlap(self.form)
+        order = [self.form.index[n] for n in self._overlap.order(budget, self.scope)]
+        return self.simulated("overlap (no buckets)", order, [])
+
+    def plan(self, candidate: Candidate, kept: Iterable[int], held: frozenset) -> Plan:
+        form = self.form
+        names, kind, ds_id = form.names, form.kind, form.ds_id
+        buckets = []
+        for members in candidate.buckets:
+            # held parameters issue no all-gather (their gradients are reduced as any other)
+            members = [m for m in members if kind[m] != ALLGATHER or ds_id[m] not in held]
+            if len(members) > 1:
+                buckets.append(Bucket("allgather" if kind[members[0]] == ALLGATHER else "reduce",
+                                      [names[m] for m in members], [ds_id[m] for m in members]))
+        return Plan([names[v] for v in candidate.order], buckets=buckets, residency={d: "kept" for d in kept})
+
+
+def _cut_points(n: int) -> list[int]:
+    """Where a block of ``n`` members may be cut: after its first 1, 2, 4 and 8 members (a graph's first
+    block fed in growing pieces), at a quarter, a half, and before its last member.
+
+    >>> _cut_points(31), _cut_points(2)
+    ([1, 2, 4, 7, 8, 15, 30], [1])
+    """
+    return sorted(c for c in {1, 2, 4, 8, n // 4, n // 2, n - 1} if 0 < c < n)
+
+
+def _keep_counts(blocks: int) -> list[int]:
+    """How many of the last forward blocks to try keeping: 0, 1, 2, 4, ... and all."""
+    counts, j = [0], 1
+    while j < blocks:
+        counts.append(j)
+        j *= 2
+    return counts + ([blocks] if blocks else [])
+
+
+@register("overlap-plan", step=True,
+          description="one plan for the forward and backward: per-block bucketed collectives and parameters kept "
+                      "gathered for the backward, chosen by simulation within memory_budget")
+def overlap_plan(forms: Mapping[str, GraphForm], *, budget_bytes: float = UNLIMITED,
+                 budget_scope: str = DEFAULT_SCOPE, comm_latency_ms: float = DEFAULT_LATENCY_MS) -> dict[str, Plan]:
+    """The step's communication plan (module docstring).
+
+    Parameters
+    ----------
+    forms : mapping of str to GraphForm
+        The step's graphs; ``'forward'`` and ``'backward'`` are planned together.
+    budget_bytes : float, optional
+        The budget for each graph's peak, in bytes; ``math.inf`` (default) for no limit.
+    budget_scope : str, optional
+        ``'all'`` (all tensors, the default) or ``'gathered'`` (gathered parameters).
+    comm_latency_ms : float, optional
+        The per-collective latency the figures include (what a bucket pays once).
+
+    Returns
+    -------
+    dict of str to Plan
+        Per graph: the order, its buckets and the step's residency (the same in every plan).
+
+    Raises
+    ------
+    BudgetError
+        When even ``overlap`` finds no order within the budget.
+    OptionError
+        For an unknown ``budget_scope``.
+
+    Examples
+    --------
+    >>> from dcsched.synthetic import layered_stack
+    >>> plans = overlap_plan({"graph": GraphForm(layered_stack(2).forward)})
+    >>> {b.kind for b in plans["graph"].buckets}, dict(plans["graph"].residency)
+    ({'allgather'}, {})
+    """
+    check_scope(budget_scope)
+    planners = {name: _GraphPlanner(form, comm_latency_ms, budget_scope, budget_bytes, name)
+                for name, form in forms.items()}
+    forward, backward = planners.get("forward"), planners.get("backward")
+    choices: list[tuple[tuple, dict[str, list[Candidate]], frozenset]] = []
+    keepable: list[list[int]] = []
+    if forward is not None and backward is not None:
+        shared = backward.gathered_ids()
+        for group in reversed(forward.gathers):  # needed last in the forward: first in the backward
+            ids = sorted({forward.form.ds_id[m] for m in group} & shared)
+            if ids:
+                keepable.append(ids)
+    for j in _keep_counts(len(keepable)):
+        kept = frozenset(d for ids in keepable[:j] for d in ids)
+        picked: dict[str, list[Candidate]] = {}
+        for name, planner in planners.items():
+            fitting = planner.fitting(budget_bytes, kept)
+            if not fitting:
+                break
+            picked[name] = fitting
+        else:
+            firsts = [c[0] for c in picked.values()]
+            key = (sum(c.step_ms for c in firsts), sum(c.collectives for c in firsts), max(c.peak for c in firsts))
+            choices.append((key, picked, kept))
+    if not choices:  # no bucketed order fits: overlap's own plan
+        return {name: planner.plan(planner.fallback(budget_bytes), (), frozenset())
+                for name, planner in planners.items()}
+    _key, picked, kept = min(choices, key=lambda choice: choice[0])
+    spare = sum(p.simulated("fsdp", *p.fsdp_orders()["fsdp-1"]).collectives for p in planners.values()) \
+        - sum(c[0].collectives for c in picked.values())
+    chosen = _refine(planners, picked, kept, spare, budget_bytes)
+    return {name: planner.plan(chosen[name], sorted(kept), kept if planner is backward else frozenset())
+            for name, planner in planners.items()}
+
+
+def _refine(planners: dict[str, _GraphPlanner], fitting: dict[str, list[Candidate]], kept: frozenset, spare: int,
+            budget: float) -> dict[str, Candidate]:
+    """Each graph's plan, spending up to ``spare`` more collectives where they shorten the step.
+
+    Each graph's :data:`REFINED` fastest bucketed candidates may have blocks
+    cut (:meth:`_GraphPlanner.cuts`): one cut at a time, the one that shortens
+    a graph's fastest plan most is made, while one does (and fits
+    ``budget``). When the spare collectives run out, neighbouring blocks
+    whose merging costs no time are merged (:meth:`_GraphPlanner.merged`),
+    and what that frees is spent on cuts again. At most :data:`MAX_CUTS`
+    cuts in all.
+    """
+    best = {name: candidates[0] for name, candidates in fitting.items()}
+    current = {name: [c for c in candidates if c.base is not None][:REFINED] for name, candidates in fitting.items()}
+    cuts = _cut(planners, best, current, kept, min(max(0, spare), MAX_CUTS), budget)
+    if cuts < MAX_CUTS:
+        freed = 0
+        for name, planner in planners.items():  # collectives that cost no time, to spend where they do
+            for k, candidate in enumerate(current[name]):
+                current[name][k], made = planner.merged(candidate, kept, budget)
+                if current[name][k].key() <= best[name].key():
+                    best[name], freed = current[name][k], freed + made
+        _cut(planners, best, current, kept, min(max(0, spare - cuts) + freed, MAX_CUTS - cuts), budget)
+    return best
+
+
+def _cut(planners: dict[str, _GraphPlanner], best: dict[str, Candidate], current: dict[str, list[Candidate]],
+         kept: frozenset, most: int, budget: float) -> int:
+    """Make up to ``most`` cuts (:func:`_refine`) in ``best`` and ``current``, in place; how many were made."""
+    for made in range(most):
+        gain, chosen = 0.0, None
+        for name, planner in planners.items():
+            for k, candidate in enumerate(current[name]):
+                for trial in planner.cuts(candidate, kept):
+                    saved = best[name].step_ms - trial.step_ms
+                    if saved > gain + 1e-12 and trial.peak <= budget:
+                        gain, chosen = saved, (name, k, trial)
+        if chosen is None:
+            return made
+        name, k, trial = chosen
+        current[name][k] = best[name] = trial
+    return most

@@ -1,0 +1,92 @@
+"""Simulating a :class:`~dcsched.plan.Plan`: its order, its buckets and the step's residency, for one graph.
+
+A plan's ``'kept'`` parameters reach the simulator differently in the two
+graphs of a step: the forward keeps their gathered buffers past its end
+(``keep``), the backward finds them gathered from its start (``held``)
+(:meth:`dcsched.sim.simulate.CompiledGraph.simulate`). :func:`residency_roles`
+says which, by the graph's name; :func:`simulate_plan` runs the whole plan.
+
+>>> from dcsched.plan import Plan
+>>> plan = Plan(("x",), residency={3: "kept", 4: "sharded"})
+>>> residency_roles(plan, "forward"), residency_roles(plan, "backward"), residency_roles(plan, "graph")
+({'keep': frozenset({3})}, {'held': frozenset({3})}, {})
+"""
+
+from __future__ import annotations
+
+from dcsched.plan import Plan
+from dcsched.sim.result import SimResult
+from dcsched.sim.simulate import CompiledGraph
+
+#: How the step's kept parameters reach each graph (by name): kept past the forward, held from the backward's start.
+ROLE_OF_GRAPH = {"forward": "keep", "backward": "held"}
+
+
+def kept_ids(plan: Plan) -> frozenset:
+    """The ds_ids the plan keeps gathered from the forward to the backward.
+
+    Examples
+    --------
+    >>> sorted(kept_ids(Plan((), residency={1: "kept", 2: "sharded", 5: "kept"})))
+    [1, 5]
+    """
+    return frozenset(d for d, where in plan.residency.items() if where == "kept")
+
+
+def residency_roles(plan: Plan, graph: str) -> dict[str, frozenset]:
+    """The simulator's ``keep`` / ``held`` argument for ``plan``'s kept parameters in graph ``graph``.
+
+    Parameters
+    ----------
+    plan : Plan
+        The graph's plan (its residency is the step's).
+    graph : str
+        ``'forward'``, ``'backward'``, or another name (a graph on its own: nothing kept).
+
+    Returns
+    -------
+    dict
+        ``{'keep': ids}`` for the forward, ``{'held': ids}`` for the backward, else (or with nothing kept) empty.
+
+    Examples
+    --------
+    >>> residency_roles(Plan(()), "forward")
+    {}
+    """
+    kept = kept_ids(plan)
+    role = ROLE_OF_GRAPH.get(graph)
+    return {role: kept} if role and kept else {}
+
+
+def simulate_plan(compiled: CompiledGraph, plan: Plan, graph: str, *, detail: bool | str = True,
+                  check: bool = True) -> SimResult:
+    """Simulate graph ``graph`` run as ``plan`` says: its order, buckets and the step's residency.
+
+    Parameters
+    ----------
+    compiled : CompiledGraph
+        The graph, compiled (:func:`dcsched.sim.simulate.compile_view`).
+    plan : Plan
+        Its plan.
+    graph : str
+        The graph's name in the step (:func:`residency_roles`).
+    detail, check : optional
+        As :meth:`~dcsched.sim.simulate.CompiledGraph.simulate`.
+
+    Returns
+    -------
+    SimResult
+
+    Examples
+    --------
+    >>> from dcsched.synthetic import layered_stack
+    >>> from dcsched.sim.simulate import compile_view
+    >>> from dcsched.schedulers.fsdp import fsdp
+    >>> from dcsched.graph.form import GraphForm
+    >>> forward = layered_stack(2).forward
+    >>> plan = fsdp(GraphForm(forward))
+    >>> simulate_plan(compile_view(forward), plan, "forward").collectives == len(plan.buckets) + 1
+    True
+    """
+    return compiled.simulate(list(plan.order), detail=detail, check=check, buckets=plan.buckets,
+                             **residency_roles(plan, graph))
