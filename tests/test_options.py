@@ -37,7 +37,8 @@ def _params(command: str) -> dict:
 @pytest.mark.parametrize("command, cls, fields", [
     ("profile", ProfileOptions, ["cost_model", "calibration", "gpu", "iters", "warmup", "world_size",
                                  "bandwidth_gbps", "latency_us", "progress"]),
-    ("train", TrainOptions, ["algo", "memory_budget", "budget_scope", "cost_model", "gpu", "compute"]),
+    ("train", TrainOptions, ["algo", "memory_budget", "budget_scope", "cost_model", "gpu", "bandwidth_gbps",
+                             "latency_us", "compute"]),
     ("train", ScriptOptions, ["timeout_s"]),
 ])
 def test_the_cli_takes_defaults_and_help_from_the_dataclasses(command, cls, fields):
@@ -45,6 +46,15 @@ def test_the_cli_takes_defaults_and_help_from_the_dataclasses(command, cls, fiel
     for name in fields:
         assert params[name].default == default_of(cls, name), name
         assert params[name].help == help_of(cls, name), name
+
+
+def test_collective_figures_default_to_the_table_and_reach_the_training_profile():
+    assert (ProfileOptions().latency_us, ProfileOptions().bandwidth_gbps) == (None, None)
+    assert "interconnect table" in help_of(ProfileOptions, "latency_us")
+    assert "interconnect table" in help_of(ProfileOptions, "bandwidth_gbps")
+    profile = TrainOptions(latency_us=5.0, bandwidth_gbps=40.0).profile_options(world_size=2)
+    assert (profile.latency_us, profile.bandwidth_gbps, profile.world_size) == (5.0, 40.0, 2)
+    assert TrainOptions().profile_options(world_size=2).latency_us is None
 
 
 def test_help_names_flags_where_the_dataclass_names_fields():
@@ -64,6 +74,8 @@ def test_option_dataclasses_import_without_torch():
     (ProfileOptions(iters=0), "iters", "iters must be at least 1"),
     (ProfileOptions(world_size=0), "world_size", "world_size must be at least 1"),
     (ProfileOptions(bandwidth_gbps=0), "bandwidth_gbps", "bandwidth_gbps must be positive"),
+    (ProfileOptions(latency_us=-1), "latency_us", "latency_us must not be negative"),
+    (TrainOptions(latency_us=-1), "latency_us", "latency_us must not be negative"),
     (ProfileOptions(cost_model="analytic"), "gpu", "gpu is missing"),
     (ProfileOptions(cost_model="calibrated"), "calibration", "calibration is missing"),
     (ScriptOptions(timeout_s=0), "timeout_s", "timeout_s must be between"),

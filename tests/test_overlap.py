@@ -331,8 +331,10 @@ def test_passing_lets_the_next_layer_gather_while_two_buffers_fill_the_budget():
     from dcsched.profile.measure import profile_bundle
 
     model, inputs, loss_fn = build("vit", n_layers=2, d_model=512, n_heads=8, image=112, patch=16, batch=16)
+    # 100 GB/s and 20 us, given: the communication figures this case was sized with.
     bundle = profile_bundle(capture(model, inputs, loss_fn),
-                            ProfileOptions(cost_model="analytic", gpu="h100", progress=False))
+                            ProfileOptions(cost_model="analytic", gpu="h100", latency_us=20, bandwidth_gbps=100,
+                                           progress=False))
     scheduler = Overlap(to_networkx(bundle.forward))
     planner = scheduler.planners[0]
     budget = 2 * scheduler.largest_gather

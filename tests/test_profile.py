@@ -159,7 +159,8 @@ def test_measured_profile_on_cpu_times_every_compute_node(gpt):
     prov = bundle.provenance
     assert prov["cost_model"] == "measured" and prov["device"].startswith("cpu")
     assert prov["target_memory_bytes"] is None and prov["gpu"] is None
-    assert (prov["world_size"], prov["bandwidth_GBps"], prov["latency_us"]) == (2, 10, 1)
+    assert (prov["world_size"], prov["comm_bandwidth_GBps"], prov["comm_latency_ms"], prov["comm_link"]) == \
+        (2, 10, 0.001, "given")
     assert prov["torch"] == str(torch.__version__) and prov["iters"] == 2 and prov["warmup"] == 1
     # The input bundle is left as it was.
     assert all("device_time" not in n.meta for n in gpt.bundle.forward.nodes)

@@ -49,7 +49,7 @@ def help_of(cls, name: str) -> str:
 
     >>> from dcsched.costmodels.options import ProfileOptions
     >>> help_of(ProfileOptions, "gpu")
-    'Target GPU: h100, a100 or h200. Needed by --cost-model analytic; also sets the target device memory recorded in the bundle.'
+    'Target GPU: h100, a100 or h200. Needed by --cost-model analytic; also sets the target device memory recorded in the bundle and the interconnect collectives are modelled on.'
     """  # noqa: E501
     text = _field(cls, name).metadata.get("help")
     if not text:

@@ -47,8 +47,8 @@ def profile(
     iters: int = option(ProfileOptions, "iters", "--iters", min=1),
     warmup: int = option(ProfileOptions, "warmup", "--warmup", min=0),
     world_size: int = option(ProfileOptions, "world_size", "--world-size", min=1),
-    bandwidth_gbps: float = option(ProfileOptions, "bandwidth_gbps", "--bandwidth"),
-    latency_us: float = option(ProfileOptions, "latency_us", "--latency"),
+    bandwidth_gbps: Optional[float] = option(ProfileOptions, "bandwidth_gbps", "--bandwidth"),
+    latency_us: Optional[float] = option(ProfileOptions, "latency_us", "--latency"),
     meta: bool = typer.Option(False, "--meta",
                               help="Plan without the weights: run the script with the meta device as the default "
                                    "device (shapes, no storage), so a model of any size is captured in little "
@@ -59,7 +59,7 @@ def profile(
 ) -> None:
     """Capture a training script's compiled model as forward and backward aten graphs with ZeRO-3 ops, profile every node and write a graph bundle.
 
-    The script runs as __main__ with torch.compile intercepted and stops after the first forward and backward of the compiled module. Compute times are measured here (CUDA events on a GPU, perf_counter on the CPU) or, with --cost-model analytic, estimated for --gpu. All-gathers and gradient reduce-scatters are modelled as bytes*(W-1)/W / bandwidth + latency in one process, and measured under torchrun. Times are stored in milliseconds, sizes in bytes.
+    The script runs as __main__ with torch.compile intercepted and stops after the first forward and backward of the compiled module. Compute times are measured here (CUDA events on a GPU, perf_counter on the CPU) or, with --cost-model analytic, estimated for --gpu. All-gathers and gradient reduce-scatters are modelled as bytes*(W-1)/W / bandwidth + latency in one process (latency and bandwidth from the interconnect table for --gpu and --world-size unless given), and measured under torchrun. Times are stored in milliseconds, sizes in bytes.
 
     Example: dcsched profile examples/gpt.py -o gpt.pt --cost-model analytic --gpu h100 -- --layers 4
     """  # noqa: E501
@@ -102,4 +102,12 @@ def profile(
                   f"({format_bytes(param_bytes)}), forward {len(fw.nodes)} nodes ({format_ms(total['forward'])}), "
                   f"backward {len(bw.nodes) if bw is not None else 0} nodes "
                   f"({format_ms(total.get('backward', 0.0))}); {bundle.provenance['device']}, "
-                  f"world size {bundle.provenance['world_size']}", highlight=False)
+                  f"world size {bundle.provenance['world_size']}{_comm_figures(bundle.provenance)}", highlight=False)
+
+
+def _comm_figures(provenance: dict) -> str:
+    """``, collectives 15 us + bytes at 360 GB/s (h100, 1 node: ...)``; nothing where they were measured."""
+    latency, bandwidth = provenance.get("comm_latency_ms"), provenance.get("comm_bandwidth_GBps")
+    if latency is None or bandwidth is None:
+        return ""
+    return f", collectives {latency * 1e3:g} us + bytes at {bandwidth:g} GB/s ({provenance.get('comm_link')})"

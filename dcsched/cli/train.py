@@ -93,6 +93,8 @@ def train(
                                           "e.g. --algo prefetch-ahead -O k=3)."),
     cost_model: str = option(TrainOptions, "cost_model", "--cost-model"),
     gpu: Optional[str] = option(TrainOptions, "gpu", "--gpu"),
+    bandwidth_gbps: Optional[float] = option(TrainOptions, "bandwidth_gbps", "--bandwidth"),
+    latency_us: Optional[float] = option(TrainOptions, "latency_us", "--latency"),
     compute: str = option(TrainOptions, "compute", "--compute"),
     timeout_s: float = option(ScriptOptions, "timeout_s", "--timeout"),
     report: bool = typer.Option(False, "--report", help="On rank 0 after the script: per compiled graph, measured "
@@ -113,7 +115,7 @@ def train(
     memory_budget, budget_scope, extra = named_from_options(memory_budget, budget_scope, algo_options)
     options = ScriptOptions(TrainOptions(algo=algo, memory_budget=memory_budget, budget_scope=budget_scope,
                                          algo_options=parse_options(extra), cost_model=cost_model, gpu=gpu,
-                                         compute=compute),
+                                         bandwidth_gbps=bandwidth_gbps, latency_us=latency_us, compute=compute),
                             measure=report or as_json, timeout_s=timeout_s)
     options.check()
     show_progress = progress and err_console.is_terminal and _rank_from_env() == 0

@@ -5,6 +5,11 @@
 * ``calibrated`` (:mod:`~dcsched.costmodels.calibrated`): the roofline times per-op-kind factors
   measured on a GPU, read from a JSON file.
 
+Every model costs a modelled all-gather or reduce-scatter with the latency and
+bus bandwidth of the target GPU kind's interconnect at the world size
+(:func:`interconnect`, the table in :mod:`~dcsched.costmodels.interconnects`),
+unless the options give them.
+
 Each is a :class:`~dcsched.costmodels.base.CostModel` subclass decorated with
 :func:`register`; :func:`build` makes the one a
 :class:`~dcsched.costmodels.options.ProfileOptions` names. The formulas they share (GPU
@@ -29,6 +34,7 @@ _LAZY = {
     "Calibration": "calibrated", "fit_calibration": "calibrated", "load_calibration": "calibrated",
     "op_kind": "calibrated",
     "ProfileOptions": "options",
+    "interconnect": "interconnects", "Link": "interconnects", "INTERCONNECTS": "interconnects",
 }
 
 
@@ -36,4 +42,5 @@ __getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())
 
 
 __all__ = ["CostModel", "ProfileRun", "StaticCostModel", "available", "build", "get", "register", "unregister",
-           "Calibration", "fit_calibration", "load_calibration", "op_kind", "ProfileOptions"]
+           "Calibration", "fit_calibration", "load_calibration", "op_kind", "ProfileOptions",
+           "interconnect", "Link", "INTERCONNECTS"]

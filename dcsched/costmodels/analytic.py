@@ -75,6 +75,9 @@ class AnalyticCostModel(StaticCostModel):
     def target_gpu(self, options: ProfileOptions) -> GPU:
         return self.gpu
 
+    def interconnect_kind(self, options: ProfileOptions) -> str:
+        return self.gpu_key
+
     def compute_time(self, node: torch.fx.Node) -> tuple[float, str]:
         return analytic_time(node, self.gpu), "analytic"
 

@@ -4,7 +4,10 @@ A cost model fills ``device_time`` (ms) and ``time_source`` on every node of
 a bundle whose ``tensor_size`` figures are already set, and says how it got
 them. Communication nodes are the same for every model in one process: an
 all-gather or a reduce-scatter is modelled from its bytes
-(:func:`~dcsched.costmodels.formulas.comm_time_ms`), waits and releases cost
+(:func:`~dcsched.costmodels.formulas.comm_time_ms`) with the latency and
+bandwidth of :meth:`CostModel.comm_link` (the options' figures, else the
+interconnect table's for the target GPU kind and world size,
+:mod:`~dcsched.costmodels.interconnects`), waits and releases cost
 0; placeholders, outputs and constants cost 0 with ``time_source`` ``none``.
 """
 
@@ -21,6 +24,7 @@ from dcsched.bundle.core import Bundle
 from dcsched.graph.roles import COMM_ROLES, Role, role_of
 from dcsched.graph.specs import node_bytes
 from dcsched.costmodels.formulas import GPU, GPUS, comm_time_ms
+from dcsched.costmodels.interconnects import Link, resolve
 
 if TYPE_CHECKING:
     from dcsched.costmodels.options import ProfileOptions
@@ -43,11 +47,12 @@ class ProfileRun:
     distributed: bool = False
 
 
-def modelled_comm_time(node: torch.fx.Node, options: ProfileOptions) -> float:
-    """All-gather / reduce-scatter time (ms) from its bytes (the full parameter or gradient); 0 otherwise."""
+def modelled_comm_time(node: torch.fx.Node, options: ProfileOptions, link: Link) -> float:
+    """All-gather / reduce-scatter time (ms) from its bytes (the full parameter or gradient) over ``link``; 0
+    otherwise."""
     if role_of(node) in (Role.ALLGATHER, Role.REDUCE):
-        return comm_time_ms(node_bytes(node), world_size=options.world_size, bandwidth_gbps=options.bandwidth_gbps,
-                            latency_us=options.latency_us)
+        return comm_time_ms(node_bytes(node), world_size=options.world_size, bandwidth_gbps=link.bandwidth_gbps,
+                            latency_us=link.latency_us)
     return 0.0
 
 
@@ -90,6 +95,19 @@ class CostModel(abc.ABC):
         gpu = self.target_gpu(options)
         return gpu.memory_bytes if gpu is not None else None
 
+    def interconnect_kind(self, options: ProfileOptions) -> str:
+        """The row of the interconnect table modelled collectives are costed with: the named GPU's, else ``cpu``."""
+        return options.gpu.lower() if options.gpu is not None else "cpu"
+
+    def comm_link(self, options: ProfileOptions) -> Link:
+        """The latency and bandwidth of modelled collectives: the options' where given, else the table's.
+
+        The table's row is :meth:`interconnect_kind`'s at ``options.world_size`` ranks
+        (:func:`~dcsched.costmodels.interconnects.interconnect`).
+        """
+        return resolve(self.interconnect_kind(options), options.world_size, latency_us=options.latency_us,
+                       bandwidth_gbps=options.bandwidth_gbps)
+
 
 class StaticCostModel(CostModel):
     """A model that runs nothing: each compute node's time is a function of its recorded shapes."""
@@ -100,6 +118,7 @@ class StaticCostModel(CostModel):
 
     def annotate(self, bundle: Bundle, options: ProfileOptions, run: ProfileRun) -> str:
         total = sum(len(graph.nodes) for graph in bundle.graphs.values())
+        link = self.comm_link(options)
         with progress_bar(options.progress) as progress:
             task = progress.add_task("estimating", total=total)
             for graph in bundle.graphs.values():
@@ -107,7 +126,8 @@ class StaticCostModel(CostModel):
                     if node.op in FREE_OPS:
                         node.meta.update(device_time=0.0, time_source="none")
                     elif role_of(node) in COMM_ROLES:
-                        node.meta.update(device_time=modelled_comm_time(node, options), time_source="modelled")
+                        node.meta.update(device_time=modelled_comm_time(node, options, link),
+                                         time_source="modelled")
                     else:
                         ms, source = self.compute_time(node)
                         node.meta.update(device_time=ms, time_source=source)

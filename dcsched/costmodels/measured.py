@@ -10,6 +10,7 @@ more than one rank.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import platform
 import statistics
@@ -26,10 +27,15 @@ from dcsched.graph.roles import COMM_ROLES, Role, role_of
 from dcsched.graph.specs import node_specs, shard_numel
 from dcsched.runtime.step import build_step, installed, make_state, run_step
 from dcsched.costmodels.base import FREE_OPS, CostModel, ProfileRun, modelled_comm_time, progress_bar
+from dcsched.costmodels.interconnects import Link, kind_of_device
 from dcsched.costmodels.registry import register
 
 if TYPE_CHECKING:
     from dcsched.costmodels.options import ProfileOptions
+
+#: The interconnect row for a CUDA GPU the table does not list (and no ``gpu`` named): the slowest GPU row, so
+#: that communication is not made to look cheaper than it likely is.
+UNLISTED_GPU_KIND = "a100"
 
 
 def default_device() -> torch.device:
@@ -111,7 +117,20 @@ class MeasuredCostModel(CostModel):
         device = torch.device(options.device) if options.device else default_device()
         return cls(device, options.iters, options.warmup)
 
-    def _time_node(self, node: torch.fx.Node, call, options: ProfileOptions, run: ProfileRun):
+    def interconnect_kind(self, options: ProfileOptions) -> str:
+        """The named GPU's row, else the device's here (``cpu``, or the CUDA GPU's kind by its name)."""
+        if options.gpu is not None:
+            return options.gpu.lower()
+        return kind_of_device(describe_device(self.device)) or UNLISTED_GPU_KIND
+
+    def comm_link(self, options: ProfileOptions) -> Link:
+        link = super().comm_link(options)
+        if options.gpu is None and kind_of_device(describe_device(self.device)) is None:
+            return dataclasses.replace(link, name=f"{link.name} ({describe_device(self.device)} is not in the "
+                                                  f"table: taken as {UNLISTED_GPU_KIND})")
+        return link
+
+    def _time_node(self, node: torch.fx.Node, call, options: ProfileOptions, run: ProfileRun, link: Link):
         """Run one node, setting its figures; returns its value."""
         role = role_of(node)
         if role not in COMM_ROLES:
@@ -124,18 +143,19 @@ class MeasuredCostModel(CostModel):
         elif run.distributed:
             node.meta.update(device_time=0.0, time_source="measured")
         else:
-            node.meta.update(device_time=modelled_comm_time(node, options), time_source="modelled")
+            node.meta.update(device_time=modelled_comm_time(node, options, link), time_source="modelled")
         return call()  # once: a release frees the gathered buffer at its last call
 
     def annotate(self, bundle: Bundle, options: ProfileOptions, run: ProfileRun) -> str:
         description = describe_device(self.device)
+        link = self.comm_link(options)
         by_name = {name: {n.name: n for n in graph.nodes} for name, graph in bundle.graphs.items()}
         with progress_bar(options.progress) as progress:
             calls = sum(n.op == "call_function" for graph in bundle.graphs.values() for n in graph.nodes)
             task = progress.add_task(f"profiling on {description}", total=calls)
 
             def on_node(graph_name: str, copy: torch.fx.Node, call):
-                out = self._time_node(by_name[graph_name][copy.name], call, options, run)  # the copy's by name
+                out = self._time_node(by_name[graph_name][copy.name], call, options, run, link)  # the copy's by name
                 progress.advance(task)
                 return out
 

@@ -37,10 +37,12 @@ class ProfileOptions:
         Untimed runs per node before timing (measured model). Not negative.
     world_size : int
         Ranks the parameters are sharded over, for shard sizes and the communication model. At least 1.
-    bandwidth_gbps : float
-        Collective bandwidth in GB/s for the communication model. Positive.
-    latency_us : float
-        Per-collective latency in microseconds for the communication model. Not negative.
+    bandwidth_gbps : float or None
+        Collective (bus) bandwidth in GB/s for the communication model. Positive. None: the interconnect
+        table's figure for the GPU kind and ``world_size`` (:func:`dcsched.costmodels.interconnect`).
+    latency_us : float or None
+        Per-collective latency in microseconds for the communication model. Not negative. None: the
+        interconnect table's figure, as for ``bandwidth_gbps``.
     gpu : str or None
         Target GPU (``h100``, ``a100``, ``h200``): needed by the analytic model; with a measured profile
         it only names the target device's memory.
@@ -75,11 +77,16 @@ class ProfileOptions:
     warmup: int = _field(2, "Untimed runs per node before timing.")
     world_size: int = _field(8, "Ranks the parameters are sharded over (single-process profile: sets shard sizes "
                                 "and the communication model).")
-    bandwidth_gbps: float = _field(100.0, "Collective bandwidth in GB/s (10^9 bytes/s) for the communication "
-                                          "model.")
-    latency_us: float = _field(20.0, "Per-collective latency in microseconds for the communication model.")
+    bandwidth_gbps: float | None = _field(
+        None, "Collective bus bandwidth in GB/s (10^9 bytes/s) for the communication model (default: from the "
+              "interconnect table for ``gpu`` and ``world_size``: NVLink within 8 GPUs, InfiniBand across nodes, "
+              "gloo on the CPU).")
+    latency_us: float | None = _field(
+        None, "Per-collective latency in microseconds for the communication model (default: from the "
+              "interconnect table for ``gpu`` and ``world_size``).")
     gpu: str | None = _field(None, "Target GPU: h100, a100 or h200. Needed by ``cost_model`` analytic; also sets "
-                                   "the target device memory recorded in the bundle.")
+                                   "the target device memory recorded in the bundle and the interconnect "
+                                   "collectives are modelled on.")
     device: str | None = _field(None, "Where a measured profile runs (default: CUDA if available, else the CPU).")
     progress: bool = _field(True, "Show a progress bar (on stderr).")
     calibration: str | os.PathLike | None = _field(
@@ -105,8 +112,8 @@ class ProfileOptions:
             raise OptionError("warmup", "must not be negative")
         if self.world_size < 1:
             raise OptionError("world_size", "must be at least 1")
-        if not self.bandwidth_gbps > 0:
+        if self.bandwidth_gbps is not None and not self.bandwidth_gbps > 0:
             raise OptionError("bandwidth_gbps", "must be positive (GB/s)")
-        if self.latency_us < 0:
+        if self.latency_us is not None and not self.latency_us >= 0:
             raise OptionError("latency_us", "must not be negative (us)")
         build(self)

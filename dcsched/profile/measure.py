@@ -17,8 +17,10 @@ each, chosen by name):
 
 Communication nodes: in one process (no process group, or one of size 1) the
 all-gather and the gradient reduce-scatter are modelled from their bytes with
-``bytes*(W-1)/W / bandwidth + latency`` for the stated world size W; wait and
-release cost 0. Under ``torchrun`` with a process group of size > 1 they are
+``bytes*(W-1)/W / bandwidth + latency`` for the stated world size W, the
+latency and bandwidth given in the options or else the interconnect table's
+for the target GPU kind and W (:mod:`dcsched.costmodels.interconnects`); wait
+and release cost 0. Under ``torchrun`` with a process group of size > 1 they are
 measured with real collectives of the same size.
 
 Under a process group every rank profiles, and the figures are then made the
@@ -147,6 +149,8 @@ def _provenance(model: CostModel, options: ProfileOptions, run: ProfileRun,
                 device: str) -> dict:
     target_gpu = model.target_gpu(options)
     how = model.provenance(options)
+    # Measured collectives include no figure of the model: None, and readers take the default latency.
+    link = None if run.distributed else model.comm_link(options)
     return {
         "cost_model": model.name,
         "device_time": how["device_time"],
@@ -158,12 +162,12 @@ def _provenance(model: CostModel, options: ProfileOptions, run: ProfileRun,
         "target_memory_bytes": model.target_memory(options),
         "torch": str(torch.__version__),
         "world_size": run.world_size,
-        "bandwidth_GBps": None if run.distributed else options.bandwidth_gbps,
-        "latency_us": None if run.distributed else options.latency_us,
         # The latency every modelled collective's figure includes: what a bucket of them saves per extra member
-        # (dcsched.sim.collectives). Measured collectives: unknown (None; readers take the default).
-        "comm_latency_ms": None if run.distributed else options.latency_us / 1e3,
-        "comm_bandwidth_GBps": None if run.distributed else options.bandwidth_gbps,
+        # (dcsched.sim.collectives). Recorded once, in ms like every time of the bundle; the older keys
+        # latency_us / bandwidth_GBps held the same figures and are no longer written.
+        "comm_latency_ms": None if link is None else link.latency_us / 1e3,
+        "comm_bandwidth_GBps": None if link is None else link.bandwidth_gbps,
+        "comm_link": None if link is None else link.name,
         "iters": how["iters"],
         "warmup": how["warmup"],
     }

@@ -65,8 +65,8 @@ from dcsched.schedulers.registry import register
 MAX_FUSE_BYTES = 1e9
 MAX_BUFFERED_BYTES = 4e9
 FUSE_SLACK = 1.2
-#: Latency assumed when the graph's all-gathers all have one size (no line can be fitted): dcsched's
-#: profiler default.
+#: Latency assumed when the graph's all-gathers all have one size (no line can be fitted): the one latency
+#: dcsched's profiler used before its interconnect table (kept, so that plans stay as they were).
 DEFAULT_LATENCY_MS = 0.020
 
 

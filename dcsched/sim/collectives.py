@@ -10,8 +10,8 @@ The latency is the one the bundle's figures were made with: the profiler
 records it in ``provenance['comm_latency_ms']`` (:func:`latency_from_provenance`).
 A bundle profiled before that holds ``provenance['latency_us']`` (the modelled
 collectives' latency) or nothing (collectives measured under a process group,
-or no profile); without either, the cost model's default,
-:data:`DEFAULT_LATENCY_MS` (``ProfileOptions().latency_us``, 20 us), is used.
+or no profile); without either, :data:`DEFAULT_LATENCY_MS` (20 us, the one
+latency every profile used before the interconnect table) is used.
 
 >>> bucket_time_ms([1.02, 2.02, 0.52], latency_ms=0.02)  # 3.56 ms alone, one latency instead of three
 3.52
@@ -23,10 +23,10 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
-from dcsched.costmodels.options import ProfileOptions
-
-#: The per-collective latency (ms) of the cost model's defaults: what a bundle that records none is taken to have.
-DEFAULT_LATENCY_MS = ProfileOptions().latency_us / 1e3
+#: The per-collective latency (ms) a bundle that records none is taken to have: 20 us, every profile's latency
+#: before the figures came from the interconnect table (:mod:`dcsched.costmodels.interconnects`). Fixed, so that
+#: the bundles written then (and measured ones) keep simulating as they did.
+DEFAULT_LATENCY_MS = 0.020
 
 
 def bucket_time_ms(durations: Iterable[float], *, latency_ms: float = DEFAULT_LATENCY_MS) -> float:

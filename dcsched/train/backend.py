@@ -94,7 +94,8 @@ def backend(algo: str = "none", memory_budget: float | int | str | None = None, 
         target device's memory less 10%.
     **options
         The rest of :class:`~dcsched.train.options.TrainOptions`: ``budget_scope``, ``algo_options``
-        (``{"k": 2}``), ``cost_model``, ``gpu``, ``iters``, ``warmup``, ``compute``.
+        (``{"k": 2}``), ``cost_model``, ``gpu``, ``iters``, ``warmup``, ``bandwidth_gbps``, ``latency_us``
+        (the modelled collectives' figures; default the interconnect table's), ``compute``.
 
     Returns
     -------

@@ -55,6 +55,10 @@ class TrainOptions:
         Target GPU (``h100``, ``a100``, ``h200``): needed by the analytic cost model.
     iters, warmup : int
         Timed and untimed runs per node of the compile-time profile (measured cost model).
+    bandwidth_gbps, latency_us : float or None
+        Collective bus bandwidth (GB/s) and latency (us) of the compile-time profile's modelled
+        collectives (one process; under a process group they are measured); None: the interconnect
+        table's (:func:`dcsched.costmodels.interconnect`).
     compute : str
         How the scheduled graphs run: ``eager`` or ``inductor``.
 
@@ -86,6 +90,12 @@ class TrainOptions:
                                    "default memory budget.")
     iters: int = _field(1, "Timed runs per node of the compile-time profile (measured cost model).")
     warmup: int = _field(1, "Untimed runs per node before timing (measured cost model).")
+    bandwidth_gbps: float | None = _field(
+        None, "Collective bus bandwidth in GB/s of the compile-time profile's modelled collectives (one process; "
+              "measured under a process group); default: from the interconnect table for ``gpu``.")
+    latency_us: float | None = _field(
+        None, "Per-collective latency in microseconds of the modelled collectives; default: from the interconnect "
+              "table for ``gpu``.")
     compute: str = _field("eager", "How the scheduled graphs run: eager (aten ops one by one in the schedule's "
                                    "order; measured memory matches the simulator's) or inductor (compiled by "
                                    "inductor, the ZeRO-3 ops kept in their scheduled places: plain torch.compile's "
@@ -125,7 +135,8 @@ class TrainOptions:
     def profile_options(self, world_size: int) -> ProfileOptions:
         """The options of the profile a compile runs before it schedules, for ``world_size`` ranks."""
         return ProfileOptions(cost_model=self.cost_model, iters=self.iters, warmup=self.warmup,
-                              world_size=world_size, gpu=self.gpu, progress=False)
+                              world_size=world_size, gpu=self.gpu, bandwidth_gbps=self.bandwidth_gbps,
+                              latency_us=self.latency_us, progress=False)
 
     def budget(self, bundle) -> Budget | None:
         """The budget to schedule ``bundle`` with: the one given, else the one default rule's.
