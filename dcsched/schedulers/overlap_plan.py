@@ -51,7 +51,7 @@ from typing import Iterable, Mapping, Sequence
 
 from dcsched.budget import DEFAULT_SCOPE
 from dcsched.errors import BudgetError
-from dcsched.graph.form import ALLGATHER, REDUCE, GraphForm, output_last_indices
+from dcsched.graph.form import ALLGATHER, GraphForm, output_last_indices
 from dcsched.plan import Bucket, Plan
 from dcsched.schedulers.fast_free import fast_free
 from dcsched.schedulers.fsdp import _groups, _reduce_groups, fsdp_indices
@@ -65,8 +65,9 @@ from dcsched.sim.simulate import CompiledGraph
 AHEAD = (1, 2)
 #: How many blocks ahead the bucketed orders issue their all-gather buckets.
 BUCKETS_AHEAD = (0, 1, 2)
-#: How many blocks of each kind at each end of a graph :func:`_refine` tries cutting.
-SPLIT_ENDS = 2
+#: Which blocks :func:`_refine` tries cutting, by position among each kind's blocks: the first two and the
+#: last two (a graph waits on its first buckets, and ends with its last).
+CUT_BLOCKS = {0: (0, 1, -2, -1), 1: (0, 1, -2, -1)}
 #: How many of a graph's fastest bucketed candidates :func:`_refine` cuts blocks of.
 REFINED = 2
 #: The most blocks :func:`_refine` cuts in a step.
@@ -224,19 +225,26 @@ class _GraphPlanner:
                 self._overlap_orders[budget] = None
         return self._overlap_orders[budget]
 
-    def candidates(self, budget: float, reserved: float, role: dict) -> Iterable[Candidate]:
-        """Every candidate order, bucketed and simulated (``reserved``: the kept parameters' bytes)."""
-        for source, (order, buckets) in self.fsdp_orders().items():
-            yield self.simulated(source, order, buckets, **role)
+    def candidates(self, budget: float, reserved: float, role: dict, pieces: int = 1,
+                   tight: bool = False) -> Iterable[Candidate]:
+        """Every candidate order, bucketed and simulated (``reserved``: the kept parameters' bytes), each
+        block cut into ``pieces`` buckets (more than one: a budget whole blocks do not fit in); ``tight``
+        (a budget some graph of the step fits no whole blocks in): ``overlap``'s own order competes too."""
+        if pieces == 1:  # FSDP2's own orders, whole blocks only
+            for source, (order, buckets) in self.fsdp_orders().items():
+                yield self.simulated(source, order, buckets, **role)
         bases = dict(self._fixed_bases())
         # overlap under what the kept parameters leave of the budget
         overlap_order = self._overlap_order(budget - reserved if math.isfinite(budget) else budget)
         if overlap_order is not None:
             bases["overlap"] = overlap_order
-        groups = (self.gathers, self.reduces)
+        if tight and overlap_order is not None:  # a tight budget: overlap's own order, every collective alone
+            yield self.simulated("overlap (no buckets)", overlap_order, [], **role)
+        groups = (_pieces(self.gathers, pieces), _pieces(self.reduces, pieces))
+        label = f", blocks in {pieces}" if pieces > 1 else ""
         for source, base in bases.items():
             for ahead in BUCKETS_AHEAD:
-                yield self.rebucketed(f"{source}, {ahead} ahead", base, groups, role, ahead)
+                yield self.rebucketed(f"{source}, {ahead} ahead{label}", base, groups, role, ahead)
 
     def rebucketed(self, source: str, base: list[int], groups: tuple, role: dict, ahead: int) -> Candidate:
         order, buckets = bucketed(self.form, base, *groups, ahead=ahead)
@@ -252,7 +260,7 @@ class _GraphPlanner:
         collectives = compiled.num_allgathers + compiled.num_reduces - len(skipped) \
             - sum(max(0, len(b) - 1 - sum(1 for m in b if m in skipped)) for b in buckets)
         if not math.isfinite(self.budget):
-            step = compiled.step_ms(order, buckets=buckets, held=held)
+            step = compiled.step_ms(order, buckets=buckets, held=held, check=True)
             return Candidate(source, order, buckets, step, collectives, 0)
         result = compiled.simulate(order, detail=False, check=False, buckets=buckets, keep=keep, held=held)
         peak = result.peak_bytes if self.scope == "all" else result.gathered_peak_bytes
@@ -265,18 +273,25 @@ class _GraphPlanner:
             self._held_nodes[held] = frozenset(m for group in self.gathers for m in group if form.ds_id[m] in held)
         return self._held_nodes[held]
 
-    def fitting(self, budget: float, kept: frozenset) -> list[Candidate]:
-        """The candidates within ``budget`` with the step's ``kept`` parameters, fastest first."""
+    def fitting(self, budget: float, kept: frozenset, tight: bool = False) -> tuple[list[Candidate], int]:
+        """The candidates within ``budget`` with the step's ``kept`` parameters, fastest first; where none
+        with whole blocks fits, those with blocks cut in 2, 4, ... pieces (the fewest that fit), and that
+        number of pieces. ``tight``: as :meth:`candidates`."""
         role = self.role(kept)
         reserved = sum(self.form.size[m] for group in self.gathers for m in group if self.form.ds_id[m] in kept) \
             if role else 0
-        return sorted((c for c in self.candidates(budget, reserved, role) if c.peak <= budget),
-                      key=Candidate.key)
+        largest = max((len(b) for b in (*self.gathers, *self.reduces)), default=1)
+        pieces = 1
+        while True:
+            found = sorted((c for c in self.candidates(budget, reserved, role, pieces, tight or pieces > 1)
+                            if c.peak <= budget), key=Candidate.key)
+            if found or pieces >= largest:
+                return found, pieces
+            pieces *= 2
 
     def cuts(self, candidate: Candidate, kept: frozenset) -> Iterable[Candidate]:
         """The candidate with one block cut in two and bucketed again: the first and last
-        :data:`SPLIT_ENDS` blocks of each kind (where a graph waits on its first all-gathers and its last
-        reduces), each cut at :func:`_cut_points`."""
+        :data:`CUT_BLOCKS`, each cut at :func:`_cut_points`."""
         if candidate.base is None or candidate.groups is None:
             return
         role = self.role(kept)
@@ -286,7 +301,7 @@ class _GraphPlanner:
             blocks = candidate.groups[which]
             live = [k for k, b in enumerate(blocks)
                     if len(b) > 1 and (which or sum(1 for m in b if ds_id[m] not in held) > 1)]
-            for k in dict.fromkeys(live[:SPLIT_ENDS] + live[-SPLIT_ENDS:]):
+            for k in dict.fromkeys(live[p] for p in CUT_BLOCKS[which] if -len(live) <= p < len(live)):
                 members = blocks[k]
                 for cut in _cut_points(len(members)):
                     cut_blocks = blocks[:k] + [members[:cut], members[cut:]] + blocks[k + 1:]
@@ -331,6 +346,21 @@ class _GraphPlanner:
                 buckets.append(Bucket("allgather" if kind[members[0]] == ALLGATHER else "reduce",
                                       [names[m] for m in members], [ds_id[m] for m in members]))
         return Plan([names[v] for v in candidate.order], buckets=buckets, residency={d: "kept" for d in kept})
+
+
+def _pieces(blocks: Sequence[Sequence[int]], pieces: int) -> list[list[int]]:
+    """Each block cut into ``pieces`` consecutive parts of near-equal length (fewer where it is shorter).
+
+    >>> _pieces([[1, 2, 3, 4, 5], [6]], 2)
+    [[1, 2, 3], [4, 5], [6]]
+    """
+    if pieces <= 1:
+        return [list(b) for b in blocks]
+    parts: list[list[int]] = []
+    for block in blocks:
+        size = -(-len(block) // pieces)
+        parts.extend(list(block[s:s + size]) for s in range(0, len(block), size))
+    return parts
 
 
 def _cut_points(n: int) -> list[int]:
@@ -403,13 +433,8 @@ def overlap_plan(forms: Mapping[str, GraphForm], *, budget_bytes: float = UNLIMI
                 keepable.append(ids)
     for j in _keep_counts(len(keepable)):
         kept = frozenset(d for ids in keepable[:j] for d in ids)
-        picked: dict[str, list[Candidate]] = {}
-        for name, planner in planners.items():
-            fitting = planner.fitting(budget_bytes, kept)
-            if not fitting:
-                break
-            picked[name] = fitting
-        else:
+        picked = _fitting_step(planners, budget_bytes, kept)
+        if picked is not None:
             firsts = [c[0] for c in picked.values()]
             key = (sum(c.step_ms for c in firsts), sum(c.collectives for c in firsts), max(c.peak for c in firsts))
             choices.append((key, picked, kept))
@@ -422,6 +447,25 @@ def overlap_plan(forms: Mapping[str, GraphForm], *, budget_bytes: float = UNLIMI
     chosen = _refine(planners, picked, kept, spare, budget_bytes)
     return {name: planner.plan(chosen[name], sorted(kept), kept if planner is backward else frozenset())
             for name, planner in planners.items()}
+
+
+def _fitting_step(planners: dict[str, _GraphPlanner], budget: float, kept: frozenset
+                  ) -> dict[str, list[Candidate]] | None:
+    """Each graph's candidates within ``budget`` keeping ``kept`` (:meth:`_GraphPlanner.fitting`), None where
+    a graph has none. Where one graph fits no whole blocks, the step is tight: every graph's candidates
+    include ``overlap``'s own order, every collective alone (nothing else may be as fast within such a budget).
+    """
+    picked: dict[str, list[Candidate]] = {}
+    tight = False
+    for name, planner in planners.items():
+        found, pieces = planner.fitting(budget, kept)
+        if not found:
+            return None
+        picked[name] = found
+        tight = tight or pieces > 1
+    if tight:
+        picked = {name: planner.fitting(budget, kept, tight=True)[0] for name, planner in planners.items()}
+    return picked
 
 
 def _refine(planners: dict[str, _GraphPlanner], fitting: dict[str, list[Candidate]], kept: frozenset, spare: int,
@@ -453,16 +497,24 @@ def _refine(planners: dict[str, _GraphPlanner], fitting: dict[str, list[Candidat
 def _cut(planners: dict[str, _GraphPlanner], best: dict[str, Candidate], current: dict[str, list[Candidate]],
          kept: frozenset, most: int, budget: float) -> int:
     """Make up to ``most`` cuts (:func:`_refine`) in ``best`` and ``current``, in place; how many were made."""
+    # Each graph's most shortening cut, found again only after a cut in that graph.
+    offers: dict[str, tuple[float, int, Candidate] | None] = {}
     for made in range(most):
-        gain, chosen = 0.0, None
         for name, planner in planners.items():
+            if name in offers:
+                continue
+            offers[name] = None
             for k, candidate in enumerate(current[name]):
                 for trial in planner.cuts(candidate, kept):
                     saved = best[name].step_ms - trial.step_ms
-                    if saved > gain + 1e-12 and trial.peak <= budget:
-                        gain, chosen = saved, (name, k, trial)
+                    offer = offers[name]
+                    if saved > 1e-12 and trial.peak <= budget and (offer is None or saved > offer[0] + 1e-12):
+                        offers[name] = (saved, k, trial)
+        chosen = max((offer + (name,) for name, offer in offers.items() if offer is not None), default=None,
+                     key=lambda offer: offer[0])
         if chosen is None:
             return made
-        name, k, trial = chosen
+        _saved, k, trial, name = chosen
         current[name][k] = best[name] = trial
+        del offers[name]
     return most

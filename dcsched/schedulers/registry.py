@@ -42,14 +42,15 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 from dcsched.budget import Budget, default_budget
 from dcsched.errors import GraphError, OptionError, ScheduleError
 from dcsched.graph.form import GraphForm, output_last, paused_gc
 from dcsched.plan import Plan
 
-Scheduler = Callable[..., Plan]
+#: A scheduler: ``func(form, **options) -> Plan``, or for a step scheduler ``func(forms, **options) -> {graph: Plan}``.
+Scheduler = Callable[..., Any]
 #: The scheduler function's budget parameters, and the option names users give for them.
 BUDGET_PARAMETERS = {"budget_bytes": "memory_budget", "budget_scope": "budget_scope"}
 #: What the caller knows of the graphs' costs, passed to a function that declares it (not a user option).
@@ -276,6 +277,7 @@ def run_step(name: str, forms: Mapping[str, GraphForm], *, budget: Budget | None
     if info.takes_latency and comm_latency_ms is not None:
         options[LATENCY_PARAMETER] = comm_latency_ms
     with paused_gc():
+        plans: dict[str, Any]
         if info.step:
             plans = info.func(dict(forms), **options)
             missing = sorted(set(forms) - set(plans)) if isinstance(plans, dict) else sorted(forms)

@@ -110,7 +110,7 @@ class _Fused:
     saved_ms: float
     collectives: int
     keep: frozenset = frozenset()
-    held_bytes: int | float = 0
+    held_bytes: int = 0
 
 
 #: :attr:`_Fused.lead` of an all-gather whose parameter is held from the forward: no collective, ready at once.
@@ -451,9 +451,11 @@ class CompiledGraph(GraphForm):
         fused = self._fused(self.bucket_indices(buckets or (), idx), held_nodes, keep)
         return self.simulate_with_frees(idx, detail=detail, fused=fused)[0]
 
-    def step_ms(self, idx: list[int], *, buckets: Sequence | None = None, held: Iterable[int] = ()) -> float:
+    def step_ms(self, idx: list[int], *, buckets: Sequence | None = None, held: Iterable[int] = (),
+                check: bool = True) -> float:
         """:meth:`simulate`'s step time alone (no memory model, a third of the cost) for the node numbers
-        ``idx`` (unchecked) with ``buckets`` (checked) and the ``held`` parameters (ds_ids).
+        ``idx`` (unchecked) with ``buckets`` and the ``held`` parameters (ds_ids). ``check=False`` takes the
+        buckets as lists of node numbers, each in ``idx``'s order (:meth:`bucket_indices`), unchecked.
 
         Examples
         --------
@@ -466,8 +468,8 @@ class CompiledGraph(GraphForm):
         if not buckets and not held:
             return self._timeline(idx, False)[0]
         held_nodes = [i for i in range(len(self.names)) if self.kind[i] == ALLGATHER and self.ds_id[i] in held]
-        fused = self._fused(self.bucket_indices(buckets or (), idx), held_nodes)
-        return self._fused_timeline(idx, False, fused)[0]
+        listed = self.bucket_indices(buckets or (), idx) if check else [list(b) for b in buckets or ()]
+        return self._fused_timeline(idx, False, self._fused(listed, held_nodes))[0]
 
     def bucket_indices(self, buckets: Sequence, idx: Sequence[int]) -> list[list[int]]:
         """``buckets`` as lists of member numbers, each in the order ``idx`` runs them, checked against ``idx``.
@@ -556,7 +558,7 @@ class CompiledGraph(GraphForm):
         saved = sum(dur[m] for members in buckets for m in members) - sum(time.values()) + sum(dur[i] for i in held)
         collectives = self.num_allgathers + self.num_reduces - sum(len(members) - 1 for members in buckets) \
             - len(held)
-        return _Fused(lead, time, max(0.0, saved), collectives, keep, sum(self.size[i] for i in held))
+        return _Fused(lead, time, max(0.0, saved), collectives, keep, int(sum(self.size[i] for i in held)))
 
     def memory_with_frees(self, idx: list[int], *, fused: _Fused | None = None) -> tuple[list, list, list[int]]:
         """The memory of all tensors and of gathered buffers while each position of the node numbers
