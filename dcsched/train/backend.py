@@ -37,7 +37,8 @@ import torch
 from dcsched.profile.capture import capture_compiled
 from dcsched.runtime.consensus import check_same, plan_fingerprints
 from dcsched.profile.measure import profile_bundle
-from dcsched.schedulers.reorder import schedule
+from dcsched.schedulers import run_step
+from dcsched.sim.collectives import latency_from_provenance
 from dcsched.train.program import ScheduledProgram
 from dcsched.train.full_state import any_sharded
 from dcsched.train.options import TrainOptions
@@ -134,9 +135,11 @@ def compile_program(gm: torch.fx.GraphModule, example_inputs, sharding, options:
         profiled = profile_bundle(captured.bundle, options.profile_options(sharding.world_size),
                                   inputs=captured.inputs)
     budget = options.budget(profiled)
-    scheduled = profiled.with_graphs(
-        forward=schedule(profiled.forward, options.algo, budget=budget, **options.algo_options),
-        backward=schedule(profiled.backward, options.algo, budget=budget, **options.algo_options))
+    # Both graphs at once: a step scheduler plans them together (what it keeps gathered spans the two).
+    plans = run_step(options.algo, {name: profiled.form(name) for name in profiled.graph_names}, budget=budget,
+                     comm_latency_ms=latency_from_provenance(profiled.provenance), **options.algo_options)
+    scheduled = profiled.reordered({name: list(plan.order) for name, plan in plans.items()})
+    scheduled.plans = plans
     scheduled.provenance["algo"] = options.algo
     # Agreed figures make equal plans; checked anyway before the first step's collectives, since a plan that
     # differed would pair one rank's gathers with another's parameters.

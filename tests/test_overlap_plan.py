@@ -1,0 +1,237 @@
+"""The step's communication plan: the simulator's kept residency, run_step, and the ``overlap-plan`` planner.
+
+The acceptance figures of issue 32 (by the simulator, on the sample bundles and the synthetic families) are
+asserted here where they hold and tabulated, with the misses, by ``benchmarks/bench_plan.py``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dcsched.budget import Budget, default_budget
+from dcsched.bundle.core import load
+from dcsched.errors import ScheduleError
+from dcsched.graph.form import ALLGATHER, REDUCE, GraphForm
+from dcsched.plan import Plan
+from dcsched.schedulers import register, run, run_step
+from dcsched.schedulers.overlap.scheduler import Overlap
+from dcsched.schedulers.overlap_plan import bucketed
+from dcsched.schedulers.registry import unregister
+from dcsched.sim.collectives import latency_from_provenance
+from dcsched.sim.plans import kept_ids, simulate_plan
+from dcsched.sim.simulate import CompiledGraph, compile_view
+from dcsched.synthetic import layered_stack, moe_graph
+
+SAMPLES = Path(__file__).resolve().parent.parent / "sample_graphs"
+BASELINES = ("overlap", "deepcompile", "fsdp")
+EPS = 1e-9
+
+
+def _step(pair) -> dict[str, GraphForm]:
+    return {"forward": GraphForm(pair.forward), "backward": GraphForm(pair.backward)}
+
+
+def _gathered(form: GraphForm) -> set[int]:
+    return {form.ds_id[i] for i in range(len(form)) if form.kind[i] == ALLGATHER}
+
+
+# -- the simulator's kept residency ------------------------------------------------------------------------
+
+def test_kept_parameters_stay_gathered_to_the_forwards_end():
+    forward = compile_view(layered_stack(2).forward)
+    ids = sorted(_gathered(forward))
+    plain = forward.simulate(None)
+    kept = forward.simulate(None, keep=ids[-3:])
+    sizes = {forward.ds_id[i]: forward.size[i] for i in range(len(forward)) if forward.kind[i] == ALLGATHER}
+    assert kept.step_ms == plain.step_ms and kept.collectives == plain.collectives
+    # at the end every kept buffer is still there: the last memory figure grows by exactly their bytes
+    assert kept.memory[-1] - plain.memory[-1] == sum(sizes[d] for d in ids[-3:])
+    assert kept.peak_bytes >= plain.peak_bytes
+
+
+def test_held_parameters_need_no_collective_and_start_gathered():
+    pair = layered_stack(2)
+    backward = compile_view(pair.backward)
+    held = sorted(_gathered(backward))
+    plain = backward.simulate(None)
+    result = backward.simulate(None, held=held)
+    gathers = sum(1 for k in backward.kind if k == ALLGATHER)
+    assert result.collectives == plain.collectives - gathers
+    assert result.step_ms <= plain.step_ms + EPS
+    held_bytes = sum(backward.size[i] for i in range(len(backward)) if backward.kind[i] == ALLGATHER)
+    assert result.resident_bytes == plain.resident_bytes + held_bytes
+    assert result.gathered_memory[0] >= held_bytes - max(backward.size)  # gathered from the start
+
+
+def test_nothing_kept_is_the_plain_simulation():
+    graph = compile_view(layered_stack(1).backward)
+    plain, none_kept = graph.simulate(None), graph.simulate(None, keep=(), held=())
+    assert (plain.step_ms, plain.peak_bytes, plain.collectives) == \
+        (none_kept.step_ms, none_kept.peak_bytes, none_kept.collectives)
+
+
+def test_step_ms_is_the_simulations_step():
+    graph = compile_view(layered_stack(2).backward)
+    plan = run("fsdp", GraphForm(layered_stack(2).backward))
+    idx = graph.order_indices(list(plan.order))
+    held = sorted(_gathered(graph))[:5]
+    assert graph.step_ms(idx, buckets=plan.buckets, held=held) == \
+        graph.simulate(list(plan.order), buckets=plan.buckets, held=held).step_ms
+
+
+# -- run_step ------------------------------------------------------------------------------------------------
+
+def test_run_step_runs_a_graph_scheduler_on_each_graph():
+    forms = _step(layered_stack(1))
+    plans = run_step("fast-free", forms)
+    assert sorted(plans) == ["backward", "forward"]
+    for name, form in forms.items():
+        assert list(plans[name].order) == list(run("fast-free", form).order)
+
+
+def test_a_step_scheduler_sees_every_graph_and_the_latency():
+    seen = {}
+
+    @register("step-demo", description="demo", step=True)
+    def demo(forms, *, comm_latency_ms: float = 0.0):
+        seen.update(graphs=sorted(forms), latency=comm_latency_ms)
+        return {name: Plan(form.order_names(form.topo)) for name, form in forms.items()}
+
+    try:
+        run_step("step-demo", _step(layered_stack(1)), comm_latency_ms=0.05)
+        assert seen == {"graphs": ["backward", "forward"], "latency": 0.05}
+    finally:
+        unregister("step-demo")
+
+
+def test_a_step_scheduler_that_leaves_a_graph_out_is_refused():
+    @register("step-short", description="demo", step=True)
+    def short(forms):
+        return {"forward": Plan(forms["forward"].order_names(forms["forward"].topo))}
+
+    try:
+        with pytest.raises(ScheduleError, match="no plan for graph backward"):
+            run_step("step-short", _step(layered_stack(1)))
+    finally:
+        unregister("step-short")
+
+
+# -- bucketed ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("ahead", [0, 1, 2])
+def test_bucketed_issues_each_block_together_and_no_later_than_its_first_member(ahead):
+    form = GraphForm(layered_stack(3).forward)
+    gathers = [i for i in form.topo if form.kind[i] == ALLGATHER]
+    blocks = [gathers[k:k + 5] for k in range(0, len(gathers), 5)]
+    base = list(form.topo)
+    order, buckets = bucketed(form, base, blocks, [], ahead=ahead)
+    form.check_order(form.order_names(order))
+    where = {v: p for p, v in enumerate(order)}
+    for bucket in buckets:
+        positions = [where[m] for m in bucket]
+        assert positions == list(range(positions[0], positions[0] + len(bucket)))  # together, in order
+
+    def others_before(sequence: list[int], v: int) -> int:
+        return sum(1 for u in sequence[:sequence.index(v)] if form.kind[u] != ALLGATHER)
+
+    # no all-gather runs later, counted in the other nodes before it, than in the base order
+    for m in gathers:
+        assert others_before(order, m) <= others_before(base, m)
+    assert len(buckets) == sum(1 for b in blocks if len(b) > 1)
+
+
+def test_bucketed_reduces_wait_for_their_blocks_last_gradient():
+    form = GraphForm(layered_stack(2).backward)
+    reduces = [i for i in form.topo if form.kind[i] == REDUCE]
+    blocks = [reduces[k:k + 4] for k in range(0, len(reduces), 4)]
+    order, buckets = bucketed(form, list(form.topo), [], blocks)
+    form.check_order(form.order_names(order))
+    where = {v: p for p, v in enumerate(order)}
+    for bucket in buckets:
+        positions = [where[m] for m in bucket]
+        assert positions == list(range(positions[0], positions[0] + len(bucket)))  # together, in order
+        # issued once every gradient of the block is ready
+        assert positions[0] > max(where[g] for m in bucket for g in form.preds[m])
+
+
+# -- the planner ---------------------------------------------------------------------------------------------
+
+def _check_plans(forms: dict[str, GraphForm], plans: dict[str, Plan], budget: Budget | None = None) -> dict:
+    """Every plan valid: orders (run_step checked them), buckets (the simulator checks them), one residency
+    for the step, kept parameters gathered in both graphs and absent from the backward's all-gather buckets."""
+    residencies = {tuple(sorted(p.residency.items())) for p in plans.values()}
+    assert len(residencies) == 1
+    kept = kept_ids(next(iter(plans.values())))
+    if kept:
+        assert kept <= _gathered(forms["forward"]) & _gathered(forms["backward"])
+        for bucket in plans["backward"].buckets:
+            assert bucket.kind == "reduce" or not set(bucket.ds_ids) & kept
+    results = {name: simulate_plan(CompiledGraph(form), plans[name], name) for name, form in forms.items()}
+    if budget is not None and math.isfinite(budget.bytes):
+        assert all(r.peak_bytes <= budget.bytes for r in results.values())
+    return results
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layers=st.integers(1, 4), fraction=st.floats(1.0, 3.0))
+def test_plans_are_valid_at_any_budget(layers, fraction):
+    forms = _step(layered_stack(layers))
+    smallest = max(Overlap(form).min_budget("all") for form in forms.values())
+    budget = Budget(math.ceil(fraction * smallest), "all")
+    _check_plans(forms, run_step("overlap-plan", forms, budget=budget), budget)
+
+
+def test_moe_plans_are_valid():
+    forms = {kind: GraphForm(moe_graph(1, kind=kind, n_layers=2)) for kind in ("forward", "backward")}
+    _check_plans(forms, run_step("overlap-plan", forms))
+
+
+def test_a_graph_alone_gets_buckets_and_keeps_nothing():
+    form = GraphForm(layered_stack(2).backward)
+    plan = run("overlap-plan", form)
+    assert plan.buckets and dict(plan.residency) == {}
+    form.check_order(list(plan.order))
+
+
+def _bundle_step(name: str):
+    bundle = load(SAMPLES / f"{name}.pt")
+    latency = latency_from_provenance(bundle.provenance)
+    forms = {graph: bundle.form(graph) for graph in bundle.graph_names}
+    return forms, latency, default_budget(bundle)
+
+
+def _measure(forms, latency, algo, budget):
+    plans = run_step(algo, forms, budget=budget, comm_latency_ms=latency)
+    results = {name: simulate_plan(CompiledGraph(form, comm_latency_ms=latency), plans[name], name)
+               for name, form in forms.items()}
+    return (sum(r.step_ms for r in results.values()), max(r.peak_bytes for r in results.values()),
+            sum(r.collectives for r in results.values()))
+
+
+@pytest.mark.parametrize("sample", ["gpt", "llama", "convnet"])
+@pytest.mark.parametrize("which", ["default", "1.1x smallest"])
+def test_the_plan_beats_every_baseline_on_the_samples(sample, which):
+    forms, latency, budget = _bundle_step(sample)
+    if which != "default":
+        budget = Budget(math.ceil(1.1 * max(Overlap(form).min_budget("all") for form in forms.values())), "all")
+    step, peak, collectives = _measure(forms, latency, "overlap-plan", budget)
+    assert peak <= budget.bytes
+    fsdp_collectives = _measure(forms, latency, "fsdp", budget)[2]
+    assert collectives <= fsdp_collectives
+    for algo in BASELINES:
+        theirs, their_peak, _ = _measure(forms, latency, algo, budget)
+        if their_peak <= budget.bytes:
+            assert step <= theirs + EPS, f"{algo}: {theirs:.4f} ms, the plan {step:.4f} ms"
+
+
+def test_the_plan_keeps_what_the_budget_allows():
+    forms, latency, budget = _bundle_step("gpt")
+    roomy = run_step("overlap-plan", forms, budget=budget, comm_latency_ms=latency)
+    smallest = max(Overlap(form).min_budget("all") for form in forms.values())
+    tight = run_step("overlap-plan", forms, budget=Budget(math.ceil(1.1 * smallest), "all"), comm_latency_ms=latency)
+    assert len(kept_ids(roomy["forward"])) > len(kept_ids(tight["forward"]))
