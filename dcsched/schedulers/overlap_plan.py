@@ -86,17 +86,20 @@ class Candidate:
     source: str
     order: list[int]
     buckets: list[list[int]]
-    #: the simulated step (ms), collectives and peak (bytes of the budget's scope; 0 when no budget was set)
+    #: the simulated step (ms) and collectives
     step_ms: float
     collectives: int
-    peak: float
+    #: the simulated peak (bytes of the budget's scope), measured only where a budget asks (None: not yet;
+    #: 0 without a budget): the memory model costs twice the timeline, and most candidates are never chosen
+    peak: float | None
+    role: dict = dataclasses.field(default_factory=dict)
     base: list[int] | None = None
     groups: tuple[list[list[int]], list[list[int]]] | None = None
     ahead: int = 0
 
     def key(self) -> tuple:
-        """What ranks candidates: step time, then collectives, then peak."""
-        return (self.step_ms, self.collectives, self.peak)
+        """What ranks candidates: step time, then collectives."""
+        return (self.step_ms, self.collectives)
 
 
 def bucketed(form: GraphForm, order: Sequence[int], gathers: Sequence[Sequence[int]],
@@ -253,18 +256,23 @@ class _GraphPlanner:
 
     def simulated(self, source: str, order: list[int], buckets: list[list[int]], *, keep: frozenset = frozenset(),
                   held: frozenset = frozenset()) -> Candidate:
-        """The candidate simulated; without a budget its timeline alone (the memory model is two thirds of
-        a simulation's cost, and nothing would read it)."""
+        """The candidate's timeline simulated (its peak is measured by :meth:`fitted`, where a budget asks)."""
         compiled = self.compiled
         skipped = self.held_nodes(held)
         collectives = compiled.num_allgathers + compiled.num_reduces - len(skipped) \
             - sum(max(0, len(b) - 1 - sum(1 for m in b if m in skipped)) for b in buckets)
-        if not math.isfinite(self.budget):
-            step = compiled.step_ms(order, buckets=buckets, held=held, check=True)
-            return Candidate(source, order, buckets, step, collectives, 0)
-        result = compiled.simulate(order, detail=False, check=False, buckets=buckets, keep=keep, held=held)
-        peak = result.peak_bytes if self.scope == "all" else result.gathered_peak_bytes
-        return Candidate(source, order, buckets, result.step_ms, result.collectives, peak)
+        step = compiled.step_ms(order, buckets=buckets, held=held, check=False)
+        role = {"keep": keep, "held": held}
+        return Candidate(source, order, buckets, step, collectives, None if math.isfinite(self.budget) else 0, role)
+
+    def fitted(self, candidate: Candidate) -> Candidate | None:
+        """``candidate`` with its peak measured, or None where it exceeds the budget."""
+        if candidate.peak is None:
+            result = self.compiled.simulate(candidate.order, detail=False, check=False, buckets=candidate.buckets,
+                                            **candidate.role)
+            peak = result.peak_bytes if self.scope == "all" else result.gathered_peak_bytes
+            candidate = dataclasses.replace(candidate, peak=peak)
+        return candidate if candidate.peak is not None and candidate.peak <= self.budget else None
 
     def held_nodes(self, held: frozenset) -> frozenset:
         """The all-gathers of the ``held`` parameters."""
@@ -283,11 +291,25 @@ class _GraphPlanner:
         largest = max((len(b) for b in (*self.gathers, *self.reduces)), default=1)
         pieces = 1
         while True:
-            found = sorted((c for c in self.candidates(budget, reserved, role, pieces, tight or pieces > 1)
-                            if c.peak <= budget), key=Candidate.key)
+            found = self._fastest_fitting(self.candidates(budget, reserved, role, pieces, tight or pieces > 1))
             if found or pieces >= largest:
                 return found, pieces
             pieces *= 2
+
+    def _fastest_fitting(self, candidates: Iterable[Candidate]) -> list[Candidate]:
+        """The fastest of ``candidates`` within the budget, and the :data:`REFINED` fastest that can be cut,
+        fastest first (peaks measured in that order, until those are found)."""
+        found: list[Candidate] = []
+        cuttable = 0
+        for candidate in sorted(candidates, key=Candidate.key):
+            fitted = self.fitted(candidate)
+            if fitted is None or (found and fitted.base is None):
+                continue
+            found.append(fitted)
+            cuttable += fitted.base is not None
+            if cuttable >= REFINED:
+                break
+        return found
 
     def cuts(self, candidate: Candidate, kept: frozenset) -> Iterable[Candidate]:
         """The candidate with one block cut in two and bucketed again: the first and last
@@ -322,9 +344,10 @@ class _GraphPlanner:
                 joined = blocks[:k] + [blocks[k] + blocks[k + 1]] + blocks[k + 2:]
                 groups = (joined, candidate.groups[1]) if which == 0 else (candidate.groups[0], joined)
                 trial = self.rebucketed(candidate.source, candidate.base, groups, role, candidate.ahead)
-                if trial.step_ms <= candidate.step_ms and trial.peak <= budget \
-                        and trial.collectives < candidate.collectives:
-                    candidate, made = trial, made + 1
+                if trial.step_ms <= candidate.step_ms and trial.collectives < candidate.collectives:
+                    fitted = self.fitted(trial)
+                    if fitted is not None:
+                        candidate, made = fitted, made + 1
                 k += 1
         return candidate, made
 
@@ -436,7 +459,7 @@ def overlap_plan(forms: Mapping[str, GraphForm], *, budget_bytes: float = UNLIMI
         picked = _fitting_step(planners, budget_bytes, kept)
         if picked is not None:
             firsts = [c[0] for c in picked.values()]
-            key = (sum(c.step_ms for c in firsts), sum(c.collectives for c in firsts), max(c.peak for c in firsts))
+            key = (sum(c.step_ms for c in firsts), sum(c.collectives for c in firsts), max(c.peak or 0 for c in firsts))
             choices.append((key, picked, kept))
     if not choices:  # no bucketed order fits: overlap's own plan
         return {name: planner.plan(planner.fallback(budget_bytes), (), frozenset())
@@ -508,8 +531,10 @@ def _cut(planners: dict[str, _GraphPlanner], best: dict[str, Candidate], current
                 for trial in planner.cuts(candidate, kept):
                     saved = best[name].step_ms - trial.step_ms
                     offer = offers[name]
-                    if saved > 1e-12 and trial.peak <= budget and (offer is None or saved > offer[0] + 1e-12):
-                        offers[name] = (saved, k, trial)
+                    if saved > 1e-12 and (offer is None or saved > offer[0] + 1e-12):
+                        fitted = planner.fitted(trial)
+                        if fitted is not None:
+                            offers[name] = (saved, k, fitted)
         chosen = max((offer + (name,) for name, offer in offers.items() if offer is not None), default=None,
                      key=lambda offer: offer[0])
         if chosen is None:
