@@ -303,6 +303,7 @@ HOSTILE_V2 = [
                                                                              "'touch MARKER'),1)[1]")),
      "is not a plain identifier"),
     ("node name builtin", lambda d, t: _names(t, lambda n: n.__setitem__(3, "print")), "not a valid FX node name"),
+    ("node name not ascii", lambda d, t: _names(t, lambda n: n.__setitem__(3, "\u00c0")), "not a valid FX node name"),
     ("names not utf-8", lambda d, t: t.update({"graph.forward.names": torch.tensor([0xff, 0xfe], dtype=torch.uint8)}),
      "node names are not UTF-8"),
     ("placeholder target expression", lambda d, t: _edit_strings(d, "primals_1", "__import__('os').system('MARKER')"),

@@ -282,6 +282,10 @@ class GraphColumns:
         if len(set(names)) != n:
             raise ValueError(f"{where} holds two nodes of one name")
         illegal = _illegal_fx_names().intersection(names)
+        # FX spells node names in ASCII: it renames 'À' (a Python identifier), which version 1 refused when
+        # building the graph and version 2 builds only when asked (replay), past the loader's errors.
+        if not "".join(names).isascii():
+            illegal.update(s for s in names if not s.isascii())
         if illegal:
             raise ValueError(f"node name {min(illegal)!r} is not a valid FX node name")
         op, target, args, meta = self.op.long(), self.target.long(), self.args.long(), self.meta.long()
