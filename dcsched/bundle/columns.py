@@ -498,6 +498,21 @@ class GraphColumns:
     def _codes(self) -> torch.Tensor:
         return self.target.long() * 4 + self.op.long()
 
+    def collectives(self, opnames: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Of the checked columns, the nodes running one of the ZeRO-3 ops ``opnames`` (dcsched's or dc's):
+        their numbers (ascending), which of ``opnames`` each runs (its position) and each one's ``id``
+        (its ds_id); read from what :meth:`check` worked out, no pass over the nodes in Python."""
+        nodes = torch.tensor(self._comm["nodes"], dtype=torch.long)
+        ids = torch.tensor(self._comm["id"], dtype=torch.long)
+        which = torch.full((len(nodes),), -1, dtype=torch.long)
+        codes = self._codes()[nodes]
+        for c, target in self._targets.items():
+            name = getattr(target, "_opname", "")
+            if name in opnames and getattr(target, "namespace", None) in ("dcsched", "dc"):
+                which[codes == c] = list(opnames).index(name)
+        keep = which >= 0
+        return nodes[keep], which[keep], ids[keep]
+
     def form(self, label: str = "graph"):
         """The graph's :class:`~dcsched.graph.form.GraphForm`, from the columns alone (no FX, no networkx)."""
         from dcsched.graph.form import GraphForm
