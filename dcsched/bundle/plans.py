@@ -192,7 +192,23 @@ def _checked(entries: Any, stored, names: list[str], where: str) -> tuple[list, 
 
 
 def decode_residency(entry: Any, ds_ids: set[int]) -> dict[int, str]:
-    """The step's residency from the document (keys decimal ds_ids of parameters ``ds_ids``), checked.
+    """The step's residency from the document, checked.
+
+    Parameters
+    ----------
+    entry : Any
+        The document's ``residency``: decimal ds_id (``"3"``) -> ``'sharded'``, ``'kept'`` or ``'replicated'``.
+    ds_ids : set of int
+        The parameter table's ds_ids, the only keys allowed.
+
+    Returns
+    -------
+    dict of int to str
+
+    Raises
+    ------
+    ValueError
+        One line: not a table, a key that is not a ds_id or names no parameter, an unknown residency.
 
     Examples
     --------
@@ -219,10 +235,37 @@ def decode_residency(entry: Any, ds_ids: set[int]) -> dict[int, str]:
 
 
 def read_plans(doc: Mapping, stored: Mapping[str, Any], ds_ids: set[int]) -> dict:
-    """``Bundle.plans`` from a version-3 document: for each graph in ``doc['plans']`` a :class:`Plan` in the
-    graph's own node order, with its buckets and the step's residency (ValueError, one line, where not valid).
+    """``Bundle.plans`` from a version-3 document, checked (see the module docstring).
 
-    ``stored``: the bundle's checked graphs by name; ``ds_ids``: the parameter table's.
+    Parameters
+    ----------
+    doc : Mapping
+        The parsed document; its ``plans`` and ``residency`` are read (absent: none).
+    stored : Mapping of str to GraphColumns or torch.fx.Graph
+        The bundle's checked graphs by name.
+    ds_ids : set of int
+        The parameter table's ds_ids.
+
+    Returns
+    -------
+    dict of str to Plan
+        For each graph in ``doc['plans']``, a :class:`Plan` in the graph's own node order with its buckets
+        and the step's residency.
+
+    Raises
+    ------
+    ValueError
+        One line naming the graph, bucket and node at fault.
+
+    Examples
+    --------
+    >>> from dcsched import replay
+    >>> bundle = replay.example_bundle()
+    >>> doc = {"plans": {"forward": {"buckets": [{"kind": "allgather", "members": [4, 6], "ds_ids": [0, 1]}]}},
+    ...        "residency": {"2": "kept"}}
+    >>> plan = read_plans(doc, {"forward": bundle.forward}, {0, 1, 2})["forward"]
+    >>> plan.buckets[0].members, plan.residency_of(2), len(plan.order)
+    (('allgather_ds_param_primals_1_0', 'allgather_ds_param_primals_2_1'), 'kept', 21)
     """
     plans = doc.get("plans", {})
     if not isinstance(plans, dict):
@@ -279,10 +322,27 @@ def _residency(plans: Mapping[str, Plan], ds_ids: set[int]) -> dict[str, str]:
 
 
 def plans_document(bundle) -> dict:
-    """The document's ``plans`` and ``residency`` for ``bundle.plans`` (ValueError for a plan a loader would
-    refuse, or one whose order is not its graph's).
+    """The document's ``plans`` and ``residency`` for ``bundle.plans``, checked as a loader would.
 
-    See the module docstring for an example.
+    Parameters
+    ----------
+    bundle : Bundle
+
+    Returns
+    -------
+    dict
+        ``{"plans": {graph: {"buckets": [...]}}, "residency": {"<ds_id>": residency}}``, graphs in the
+        bundle's order, residency keys by number.
+
+    Raises
+    ------
+    ValueError
+        A plan a loader would refuse, plans whose residencies differ, a plan whose non-empty order is not
+        its graph's node order, a plan for a graph the bundle lacks.
+
+    Examples
+    --------
+    See the module docstring.
     """
     plans: dict[str, Plan] = bundle.plans
     graphs = bundle.graph_names
@@ -308,6 +368,18 @@ def _stored(bundle, name: str):
 
 def plan_counts(plan: Plan | None, ds_ids: Sequence[int]) -> dict:
     """What ``dcsched show`` says of a graph's plan: buckets, their members, parameters by residency.
+
+    Parameters
+    ----------
+    plan : Plan or None
+        The graph's stored plan (None: no bucket, every parameter sharded).
+    ds_ids : sequence of int
+        The parameter table's ds_ids (the residencies are counted over them).
+
+    Returns
+    -------
+    dict
+        ``{"buckets": int, "members": int, "residency": {"sharded": int, "kept": int, "replicated": int}}``.
 
     Examples
     --------
