@@ -121,6 +121,8 @@ def test_reordered_keeps_plans_in_the_new_order_and_sets_given_ones(tmp_path, st
     assert replaced.plans["forward"] == Plan(new) and replaced.plans["backward"] == bundle.plans["backward"]
     with pytest.raises(ValueError, match="another order than the graph's"):
         bundle.reordered({"forward": new}, plans={"forward": Plan(names)})
+    with pytest.raises(ValueError, match="a plan given for graph 'sideways', which the bundle lacks"):
+        bundle.reordered({}, plans={"sideways": Plan(())})
     loaded = dcsched.load(dcsched.save(moved, tmp_path / "m.pt"))
     assert loaded.plans == moved.plans
 

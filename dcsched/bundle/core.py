@@ -219,6 +219,9 @@ class Bundle:
         >>> moved.plans["forward"].residency_of(0), bundle.plans
         ('kept', {})
         """
+        unknown = sorted(set(plans or {}) - set(self.graph_names))
+        if unknown:
+            raise ValueError(f"a plan given for graph {unknown[0]!r}, which the bundle lacks")
         result = self._permuted(orders)
         kept = {**self.plans, **(plans or {})}
         for name, plan in kept.items():
