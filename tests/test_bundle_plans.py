@@ -10,16 +10,18 @@ import struct
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import dcsched
 from dcsched import replay
 from dcsched.bundle import fileio
 from dcsched.bundle.summary import summarize
 from dcsched.cli import run
-from dcsched.errors import BundleError
+from dcsched.errors import BundleError, GraphError
 from dcsched.plan import Bucket, Plan
 from dcsched.report.compare import compare_bundle
 from dcsched.runtime.consensus import plan_fingerprints
+from dcsched.sim.simulate import compile_view
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = [ROOT / "sample_graphs" / f"{n}.pt" for n in ("gpt", "llama", "convnet")]
@@ -29,7 +31,11 @@ BACKWARD_REDUCES = ("reduce_ds_param_fc2_weight", "reduce_ds_param_fc1_weight", 
 
 
 def planned_bundle(residency=None):
-    """The replay example (forward and backward, 3 parameters) with a plan per graph."""
+    """The replay example (forward and backward, 3 parameters) with a plan per graph.
+
+    The backward's bucket is structurally sound, what a loader checks; the simulator would refuse to issue it
+    in the stored order (fc1's gradients are computed after fc2's reduce), which is its own check to make.
+    """
     bundle = replay.example_bundle()
     residency = {0: "kept", 2: "replicated"} if residency is None else residency
     plans = {
@@ -293,3 +299,60 @@ def test_plan_fingerprints_tell_buckets_apart():
     # No plan and an empty one run alike.
     plain = replay.example_bundle()
     assert plan_fingerprints(plain) == plan_fingerprints(plain.reordered({}, plans={"forward": Plan(())}))
+
+
+_SCALARS = (st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.text(max_size=6)
+            | st.floats(allow_nan=False, allow_infinity=False))
+_JSON = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=3)
+                     | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=6)
+
+
+@st.composite
+def _plan_edits(draw):
+    """One arbitrary value written somewhere in a planned bundle's plans or residency."""
+    where = draw(st.sampled_from(["plans", "graph plan", "buckets", "bucket", "kind", "members", "member",
+                                  "ds_ids", "residency", "residency key", "residency value"]))
+    value = draw(_JSON | st.integers(0, 25))
+    text = draw(st.text(max_size=8))
+
+    def edit(doc):
+        bucket = doc["plans"]["forward"]["buckets"][0]
+        if where == "plans":
+            doc["plans"] = value
+        elif where == "graph plan":
+            doc["plans"]["backward"] = value
+        elif where == "buckets":
+            doc["plans"]["forward"]["buckets"] = value
+        elif where == "bucket":
+            doc["plans"]["forward"]["buckets"][1] = value
+        elif where in ("kind", "members", "ds_ids"):
+            bucket[where] = value
+        elif where == "member":
+            bucket["members"][0] = value
+        elif where == "residency":
+            doc["residency"] = value
+        elif where == "residency key":
+            doc["residency"][text] = "kept"
+        else:
+            doc["residency"]["0"] = value
+    return edit
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(edit=_plan_edits())
+def test_generated_hostile_plans_load_or_fail_in_one_line(tmp_path_factory, edit):
+    doc, tensors = fileio.document_and_tensors(planned_bundle())
+    edit(doc)
+    path = tmp_path_factory.mktemp("plans") / "hostile.pt"
+    path.write_bytes(fileio.encode(doc, tensors))
+    try:
+        loaded = dcsched.load(path)
+    except BundleError as exc:
+        assert len(str(exc).splitlines()) == 1, str(exc)
+        return
+    for name, plan in loaded.plans.items():  # what loads is a plan the simulator can read
+        compiled = compile_view(loaded.form(name))
+        try:
+            compiled.bucket_indices(plan.buckets, list(range(len(plan.order))))
+        except GraphError as exc:  # whether the stored order can issue a bucket is the simulator's to say
+            assert "is issued before" in str(exc), str(exc)

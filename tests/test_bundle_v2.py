@@ -249,12 +249,14 @@ def test_version_1_bundles_still_load(path):
         _same_form(bundle.form(name), GraphForm(bundle.graphs[name]))
 
 
-def test_convert_rewrites_v1_as_v2(tmp_path, capsys):
+def test_convert_rewrites_v1_in_the_current_version(tmp_path, capsys):
     source = tmp_path / "old.pt"
     bundle_io.save_v1(linear_bundle(3), source)
     out = tmp_path / "new.pt"
     assert run(["convert", str(source), str(out)]) == 0
-    assert fileio.is_v2(out.read_bytes()[:16])
+    assert fileio.is_v2(out.read_bytes()[:16])  # a safetensors file
+    assert f'"dcsched-bundle":"{bundle_io.BUNDLE_VERSION}"'.encode() in out.read_bytes()[:4096]
+    assert "bundle version 3" in capsys.readouterr().err
     old, new = dcsched.load(source), dcsched.load(out)
     assert _encoded(new.forward) == _encoded(old.forward) and new.params == old.params
     before = out.read_bytes()
