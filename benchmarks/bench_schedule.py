@@ -289,7 +289,8 @@ def cli_series(args) -> None:
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="dcsched-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
     cli = [sys.executable, "-m", "dcsched"]
-    versions = (2, 1) if args.v1 else (2,)
+    from dcsched.bundle.core import BUNDLE_VERSION  # what save writes (3 since plans are stored)
+    versions = (BUNDLE_VERSION, 1) if args.v1 else (BUNDLE_VERSION,)
     rows = []
     try:
         for nodes in (int(n) for n in args.cli_sizes.split(",")):
@@ -328,10 +329,10 @@ def cli_series(args) -> None:
     for r in rows:
         print(f"| {r['nodes']:,} | v{r['version']} | {r['MB']:.1f} | {r['load_s']:.2f} | {r['show_s']:.2f} | "
               f"{r['fast_free_s']:.2f} | {r['overlap_s']:.2f} | {r['peak_mib']:.0f} |")
-    v2 = [r for r in rows if r["version"] == 2 and r["nodes"] >= 10_000]
+    v2 = [r for r in rows if r["version"] != 1 and r["nodes"] >= 10_000]
     if len(v2) >= 2:
         k = math.log(v2[-1]["peak_mib"] / v2[0]["peak_mib"]) / math.log(v2[-1]["nodes"] / v2[0]["nodes"])
-        print(f"\npeak RSS growth exponent (v2, {v2[0]['nodes']:,} to {v2[-1]['nodes']:,} nodes): {k:.2f}")
+        print(f"\npeak RSS growth exponent (safetensors, {v2[0]['nodes']:,} to {v2[-1]['nodes']:,} nodes): {k:.2f}")
 
 
 def measure(args, algos: list[str], with_reference: bool) -> dict[str, list]:

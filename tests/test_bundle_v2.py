@@ -22,6 +22,8 @@ from dcsched.cli import run
 from dcsched.errors import BundleError
 from dcsched.graph.form import FIELDS, GraphForm
 from dcsched.graph.nxview import to_networkx
+from dcsched.graph.roles import Role, ds_id_of, role_of
+from dcsched.plan import RESIDENCIES, Bucket, Plan
 
 from bundles import linear_bundle
 from strategies import arbitrary_dags, zero3_graphs
@@ -49,7 +51,7 @@ def test_v2_is_one_safetensors_file_and_loads_columns(tmp_path):
     data = path.read_bytes()
     size = struct.unpack("<Q", data[:8])[0]
     header = json.loads(data[8:8 + size])
-    assert header["__metadata__"] == {"dcsched-bundle": "2"}
+    assert header["__metadata__"] == {"dcsched-bundle": str(bundle_io.BUNDLE_VERSION)}
     assert b"pickle" not in data and not data.startswith((b"PK", b"\x80"))
     loaded = dcsched.load(path)
     assert isinstance(loaded.__dict__["_graph_forward"], GraphColumns), "FX is built only when asked for"
@@ -144,7 +146,7 @@ def random_bundles(draw):
         low = draw(st.none() | st.floats(-1e9, 0, allow_nan=False))
         inputs.append(bundle_io.InputInfo(f"in{k}", shape, dtype, value, low, None if low is None else low + 1))
     constants = {f"c{k}": torch.full((k + 1,), float(k)) for k in range(draw(st.integers(0, 2)))}
-    return bundle_io.Bundle(
+    bundle = bundle_io.Bundle(
         forward=graphs["forward"], backward=graphs.get("backward"),
         params=[bundle_io.ParamInfo(f"p.{i}", tuple(draw(st.lists(st.integers(0, 9), max_size=3))),
                                     draw(st.sampled_from([torch.float32, torch.bfloat16])), i)
@@ -156,6 +158,32 @@ def random_bundles(draw):
         graph_ids={"forward": 0, "backward": 1},
         constants=constants,
         provenance=draw(st.dictionaries(_TEXT, _JSON, max_size=4)))
+    bundle.plans = draw(random_plans(bundle))
+    return bundle
+
+
+@st.composite
+def random_plans(draw, bundle):
+    """Plans for some of ``bundle``'s graphs: random buckets of its all-gathers and reduces (each node in at
+    most one, members in any order) and one residency over parameters of its table."""
+    params = [p.ds_id for p in bundle.params]
+    residency = {d: draw(st.sampled_from(RESIDENCIES)) for d in draw(st.lists(st.sampled_from(params), unique=True))
+                 } if params else {}
+    plans = {}
+    for name, graph in bundle.graphs.items():
+        if not draw(st.booleans()):
+            continue
+        buckets = []
+        for role, kind in ((Role.ALLGATHER, "allgather"), (Role.REDUCE, "reduce")):
+            nodes = draw(st.permutations([n for n in graph.nodes if role_of(n) is role]))
+            while nodes:
+                size = draw(st.integers(1, len(nodes)))
+                members, nodes = nodes[:size], nodes[size:]
+                if draw(st.booleans()):  # some nodes in no bucket
+                    buckets.append(Bucket(kind, [n.name for n in members], [ds_id_of(n) for n in members]))
+        order = [n.name for n in graph.nodes] if draw(st.booleans()) else []
+        plans[name] = Plan(order, draw(st.permutations(buckets)), residency)
+    return plans
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
@@ -171,8 +199,13 @@ def test_random_bundles_round_trip_bit_for_bit(tmp_path_factory, bundle):
     for name in bundle.graph_names:
         assert _encoded(loaded.graphs[name]) == _encoded(bundle.graphs[name])
         _same_form(loaded.form(name), GraphForm(bundle.graphs[name]))
-    # Saved from those FX graphs: the same bytes again.
+    # The plans, in the graphs' own order.
+    assert loaded.plans == {name: plan.with_order(n.name for n in bundle.graphs[name].nodes)
+                            for name, plan in bundle.plans.items()}
+    # Saved from those FX graphs (with_graphs drops the replaced graphs' plans): the same bytes again.
     rebuilt = loaded.with_graphs(**loaded.graphs)
+    assert rebuilt.plans == {}
+    rebuilt.plans = dict(loaded.plans)
     assert dcsched.save(rebuilt, tmp / "c.pt").read_bytes() == first
     assert loaded.params == bundle.params
     assert loaded.provenance == bundle.provenance
@@ -216,12 +249,14 @@ def test_version_1_bundles_still_load(path):
         _same_form(bundle.form(name), GraphForm(bundle.graphs[name]))
 
 
-def test_convert_rewrites_v1_as_v2(tmp_path, capsys):
+def test_convert_rewrites_v1_in_the_current_version(tmp_path, capsys):
     source = tmp_path / "old.pt"
     bundle_io.save_v1(linear_bundle(3), source)
     out = tmp_path / "new.pt"
     assert run(["convert", str(source), str(out)]) == 0
-    assert fileio.is_v2(out.read_bytes()[:16])
+    assert fileio.is_v2(out.read_bytes()[:16])  # a safetensors file
+    assert f'"dcsched-bundle":"{bundle_io.BUNDLE_VERSION}"'.encode() in out.read_bytes()[:4096]
+    assert "bundle version 3" in capsys.readouterr().err
     old, new = dcsched.load(source), dcsched.load(out)
     assert _encoded(new.forward) == _encoded(old.forward) and new.params == old.params
     before = out.read_bytes()
@@ -303,6 +338,7 @@ HOSTILE_V2 = [
                                                                              "'touch MARKER'),1)[1]")),
      "is not a plain identifier"),
     ("node name builtin", lambda d, t: _names(t, lambda n: n.__setitem__(3, "print")), "not a valid FX node name"),
+    ("node name not ascii", lambda d, t: _names(t, lambda n: n.__setitem__(3, "\u00c0")), "not a valid FX node name"),
     ("names not utf-8", lambda d, t: t.update({"graph.forward.names": torch.tensor([0xff, 0xfe], dtype=torch.uint8)}),
      "node names are not UTF-8"),
     ("placeholder target expression", lambda d, t: _edit_strings(d, "primals_1", "__import__('os').system('MARKER')"),
@@ -373,7 +409,8 @@ HOSTILE_V2 = [
      "its range [5, 1] is empty"),
     ("input value missing", lambda d, t: t.pop("input.0"), "its stored value is missing"),
     ("huge parameter", lambda d, t: d["params"][0].update(shape=[10**12, 10**12]), "holds 4e+24 bytes"),
-    ("document version 3", lambda d, t: d.update(version=3), "not a dcsched graph bundle"),
+    ("document version 4", lambda d, t: d.update(version=4), "not a dcsched graph bundle"),
+    ("document version true", lambda d, t: d.update(version=True), "not a dcsched graph bundle"),
 ]
 
 
@@ -427,8 +464,8 @@ def _file_cases(tmp_path) -> dict[str, tuple[Path, str]]:
                                          "truncated or corrupt"),
         "oversized header length": (struct.pack("<Q", 10**15) + good[8:], "not a dcsched bundle"),
         "header of the wrong length": (struct.pack("<Q", size + 7) + good[8:], "truncated or corrupt"),
-        "newer version": (good.replace(b'"dcsched-bundle":"2"', b'"dcsched-bundle":"3"'), "newer dcsched"),
-        "version text": (good.replace(b'"dcsched-bundle":"2"', b'"dcsched-bundle":"x"'),
+        "newer version": (good.replace(b'"dcsched-bundle":"3"', b'"dcsched-bundle":"4"'), "newer dcsched"),
+        "version text": (good.replace(b'"dcsched-bundle":"3"', b'"dcsched-bundle":"x"'),
                          "bundle version 'x' is not a version number"),
         "other safetensors file": (_safetensors({"weight": torch.zeros(2)}), "not a dcsched graph bundle"),
         "document not json": (_safetensors({"bundle.json": torch.tensor(list(b"{nope"), dtype=torch.uint8)},

@@ -282,6 +282,10 @@ class GraphColumns:
         if len(set(names)) != n:
             raise ValueError(f"{where} holds two nodes of one name")
         illegal = _illegal_fx_names().intersection(names)
+        # FX spells node names in ASCII: it renames 'À' (a Python identifier), which version 1 refused when
+        # building the graph and version 2 builds only when asked (replay), past the loader's errors.
+        if not "".join(names).isascii():
+            illegal.update(s for s in names if not s.isascii())
         if illegal:
             raise ValueError(f"node name {min(illegal)!r} is not a valid FX node name")
         op, target, args, meta = self.op.long(), self.target.long(), self.args.long(), self.meta.long()
@@ -493,6 +497,21 @@ class GraphColumns:
 
     def _codes(self) -> torch.Tensor:
         return self.target.long() * 4 + self.op.long()
+
+    def collectives(self, opnames: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Of the checked columns, the nodes running one of the ZeRO-3 ops ``opnames`` (dcsched's or dc's):
+        their numbers (ascending), which of ``opnames`` each runs (its position) and each one's ``id``
+        (its ds_id); read from what :meth:`check` worked out, no pass over the nodes in Python."""
+        nodes = torch.tensor(self._comm["nodes"], dtype=torch.long)
+        ids = torch.tensor(self._comm["id"], dtype=torch.long)
+        which = torch.full((len(nodes),), -1, dtype=torch.long)
+        codes = self._codes()[nodes]
+        for c, target in self._targets.items():
+            name = getattr(target, "_opname", "")
+            if name in opnames and getattr(target, "namespace", None) in ("dcsched", "dc"):
+                which[codes == c] = list(opnames).index(name)
+        keep = which >= 0
+        return nodes[keep], which[keep], ids[keep]
 
     def form(self, label: str = "graph"):
         """The graph's :class:`~dcsched.graph.form.GraphForm`, from the columns alone (no FX, no networkx)."""

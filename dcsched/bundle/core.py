@@ -5,9 +5,11 @@ of one training step with their ZeRO-3 ops and profiled costs, the parameter
 table, how the forward's outputs feed the backward, the step's non-parameter
 inputs, and how every figure was obtained (provenance).
 
-On disk, version 2 (what :func:`save` writes) is one safetensors file: the
+On disk, version 3 (what :func:`save` writes) is one safetensors file: the
 graphs as columns, the tables as JSON, constants and inputs as tensors, no
-pickle (:mod:`dcsched.bundle.fileio`, :mod:`dcsched.bundle.columns`).
+pickle (:mod:`dcsched.bundle.fileio`, :mod:`dcsched.bundle.columns`), and each
+graph's communication plan (:mod:`dcsched.bundle.plans`). Version 2, the same
+file without plans, still loads (with none).
 Version 1, still read (:mod:`dcsched.bundle.legacy`), is a ``torch.save`` of
 plain data only (dicts, lists, tuples, str, int, float, bool, None and
 tensors), read back with ``torch.load(weights_only=True)``: loading never
@@ -40,11 +42,13 @@ from dcsched.runtime import ops
 from dcsched.errors import BundleError
 from dcsched.outputs import write_atomic  # noqa: F401  (re-exported: dcsched.bundle.core.write_atomic)
 from dcsched.graph.roles import qualified_name
+from dcsched.plan import Plan
 
 FORMAT = "dcsched-bundle"
-#: Bump when the on-disk schema changes; readers refuse newer versions. Version 2 is a safetensors file
-#: (:mod:`dcsched.bundle.fileio`), version 1 a torch file of plain data (:mod:`dcsched.bundle.legacy`).
-BUNDLE_VERSION = 2
+#: Bump when the on-disk schema changes; readers refuse newer versions. Versions 3 (with plans) and 2 are
+#: safetensors files (:mod:`dcsched.bundle.fileio`), version 1 a torch file of plain data
+#: (:mod:`dcsched.bundle.legacy`).
+BUNDLE_VERSION = 3
 #: The version :func:`to_data`'s plain data (a torch file's content) has.
 V1 = 1
 
@@ -141,8 +145,9 @@ class Bundle:
     constants: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
     provenance: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: The communication plan by graph name (:class:`dcsched.plan.Plan`: buckets and residency; the order is
-    #: the graph's own node order). Empty: every collective alone, every parameter sharded.
-    plans: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: the graph's own node order, or empty). A graph without one: every collective alone, every parameter
+    #: sharded. Saved from version 3 on; :meth:`with_graphs` drops a replaced graph's, :meth:`reordered` keeps.
+    plans: dict[str, Plan] = dataclasses.field(default_factory=dict)
 
     def __repr__(self) -> str:  # without building FX graphs from columns
         graphs = ", ".join(f"{name}: {type(self.__dict__.get(f'_graph_{name}')).__name__}" for name in self.graph_names)
@@ -181,7 +186,10 @@ class Bundle:
             return GraphForm(getattr(self, name), label=f"graph '{name}'")
 
     def with_graphs(self, **graphs) -> "Bundle":
-        """A copy with some graphs replaced (e.g. ``with_graphs(forward=g)``); the others are not built."""
+        """A copy with some graphs replaced (e.g. ``with_graphs(forward=g)``); the others are not built.
+
+        A replaced graph's plan is dropped (its nodes may have changed); the others' are kept.
+        """
         unknown = set(graphs) - {"forward", "backward"}
         if unknown:
             raise TypeError(f"a bundle has no graph {', '.join(sorted(unknown))}")
@@ -189,11 +197,48 @@ class Bundle:
         for name, graph in graphs.items():
             setattr(new, name, graph)
         new.provenance = dict(self.provenance)
+        new.plans = {name: plan for name, plan in self.plans.items() if name not in graphs}
         return new
 
-    def reordered(self, orders: dict[str, list[str]]) -> "Bundle":
+    def reordered(self, orders: dict[str, list[str]], plans: dict[str, Plan] | None = None) -> "Bundle":
         """A copy with graph ``name``'s nodes in ``orders[name]`` (node names, a topological order): the
-        columns permuted where the graph is stored as columns, else the FX graph rebuilt."""
+        columns permuted where the graph is stored as columns, else the FX graph rebuilt.
+
+        Plans are kept (the same nodes), in the new order; ``plans`` sets graph ``name``'s to ``plans[name]``
+        (its buckets and residency, what a scheduler chose for that order), e.g.
+        ``bundle.reordered(orders, plans={name: plan})``. A given plan's order, unless empty, must be the
+        graph's new order (ValueError).
+
+        Examples
+        --------
+        >>> from dcsched import replay
+        >>> from dcsched.plan import Plan
+        >>> bundle = replay.example_bundle()
+        >>> order = [n.name for n in bundle.forward.nodes]
+        >>> moved = bundle.reordered({"forward": order}, plans={"forward": Plan(order, residency={0: "kept"})})
+        >>> moved.plans["forward"].residency_of(0), bundle.plans
+        ('kept', {})
+        """
+        unknown = sorted(set(plans or {}) - set(self.graph_names))
+        if unknown:
+            raise ValueError(f"a plan given for graph {unknown[0]!r}, which the bundle lacks")
+        result = self._permuted(orders)
+        kept = {**self.plans, **(plans or {})}
+        for name, plan in kept.items():
+            current = tuple(orders[name]) if name in orders else tuple(result._node_names(name))
+            if name in (plans or {}) and plan.order and tuple(plan.order) != current:
+                raise ValueError(f"the plan given for graph '{name}' has another order than the graph's")
+            result.plans[name] = plan.with_order(current)
+        return result
+
+    def _node_names(self, name: str) -> list[str]:
+        """Graph ``name``'s node names in order, without building an FX graph from columns."""
+        from dcsched.bundle.columns import GraphColumns
+        stored = self.__dict__.get(f"_graph_{name}")
+        return stored.names if isinstance(stored, GraphColumns) else [n.name for n in getattr(self, name).nodes]
+
+    def _permuted(self, orders: dict[str, list[str]]) -> "Bundle":
+        """A copy with the graphs in ``orders`` reordered (their plans dropped: :meth:`reordered` sets them)."""
         from dcsched.bundle.columns import GraphColumns, one_thread
         from dcsched.graph.nxview import to_fx
         graphs = {}

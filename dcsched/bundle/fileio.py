@@ -1,11 +1,13 @@
-"""The version-2 bundle file: one safetensors file, no pickle anywhere.
+"""The safetensors bundle file (versions 2 and 3): one safetensors file, no pickle anywhere.
 
 Layout (schema in ``docs/bundle-format.md``): the safetensors header's
-``__metadata__`` is ``{"dcsched-bundle": "2"}`` (the version); the
-tensors are
+``__metadata__`` is ``{"dcsched-bundle": "3"}`` (the version; ``"2"`` for a
+file without plans, still read); the tensors are
 
 ``bundle.json``            uint8: the UTF-8 JSON document (params, inputs, placeholder tables,
-                           provenance, constant names, each graph's tables of distinct values)
+                           provenance, constant names, each graph's tables of distinct values;
+                           version 3 adds each graph's communication plan and the step's residency,
+                           :mod:`dcsched.bundle.plans`)
 ``graph.<name>.<column>``  each graph's node columns (:mod:`dcsched.bundle.columns`)
 ``constant.<name>``        the constants ``get_attr`` nodes read
 ``input.<k>``              the stored value of step input ``k``
@@ -24,10 +26,15 @@ import torch
 
 from dcsched.bundle import checks as loadchecks
 from dcsched.bundle.columns import GraphColumns, one_thread
+from dcsched.bundle.plans import plans_document, read_plans
+from dcsched.graph.form import paused_gc
 from dcsched.errors import BundleError
 
-VERSION = 2
-#: The safetensors metadata key that marks a bundle; its value is the version (``"2"``).
+#: The version written. Version 3 adds the communication plans to version 2's document; both are read.
+VERSION = 3
+#: The safetensors versions read: 2 (no plans: it loads with none) and 3.
+READ_VERSIONS = (2, 3)
+#: The safetensors metadata key that marks a bundle; its value is the version (``"3"``).
 MAGIC_KEY = "dcsched-bundle"
 DOC = "bundle.json"
 GRAPH_NAMES = ("forward", "backward")
@@ -75,12 +82,14 @@ def document_and_tensors(bundle) -> tuple[dict, dict[str, torch.Tensor]]:
         "constants": list(bundle.constants),
         "provenance": dict(bundle.provenance),
     }
+    with one_thread(), paused_gc():
+        doc.update(plans_document(bundle))
     return doc, tensors
 
 
-def encode(doc: dict, tensors: dict[str, torch.Tensor]) -> bytes:
-    """The file's bytes: ``doc`` as JSON in ``bundle.json`` beside ``tensors`` (no check: tests write hostile
-    files through this)."""
+def encode(doc: dict, tensors: dict[str, torch.Tensor], version: int = VERSION) -> bytes:
+    """The file's bytes: ``doc`` as JSON in ``bundle.json`` beside ``tensors``, the header saying ``version``
+    (no check: tests write hostile and older files through this)."""
     from safetensors.torch import save as st_save
     try:
         text = json.dumps(doc, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
@@ -91,7 +100,7 @@ def encode(doc: dict, tensors: dict[str, torch.Tensor]) -> bytes:
     for key, tensor in tensors.items():
         stored[key] = tensor.detach().to("cpu").contiguous().clone()
     # One metadata key: safetensors writes the metadata map in no fixed order, and a bundle's bytes are fixed.
-    return st_save(stored, metadata={MAGIC_KEY: str(VERSION)})
+    return st_save(stored, metadata={MAGIC_KEY: str(version)})
 
 
 def write(bundle, path: Path, *, overwrite: bool = True) -> None:
@@ -121,7 +130,7 @@ def read_raw(path: Path) -> tuple[Any, dict[str, torch.Tensor]]:
     if MAGIC_KEY not in metadata:
         raise BundleError(path, "not a dcsched graph bundle (a safetensors file without the 'dcsched-bundle' "
                                 "header)")
-    _check_version(metadata[MAGIC_KEY], path)
+    version = _check_version(metadata[MAGIC_KEY], path)
     blob = tensors.pop(DOC, None)
     if blob is None or blob.dtype != torch.uint8 or blob.dim() != 1:
         raise BundleError(path, f"not a dcsched graph bundle (no '{DOC}' document)")
@@ -131,6 +140,10 @@ def read_raw(path: Path) -> tuple[Any, dict[str, torch.Tensor]]:
         raise BundleError(path, "file is truncated or corrupt (its JSON document does not parse)") from None
     except RecursionError:
         raise BundleError(path, f"its JSON document nests deeper than {loadchecks.MAX_DEPTH} levels") from None
+    if isinstance(doc, dict) and doc.get("version") != version and doc.get("version") in READ_VERSIONS:
+        # Each version reads its own keys: a document must not be taken for another version's.
+        raise BundleError(path, f"not a dcsched graph bundle (its document says version {doc['version']}, its "
+                                f"header {version})")
     return doc, tensors
 
 
@@ -144,14 +157,16 @@ def _metadata(data: bytes) -> dict:
     return meta if isinstance(meta, dict) else {}
 
 
-def _check_version(text: Any, path) -> None:
+def _check_version(text: Any, path) -> int:
+    """The header's version, one this reader reads (BundleError otherwise)."""
     if not isinstance(text, str) or not text.isdigit() or len(text) > 6 or int(text) < 1:
         raise BundleError(path, f"bundle version {text!r} is not a version number (1 or more)")
     if int(text) > VERSION:
         raise BundleError(path, f"bundle version {text} was written by a newer dcsched "
                                 f"(this one reads up to version {VERSION}); upgrade dcsched")
-    if int(text) != VERSION:
+    if int(text) not in READ_VERSIONS:
         raise BundleError(path, f"bundle version {text} is not stored as a safetensors file")
+    return int(text)
 
 
 def read(path: Path):
@@ -167,10 +182,16 @@ def read(path: Path):
 
 
 def from_parts(doc: Any, tensors: dict[str, torch.Tensor]):
-    """A checked :class:`~dcsched.bundle.core.Bundle` from a file's document and tensors (ValueError)."""
+    """A checked :class:`~dcsched.bundle.core.Bundle` from a file's document and tensors (ValueError).
+
+    A version-2 document loads with no plans; a version-3 one with its plans, checked
+    (:func:`dcsched.bundle.plans.read_plans`).
+    """
     from dcsched.bundle import core
-    if not isinstance(doc, dict) or doc.get("format") != "dcsched-bundle" or doc.get("version") != VERSION:
-        raise ValueError("not a dcsched graph bundle (its document lacks the 'dcsched-bundle' version 2 header)")
+    if not isinstance(doc, dict) or doc.get("format") != "dcsched-bundle" or type(doc.get("version")) is not int \
+            or doc["version"] not in READ_VERSIONS:
+        raise ValueError("not a dcsched graph bundle (its document lacks the 'dcsched-bundle' version 2 or 3 "
+                         "header)")
     # Nesting and size limits per entry: a table grows with the model (a placeholder per parameter), an entry
     # does not. The graphs' templates and meta entries are checked one by one (GraphColumns.check).
     loadchecks.check_arguments(doc.get("provenance"), "the bundle's provenance")
@@ -231,4 +252,7 @@ def from_parts(doc: Any, tensors: dict[str, torch.Tensor]):
         num_user_outputs=num_user_outputs,
         graph_ids={name: columns.graph_id for name, columns in stored.items()},
         constants=constants, provenance=dict(provenance))
+    if doc["version"] >= 3:
+        with one_thread(), paused_gc():  # 10^4 buckets of small objects beside 10^6 names: no full collections
+            bundle.plans = read_plans(doc, stored, {p.ds_id for p in params})
     return bundle

@@ -5,16 +5,21 @@ from __future__ import annotations
 from collections import Counter
 
 from dcsched.bundle.core import Bundle
+from dcsched.bundle.plans import plan_counts
 from dcsched.graph.form import COMM_KINDS, COMPUTE, CONSTANT, KIND_NAMES, OUTPUT, PLACEHOLDER
 from dcsched.graph.roles import Role
 
 
 def summarize(bundle: Bundle) -> dict:
-    """Per graph: node counts by role, compute and communication time; parameters; provenance.
+    """Per graph: node counts by role, compute and communication time, its plan; parameters; provenance.
 
     Times are milliseconds, sizes bytes; a figure the bundle lacks counts as 0
-    and the node is listed under ``unprofiled``.
+    and the node is listed under ``unprofiled``. A graph's ``plan`` counts its
+    buckets, their members and the parameters by residency
+    (:func:`dcsched.bundle.plans.plan_counts`; a graph without a stored plan:
+    no bucket, every parameter sharded).
     """
+    ds_ids = [p.ds_id for p in bundle.params]
     graphs = {}
     for name in bundle.graph_names:
         form = bundle.form(name)  # straight from a version-2 bundle's columns: no FX graph, no networkx view
@@ -39,6 +44,7 @@ def summarize(bundle: Bundle) -> dict:
             "compute_ms": compute,
             "comm_ms": comm,
             "unprofiled": unprofiled,
+            "plan": plan_counts(bundle.plans.get(name), ds_ids),
         }
     params = [{"name": p.name, "ds_id": p.ds_id, "shape": list(p.shape), "dtype": str(p.dtype).removeprefix("torch."),
                "bytes": p.nbytes} for p in bundle.params]

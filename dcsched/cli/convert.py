@@ -1,4 +1,5 @@
-"""``dcsched convert``: rewrite a bundle (a version-1 torch file) as a version-2 bundle."""
+"""``dcsched convert``: rewrite a bundle (a version-1 torch file, or an older safetensors one) in the current
+format."""
 
 from __future__ import annotations
 
@@ -12,12 +13,12 @@ from dcsched.cli.app import app, err_console, safe_text
 
 @app.command()
 def convert(
-    source: Path = typer.Argument(..., help="Bundle to convert (version 1 or 2)."),
-    output: Path = typer.Argument(..., help="Where the version-2 bundle goes (a safetensors file)."),
+    source: Path = typer.Argument(..., help="Bundle to convert (version 1, 2 or 3)."),
+    output: Path = typer.Argument(..., help="Where the current (version-3) bundle goes (a safetensors file)."),
     force: bool = typer.Option(False, "--force", help="Replace OUTPUT if it exists already (refused otherwise; "
                                                        "OUTPUT may then be SOURCE itself)."),
 ) -> None:
-    """Rewrite a bundle in the current format (version 2: one safetensors file, no pickle).
+    """Rewrite a bundle in the current format (version 3: one safetensors file, no pickle, with its plans).
 
     Loads SOURCE with every check a command applies, then writes OUTPUT atomically (a temporary file renamed
     into place), so OUTPUT is either the whole new bundle or untouched.

@@ -18,9 +18,11 @@ def show(
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON (bytes and ms)."),
     params: bool = typer.Option(True, "--params/--no-params", help="List every parameter with its size."),
 ) -> None:
-    """Summarise a bundle: graphs, nodes by role, parameters, compute and communication time.
+    """Summarise a bundle: graphs, nodes by role, parameters, compute and communication time, plans.
 
-    Also says how the figures were obtained (measured or modelled, device, world size).
+    Per graph its stored communication plan: buckets (fused collectives) and their members, and the
+    parameters by residency (sharded/kept/replicated). Also says how the figures were obtained (measured or
+    modelled, device, world size).
     """
     from dcsched.bundle import core as bundle_io  # torch, imported only when a command runs
     from dcsched.bundle.summary import summarize
@@ -38,6 +40,15 @@ def show(
                       f"{r['allgather']}/{r['wait']}/{r['release']}/{r['reduce']}",
                       format_ms(g["compute_ms"]), format_ms(g["comm_ms"]))
     console.print(table)
+    # A table of its own: the graphs table fills an 80-column terminal already.
+    plans = Table(title="Communication plans", title_justify="left")
+    for column in ("graph", "buckets", "members", "sharded", "kept", "replicated"):
+        plans.add_column(column, justify="right" if column != "graph" else "left")
+    for name, g in summary["graphs"].items():
+        plan = g["plan"]
+        plans.add_row(safe_text(name), str(plan["buckets"]), str(plan["members"]),
+                      *(str(plan["residency"][r]) for r in ("sharded", "kept", "replicated")))
+    console.print(plans)
     if any(g["unprofiled"] for g in summary["graphs"].values()):
         console.print("[yellow]some nodes have no device_time (unprofiled)[/]")
     if params:

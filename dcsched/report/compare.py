@@ -346,11 +346,12 @@ def _plan_steps(views: dict[str, GraphForm], algorithms: list[str], *, budget: B
 
 
 def scheduled_bundle(bundle: Bundle, comparison: Comparison, algo: str, *, input_name: str) -> Bundle:
-    """``bundle`` with every graph in ``algo``'s order (same nodes, edges and meta), linted.
+    """``bundle`` with every graph in ``algo``'s order (same nodes, edges and meta), linted, and ``algo``'s
+    plan for each graph (its buckets and residency; saved from bundle version 3 on).
 
     ``provenance["schedule"]`` records the algorithm and ``input_name`` (the input's file name).
     """
-    result = bundle.reordered({name: list(comparison.graphs[name].plans[algo].order)
-                               for name in bundle.graph_names})
+    plans = {name: comparison.graphs[name].plans[algo] for name in bundle.graph_names}
+    result = bundle.reordered({name: list(plan.order) for name, plan in plans.items()}, plans=plans)
     result.provenance["schedule"] = {"algorithm": algo, "input": input_name}
     return result

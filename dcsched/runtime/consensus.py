@@ -38,6 +38,7 @@ import torch
 
 from dcsched.bundle.core import Bundle, encode_graph
 from dcsched.errors import DcschedError
+from dcsched.plan import Plan
 
 #: Node figures that are measured, so may differ between ranks before :func:`agree_figures`.
 _MEASURED_META = ("device_time", "time_source")
@@ -90,11 +91,31 @@ def step_fingerprints(bundle: Bundle) -> dict[str, bytes]:
     return {what: _digest(value) for what, value in parts.items()}
 
 
+def _plan_data(plan: Plan | None) -> dict:
+    """A graph's buckets and the residency as plain data; no plan reads as an empty one (the same run)."""
+    plan = plan if plan is not None else Plan(())
+    return {"buckets": [[b.kind, list(b.members), list(b.ds_ids)] for b in plan.buckets],
+            "residency": sorted(plan.residency.items())}
+
+
 def plan_fingerprints(bundle: Bundle) -> dict[str, bytes]:
-    """What a rank will run: each graph in its scheduled order with its figures, and the tables beside them."""
+    """What a rank will run: each graph in its scheduled order with its figures and its plan's buckets and
+    residency (``bundle.plans``), and the tables beside them.
+
+    Examples
+    --------
+    >>> from dcsched import replay
+    >>> from dcsched.plan import Plan
+    >>> bundle = replay.example_bundle()
+    >>> kept = bundle.reordered({}, plans={"forward": Plan((), residency={0: "kept"})})
+    >>> plan_fingerprints(bundle)["forward plan"] == plan_fingerprints(kept)["forward plan"]
+    False
+    """
     parts = step_fingerprints(bundle)
     for name, graph in bundle.graphs.items():
-        parts[f"{name} plan"] = _digest(_graph_data(graph, figures=True))  # the order and its figures
+        # The order and its figures, and what runs as one collective: two ranks bucketing one order
+        # differently would issue collectives of different sizes.
+        parts[f"{name} plan"] = _digest([_graph_data(graph, figures=True), _plan_data(bundle.plans.get(name))])
     return parts
 
 
