@@ -184,7 +184,8 @@ def compare_graph(graph: torch.fx.Graph | nx.DiGraph | GraphForm, algorithms: It
                   progress: Progress | None = None, options: dict | None = None,
                   skipped: dict[str, str] | None = None, budget: Budget | None = None,
                   describe: Callable[[DcschedError], str] = str,
-                  planned: dict[str, tuple[Plan, float]] | None = None) -> GraphComparison:
+                  planned: dict[str, tuple[Plan, float]] | None = None,
+                  stored: Plan | None = None) -> GraphComparison:
     """Simulate ``graph``'s input order and each algorithm's order.
 
     Parameters
@@ -213,6 +214,8 @@ def compare_graph(graph: torch.fx.Graph | nx.DiGraph | GraphForm, algorithms: It
     planned : dict, optional
         ``{algorithm: (plan, seconds)}``: this graph's plan from a scheduler
         that planned the whole step (:func:`compare_bundle`), used as it is.
+    stored : Plan, optional
+        The plan the graph comes with (a scheduled bundle's buckets and residency): "before" runs it.
 
     Returns
     -------
@@ -235,7 +238,7 @@ def compare_graph(graph: torch.fx.Graph | nx.DiGraph | GraphForm, algorithms: It
         form = view
     else:
         form = GraphForm(_zero_filled(view) if compiled.missing else view, label=f"graph '{name}'")
-    before = compiled.simulate(None)
+    before = compiled.simulate(None) if stored is None else simulate_plan(compiled, stored, name, check=False)
     after, seconds, plans = {}, {}, {}
     for algo in algorithms:
         if skipped is not None and algo in skipped:
@@ -311,7 +314,8 @@ def compare_bundle(bundle: Bundle, algorithms: Iterable[str], *, assume_zero: bo
                           describe=describe)
     graphs = {name: compare_graph(view, algorithms, name=name, compiled=compiled[name], progress=progress,
                                   options=options, skipped=skipped, budget=budget, describe=describe,
-                                  planned={algo: plans[name] for algo, plans in planned.items()})
+                                  planned={algo: plans[name] for algo, plans in planned.items()},
+                                  stored=bundle.plans.get(name))
               for name, view in views.items()}
     skipped = skipped or {}
     for cmp in graphs.values():  # an algorithm skipped on a later graph leaves the earlier ones too

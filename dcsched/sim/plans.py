@@ -67,7 +67,7 @@ def simulate_plan(compiled: CompiledGraph, plan: Plan, graph: str, *, detail: bo
     compiled : CompiledGraph
         The graph, compiled (:func:`dcsched.sim.simulate.compile_view`).
     plan : Plan
-        Its plan.
+        Its plan (an empty order: the graph's own).
     graph : str
         The graph's name in the step (:func:`residency_roles`).
     detail, check : optional
@@ -88,5 +88,5 @@ def simulate_plan(compiled: CompiledGraph, plan: Plan, graph: str, *, detail: bo
     >>> simulate_plan(compile_view(forward), plan, "forward").collectives == len(plan.buckets) + 1
     True
     """
-    return compiled.simulate(list(plan.order), detail=detail, check=check, buckets=plan.buckets,
-                             **residency_roles(plan, graph))
+    order = list(plan.order) if plan.order else None  # a plan stored without its order runs the graph's own
+    return compiled.simulate(order, detail=detail, check=check, buckets=plan.buckets, **residency_roles(plan, graph))

@@ -138,8 +138,7 @@ def compile_program(gm: torch.fx.GraphModule, example_inputs, sharding, options:
     # Both graphs at once: a step scheduler plans them together (what it keeps gathered spans the two).
     plans = run_step(options.algo, {name: profiled.form(name) for name in profiled.graph_names}, budget=budget,
                      comm_latency_ms=latency_from_provenance(profiled.provenance), **options.algo_options)
-    scheduled = profiled.reordered({name: list(plan.order) for name, plan in plans.items()})
-    scheduled.plans = plans
+    scheduled = profiled.reordered({name: list(plan.order) for name, plan in plans.items()}, plans=plans)
     scheduled.provenance["algo"] = options.algo
     # Agreed figures make equal plans; checked anyway before the first step's collectives, since a plan that
     # differed would pair one rank's gathers with another's parameters.
