@@ -18,12 +18,15 @@ for a compiled module. Each call:
 The ZeRO-3 ops run on this program's runtime: a
 :class:`~dcsched.runtime.distributed.DistributedZero3Runtime` under a process group
 (all-gathers started asynchronously at their node, waited at the wait node,
-freed at the last release, gradients reduce-scattered with AVG; on CUDA the
-collectives run on NCCL's streams, the reduce-scatters asynchronously too,
-waited on at the end of the backward graph), else a
+freed at the last release, gradients reduce-scattered with AVG, asynchronously
+on gloo and NCCL alike, waited on at the end of the backward graph; on CUDA the
+collectives run on NCCL's streams), else a
 :class:`~dcsched.runtime.local.LocalZero3Runtime` (world size 1: the shard is
 the whole flattened parameter); :func:`dcsched.runtime.select.runtime_for`
-picks.
+picks. The runtime runs the scheduled bundle's communication plan
+(``bundle.plans``): one collective per bucket, kept parameters held from the
+forward to the backward instead of gathered twice; the runtime's ``issued``
+counts each graph's collectives of the latest step.
 """
 
 from __future__ import annotations
@@ -72,9 +75,10 @@ class ScheduledProgram:
         order = {name: graph_placeholder_names(graph) for name, graph in original.graphs.items()}
         self.step = build_step(bundle, device, placeholder_order=order)
         self.device = device
-        # NCCL: reduce-scatters overlap the rest of the backward, waited on at its end (:meth:`__call__`).
+        # Reduce-scatters overlap the rest of the backward (gloo and NCCL), waited on at its end; the
+        # bundle's communication plan (buckets, kept parameters) runs as planned.
         self.runtime = runtime_for(bundle.params, flat_shards=True, group=sharding.group,
-                                   async_reduce=sharding.specs[0].param.device.type == "cuda")
+                                   plans=bundle.plans, graph_ids=bundle.graph_ids)
         self.compute = compute
         #: ``compiling(what)`` -> a context manager around inductor's compile of a graph (a progress display).
         self.compiling: Callable[[str], ContextManager] = lambda _graph: contextlib.nullcontext()
@@ -133,11 +137,7 @@ class ScheduledProgram:
         return outputs
 
     def _backward(self, saved: list, tangents: list) -> list:
-        grads = run_backward(self.step, saved, tangents)
-        finish = getattr(self.runtime, "finish", None)
-        if finish is not None:
-            finish()  # asynchronous reduce-scatters (CUDA): their shards are ready once waited on
-        return grads
+        return run_backward(self.step, saved, tangents)  # waits on the asynchronous reduce-scatters
 
     def run_backward(self, saved: list, tangents: list) -> list:
         with installed(self.runtime):
