@@ -19,11 +19,37 @@ that stream wait for the compute stream when the collective is issued, and
 for it, so compute issued between the two overlaps the transfer. The runtime
 keeps every buffer a collective reads or writes referenced until it has been
 waited on, so the caching allocator cannot hand their memory to the compute
-stream early. With ``async_reduce`` set (training on CUDA sets it) the
-reduce-scatters are issued the same way and waited on together by
-:meth:`DistributedZero3Runtime.finish` at the end of the backward graph, instead
-of stalling the compute stream at each one; on the CPU (gloo) they stay
-synchronous.
+stream early. Reduce-scatters are issued asynchronously on every backend (gloo
+too) and waited on by :meth:`DistributedZero3Runtime.finish` at the end of the
+backward graph, except that issuing one while ``reduces_in_flight`` (default
+1) are pending waits on the oldest first, so that each gradient is freed near
+its reduce rather than at the backward's end (``async_reduce = False``: each
+waited on where it is issued).
+
+**The communication plan** (:meth:`~dcsched.runtime.ops.Zero3Runtime.set_plan`,
+a :class:`~dcsched.runtime.commplan.CommPlan`; the layout is
+:mod:`dcsched.runtime.buckets`):
+
+- an all-gather bucket is one ``all_gather_into_tensor`` of its members'
+  shards, concatenated, issued when the first member's gather runs (the other
+  members' shards come from the graph's inputs, bound at the graph's start);
+  the first wait of any member waits on it and copies every member's full
+  parameter out of the flat output into a buffer of its own (so each is freed
+  at its own last release), then drops the flat tensors; later members'
+  gathers return their buffer and issue nothing;
+- a reduce bucket is one ``reduce_scatter_tensor``: each member's reduce copies
+  its gradient into its slot of the bucket's flat input and returns its shard,
+  a view of the bucket's output (filled once waited on); the last member to
+  arrive issues it;
+- a kept parameter is not freed at its last release in the forward; the
+  backward's gather returns the held buffer with no collective
+  (:class:`~dcsched.runtime.ops.Zero3Runtime`).
+
+:attr:`~dcsched.runtime.ops.Zero3Runtime.issued` counts each graph's
+collectives of its latest run: all-gathers + reduces, less ``len - 1`` per
+bucket, less the backward's gathers of kept parameters
+(:func:`dcsched.runtime.commplan.planned_collectives`). Every real collective
+also counts once in the process-wide count :func:`collectives_issued`.
 
 Parameters whose size does not divide by W are padded with zeros to the next
 multiple of W, as DeepSpeed's ZeRO-3 pads them; rank r holds elements
@@ -132,6 +158,13 @@ class DistributedZero3Runtime(Zero3Runtime):
     gradient arrives (or at the graph's end for members that never came).
     """
 
+    #: Issue reduce-scatters asynchronously; :meth:`finish` waits on them (the backward's end).
+    async_reduce = True
+    #: At most this many asynchronous reduce-scatters in flight (None: no limit): issuing one more waits on
+    #: the oldest, so its input (the gradient) is freed near its reduce rather than every gradient living to
+    #: the backward's end. One, as FSDP2 keeps the previous one in flight.
+    reduces_in_flight: int | None = 1
+
     def __init__(self, params: Iterable[ParamInfo], group=None) -> None:
         super().__init__()
         self.group = group
@@ -141,8 +174,6 @@ class DistributedZero3Runtime(Zero3Runtime):
         #: Gathers in flight by (graph_id, ds_id): (work, input) alone, or a bucket's :class:`_GatherBucket`.
         self.pending: dict[tuple[int, int], object] = {}
         self._average_op = True  # falls back to SUM then divide where the backend lacks AVG
-        #: Issue reduce-scatters asynchronously; :meth:`finish` waits on them (the backward's end).
-        self.async_reduce = True
         self.reducing: list[tuple] = []  # (work, output, input, divide): referenced until waited on
         self._ready: dict[tuple[int, int], torch.Tensor] = {}  # bucket members' buffers, not yet asked for
         self._gathered_buckets: set[tuple[int, tuple[int, ...]]] = set()  # issued (or run alone) this run
@@ -152,6 +183,8 @@ class DistributedZero3Runtime(Zero3Runtime):
         super().reset()
         self._settle()
         self.finish()
+        self._gathered_buckets.clear()
+        self._reduce_buckets.clear()  # a graph that stopped half-way (an error): nothing more to send
 
     def begin_graph(self, graph_id, inputs) -> None:
         super().begin_graph(graph_id, inputs)
@@ -181,10 +214,13 @@ class DistributedZero3Runtime(Zero3Runtime):
     def finish(self) -> None:
         """Wait on every asynchronous reduce-scatter (their outputs are ready on the current stream after)."""
         reducing, self.reducing = self.reducing, []
-        for work, out, _source, divide in reducing:
-            work.wait()
-            if divide:
-                out.div_(self.world_size)
+        for pending in reducing:
+            self._wait_reduce(*pending)
+
+    def _wait_reduce(self, work, out, _source, divide: bool) -> None:
+        work.wait()
+        if divide:
+            out.div_(self.world_size)
 
     def shard(self, full: torch.Tensor) -> torch.Tensor:
         return shard_of(full, self.rank, self.world_size)
@@ -329,6 +365,8 @@ class DistributedZero3Runtime(Zero3Runtime):
         if self.async_reduce:
             work = reduce_scatter_tensor(out, flat, op=op, group=self.group, async_op=True)
             self.reducing.append((work, out, flat, divide))
+            while self.reduces_in_flight is not None and len(self.reducing) > self.reduces_in_flight:
+                self._wait_reduce(*self.reducing.pop(0))
             return out
         reduce_scatter_tensor(out, flat, op=op, group=self.group)
         return out.div_(self.world_size) if divide else out

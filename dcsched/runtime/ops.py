@@ -17,6 +17,12 @@ still allocates a fresh buffer that is freed at the parameter's last release,
 so memory behaves as in a sharded run. ``reduce_grad`` returns this rank's
 shard of the gradient (the whole gradient at world size 1).
 
+The runtime runs the bundle's communication plan (``bundle.plans``): buckets
+of collectives issued as one (across processes:
+:mod:`dcsched.runtime.distributed`) and kept parameters, whose gathered buffer
+the forward leaves to the backward instead of freeing it (every runtime, see
+:class:`Zero3Runtime`).
+
 The ops carry alias annotations, which AOT autograd cannot trace: they are
 inserted after partitioning and graphs holding them are executed as FX graphs,
 never re-traced.
