@@ -181,10 +181,13 @@ class DistributedZero3Runtime(Zero3Runtime):
 
     def reset(self) -> None:
         super().reset()
-        self._settle()
         self.finish()
+        # What a graph that stopped half-way (an error) left: nothing more is sent or waited on, since the
+        # other ranks may never send their part.
+        self.pending.clear()
+        self._ready.clear()
         self._gathered_buckets.clear()
-        self._reduce_buckets.clear()  # a graph that stopped half-way (an error): nothing more to send
+        self._reduce_buckets.clear()
 
     def begin_graph(self, graph_id, inputs) -> None:
         super().begin_graph(graph_id, inputs)

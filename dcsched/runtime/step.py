@@ -407,17 +407,19 @@ def _graph_failed(graph_name: str, node: str | None, exc: Exception) -> GraphErr
 
 
 def _run(step: Step, graph_name: str, args: list, on_node: NodeHook | None) -> list:
-    """Run one graph, between the runtime's ``begin_graph`` (its parameter shards bound) and ``end_graph``."""
+    """Run one graph, between the runtime's ``begin_graph`` (its parameter shards bound) and ``end_graph``.
+
+    After an error the runtime is left as it stands; :func:`installed` resets it.
+    """
     module = step.forward if graph_name == "forward" else step.backward
     if module is None:
         raise GraphError(f"the bundle has no {graph_name} graph to run")
     inputs = step.inputs.get(graph_name) or GraphInputs(step.bundle.graph_ids.get(graph_name))
     runtime = ops.RUNTIME
     runtime.begin_graph(inputs.graph_id, inputs.bind(args))
-    try:
-        return _run_module(step, graph_name, module, args, on_node)
-    finally:
-        runtime.end_graph(inputs.graph_id)
+    outputs = _run_module(step, graph_name, module, args, on_node)
+    runtime.end_graph(inputs.graph_id)  # not after an error: it may send what the other ranks never will
+    return outputs
 
 
 def _run_module(step: Step, graph_name: str, module, args: list, on_node: NodeHook | None) -> list:
