@@ -1,8 +1,9 @@
 """Running a communication plan (issue #32): bucketed collectives and kept parameters compute what the plain run does.
 
 The layout of a bucket is checked by hand at world sizes 2 and 3 (parameters that do not divide); the runtime on
-2 gloo ranks replays the example bundle under several plans, and trains the GPT example with FSDP's buckets: results bit-identical to the unbucketed run, the collectives issued per step the plan's count, kept
-parameters alive from the forward to the backward and freed after.
+2 gloo ranks replays the example bundle under several plans, and trains the GPT example with FSDP's buckets:
+results bit-identical to the unbucketed run, the collectives issued per step the plan's count, kept parameters
+alive from the forward to the backward and freed after.
 """
 
 from __future__ import annotations
