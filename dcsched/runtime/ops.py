@@ -114,7 +114,8 @@ class Zero3Runtime:
         self.issued[graph_id] = 0
         if graph_id == self.plan.forward_graph_id:
             self.drop_held()  # a forward without backward (evaluation) left them
-        self.bound = dict(inputs)
+        # Only bucketed gathers read other parameters' shards; otherwise hold no reference to the inputs.
+        self.bound = dict(inputs) if self.plan.allgather_buckets(graph_id) else {}
 
     def end_graph(self, graph_id: int | None) -> None:
         """A graph run ended: drop its inputs; after any graph but the forward, free unclaimed held buffers."""
