@@ -6,8 +6,12 @@ collective (``deepcompile``'s fused all-gather groups); ``residency`` says, per
 parameter (``ds_id``), whether it stays sharded between uses (the default), is
 kept gathered, or is replicated. ``deepcompile`` and ``fsdp`` fill ``buckets``;
 the simulator runs each bucket as one collective issued at its first member
-(:meth:`dcsched.sim.simulate.CompiledGraph.simulate`), the runtime still runs
-the members one by one in ``order`` (issue #32); no scheduler sets ``residency`` yet.
+(:meth:`dcsched.sim.simulate.CompiledGraph.simulate`), and so does the runtime
+(:mod:`dcsched.runtime.commplan` reads a bundle's plans; one all-gather or
+reduce-scatter per bucket across processes, a reduce bucket issued when its
+last member arrives). The runtime keeps 'kept' parameters gathered from the
+forward to the backward and refuses 'replicated' ones (not run yet); no
+scheduler sets ``residency`` yet.
 
 >>> plan = Plan(("w", "ag", "out"), buckets=(Bucket("allgather", ("ag",), (0,)),))
 >>> plan.residency_of(0), len(plan), plan.buckets[0].members

@@ -200,7 +200,8 @@ def replay_orders(candidate: Bundle, baseline: Bundle | None = None, *, device: 
         if bundle is not None:
             check_replayable(bundle)
     device = resolve_device(device) if isinstance(device, str) else device
-    factory = runtime_factory or (lambda bundle: runtime_for(bundle.params, flat_shards=False))
+    factory = runtime_factory or (lambda bundle: runtime_for(bundle.params, flat_shards=False, plans=bundle.plans,
+                                                             graph_ids=bundle.graph_ids))
     exact = (device.type == "cpu") if exact is None else exact
     order = None
     runs: list[tuple[str, str | None, Bundle, ReplayRun]] = []

@@ -11,6 +11,7 @@ import torch
 import torch.fx
 
 from dcsched.runtime import ops
+from dcsched.runtime.commplan import comm_plan
 from dcsched.bundle.core import Bundle
 from dcsched.profile.measure import check_replayable
 from dcsched.replay.device import check_fits, resolve_device
@@ -56,8 +57,9 @@ def replay(bundle: Bundle, *, device: torch.device | str = "cpu", seed: int = DE
            placeholder_order: Mapping[str, list[str]] | None = None, memory: bool | None = None) -> ReplayRun:
     """Run ``bundle``'s step: results of one step and, with ``iters`` > 0, measured figures.
 
-    ``runtime`` defaults to a fresh single-process :class:`~dcsched.runtime.ops.Zero3Runtime`;
-    pass a :class:`dcsched.runtime.distributed.DistributedZero3Runtime` to run sharded.
+    ``runtime`` defaults to a fresh single-process :class:`~dcsched.runtime.ops.Zero3Runtime`
+    running the bundle's plan; pass a :class:`dcsched.runtime.distributed.DistributedZero3Runtime`
+    to run sharded (it runs the plan it was given: :func:`dcsched.runtime.select.runtime_for`).
     ``values``: chosen parameter/input tensors by name (see :func:`make_state`).
     ``placeholder_order``: per graph, the placeholder names in the order the
     bundle's placeholder tables describe them (see :func:`build_step`).
@@ -65,7 +67,9 @@ def replay(bundle: Bundle, *, device: torch.device | str = "cpu", seed: int = DE
     """
     check_replayable(bundle)
     device = resolve_device(device) if isinstance(device, str) else device
-    runtime = runtime if runtime is not None else ops.Zero3Runtime()
+    if runtime is None:  # one process: only the plan's kept parameters change anything
+        runtime = ops.Zero3Runtime()
+        runtime.set_plan(comm_plan(bundle.plans, bundle.graph_ids))
     memory = iters > 0 if memory is None else memory
     if check_memory:
         check_fits(bundle, device, runtime.world_size)

@@ -19,11 +19,37 @@ that stream wait for the compute stream when the collective is issued, and
 for it, so compute issued between the two overlaps the transfer. The runtime
 keeps every buffer a collective reads or writes referenced until it has been
 waited on, so the caching allocator cannot hand their memory to the compute
-stream early. With ``async_reduce`` set (training on CUDA sets it) the
-reduce-scatters are issued the same way and waited on together by
-:meth:`DistributedZero3Runtime.finish` at the end of the backward graph, instead
-of stalling the compute stream at each one; on the CPU (gloo) they stay
-synchronous.
+stream early. Reduce-scatters are issued asynchronously on every backend (gloo
+too) and waited on by :meth:`DistributedZero3Runtime.finish` at the end of the
+backward graph, except that issuing one while ``reduces_in_flight`` (default
+1) are pending waits on the oldest first, so that each gradient is freed near
+its reduce rather than at the backward's end (``async_reduce = False``: each
+waited on where it is issued).
+
+**The communication plan** (:meth:`~dcsched.runtime.ops.Zero3Runtime.set_plan`,
+a :class:`~dcsched.runtime.commplan.CommPlan`; the layout is
+:mod:`dcsched.runtime.buckets`):
+
+- an all-gather bucket is one ``all_gather_into_tensor`` of its members'
+  shards, concatenated, issued when the first member's gather runs (the other
+  members' shards come from the graph's inputs, bound at the graph's start);
+  the first wait of any member waits on it and copies every member's full
+  parameter out of the flat output into a buffer of its own (so each is freed
+  at its own last release), then drops the flat tensors; later members'
+  gathers return their buffer and issue nothing;
+- a reduce bucket is one ``reduce_scatter_tensor``: each member's reduce copies
+  its gradient into its slot of the bucket's flat input and returns its shard,
+  a view of the bucket's output (filled once waited on); the last member to
+  arrive issues it;
+- a kept parameter is not freed at its last release in the forward; the
+  backward's gather returns the held buffer with no collective
+  (:class:`~dcsched.runtime.ops.Zero3Runtime`).
+
+:attr:`~dcsched.runtime.ops.Zero3Runtime.issued` counts each graph's
+collectives of its latest run: all-gathers + reduces, less ``len - 1`` per
+bucket, less the backward's gathers of kept parameters
+(:func:`dcsched.runtime.commplan.planned_collectives`). Every real collective
+also counts once in the process-wide count :func:`collectives_issued`.
 
 Parameters whose size does not divide by W are padded with zeros to the next
 multiple of W, as DeepSpeed's ZeRO-3 pads them; rank r holds elements
@@ -46,6 +72,7 @@ import torch.distributed as dist
 
 from dcsched.bundle.core import ParamInfo
 from dcsched.errors import DcschedError
+from dcsched.runtime.buckets import offsets, pack_gradient, unpack_gathered
 from dcsched.runtime.ops import Zero3Runtime
 
 # torch 2.13 renamed all_gather_into_tensor / reduce_scatter_tensor (same operations).
@@ -81,8 +108,62 @@ def shard_of(full: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
     return shard
 
 
+class _GatherBucket:
+    """One bucket's all-gather in flight: the work, its flat input and output, and where each member goes."""
+
+    def __init__(self, work, source: torch.Tensor, output: torch.Tensor,
+                 members: list[tuple[int, torch.Tensor, int, int]]) -> None:
+        self.work, self.source, self.output = work, source, output
+        self.members = members  # (ds_id, padded buffer, offset, shard size)
+
+    def complete(self, world_size: int) -> None:
+        """Wait, copy each member's full parameter into its own buffer, then let the flat tensors go."""
+        if self.work is None:  # completed already
+            return
+        self.work.wait()
+        for _ds_id, padded, offset, size in self.members:
+            unpack_gathered(self.output, world_size, offset, size, padded.view(world_size, size))
+        self.work = self.source = self.output = None
+        self.members = []
+
+
+class _ReduceBucket:
+    """One bucket's reduce-scatter being filled: its flat input and output, and who has arrived."""
+
+    def __init__(self, ds_ids: tuple[int, ...], sizes: list[int], grad: torch.Tensor, world_size: int) -> None:
+        self.ds_ids = ds_ids
+        self.place = dict(zip(ds_ids, zip(offsets(sizes), sizes)))
+        total = sum(sizes)
+        self.source = grad.new_empty(world_size * total)
+        self.output = grad.new_empty(total)
+        self.arrived: set[int] = set()
+
+    def slot(self, ds_id: int, world_size: int) -> torch.Tensor:
+        offset, size = self.place[ds_id]
+        return self.source.view(world_size, -1)[:, offset:offset + size]
+
+    def shard(self, ds_id: int) -> torch.Tensor:
+        offset, size = self.place[ds_id]
+        return self.output[offset:offset + size]
+
+
 class DistributedZero3Runtime(Zero3Runtime):
-    """The ZeRO-3 ops over a real process group; ``params`` gives each ds_id's full shape."""
+    """The ZeRO-3 ops over a real process group; ``params`` gives each ds_id's full shape.
+
+    With a communication plan (:meth:`set_plan`), an all-gather bucket is one
+    ``all_gather_into_tensor`` issued at the first member's gather, from the
+    shards :meth:`begin_graph` bound; a bucket one of whose members' shards is
+    not a graph input (a computed value) runs member by member. A reduce
+    bucket is one ``reduce_scatter_tensor`` issued when its last member's
+    gradient arrives (or at the graph's end for members that never came).
+    """
+
+    #: Issue reduce-scatters asynchronously; :meth:`finish` waits on them (the backward's end).
+    async_reduce = True
+    #: At most this many asynchronous reduce-scatters in flight (None: no limit): issuing one more waits on
+    #: the oldest, so its input (the gradient) is freed near its reduce rather than every gradient living to
+    #: the backward's end. One, as FSDP2 keeps the previous one in flight.
+    reduces_in_flight: int | None = 1
 
     def __init__(self, params: Iterable[ParamInfo], group=None) -> None:
         super().__init__()
@@ -90,24 +171,59 @@ class DistributedZero3Runtime(Zero3Runtime):
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self.shapes: dict[int, tuple[int, ...]] = {p.ds_id: tuple(p.shape) for p in params}
+        #: Gathers in flight by (graph_id, ds_id): (work, input) alone, or a bucket's :class:`_GatherBucket`.
         self.pending: dict[tuple[int, int], object] = {}
         self._average_op = True  # falls back to SUM then divide where the backend lacks AVG
-        #: Issue reduce-scatters asynchronously; :meth:`finish` waits on them (the graph's end).
-        self.async_reduce = False
         self.reducing: list[tuple] = []  # (work, output, input, divide): referenced until waited on
+        self._ready: dict[tuple[int, int], torch.Tensor] = {}  # bucket members' buffers, not yet asked for
+        self._gathered_buckets: set[tuple[int, tuple[int, ...]]] = set()  # issued (or run alone) this run
+        self._reduce_buckets: dict[tuple[int, tuple[int, ...]], _ReduceBucket] = {}
 
     def reset(self) -> None:
         super().reset()
-        self.pending.clear()
         self.finish()
+        # What a graph that stopped half-way (an error) left: nothing more is sent or waited on, since the
+        # other ranks may never send their part.
+        self.pending.clear()
+        self._ready.clear()
+        self._gathered_buckets.clear()
+        self._reduce_buckets.clear()
+
+    def begin_graph(self, graph_id, inputs) -> None:
+        super().begin_graph(graph_id, inputs)
+        self._gathered_buckets.clear()
+
+    def end_graph(self, graph_id) -> None:
+        # Reduce buckets some member never reached: sent with zeros in its place, so no rank waits forever.
+        for (bucket_graph, _ids), bucket in list(self._reduce_buckets.items()):
+            for ds_id in bucket.ds_ids:
+                if ds_id not in bucket.arrived:
+                    bucket.slot(ds_id, self.world_size).zero_()
+            self._issue_reduce_bucket(bucket_graph, bucket)
+        self._reduce_buckets.clear()
+        self._settle()
+        super().end_graph(graph_id)
+
+    def _settle(self) -> None:
+        """Wait on gathers no wait node claimed, so no buffer is freed while a collective writes it."""
+        for pending in {id(p): p for p in self.pending.values()}.values():
+            if isinstance(pending, _GatherBucket):
+                pending.complete(self.world_size)
+            else:
+                pending[0].wait()  # type: ignore[index]
+        self.pending.clear()
+        self._ready.clear()
 
     def finish(self) -> None:
         """Wait on every asynchronous reduce-scatter (their outputs are ready on the current stream after)."""
         reducing, self.reducing = self.reducing, []
-        for work, out, _source, divide in reducing:
-            work.wait()
-            if divide:
-                out.div_(self.world_size)
+        for pending in reducing:
+            self._wait_reduce(*pending)
+
+    def _wait_reduce(self, work, out, _source, divide: bool) -> None:
+        work.wait()
+        if divide:
+            out.div_(self.world_size)
 
     def shard(self, full: torch.Tensor) -> torch.Tensor:
         return shard_of(full, self.rank, self.world_size)
@@ -119,49 +235,141 @@ class DistributedZero3Runtime(Zero3Runtime):
             raise DcschedError(f"graph gathers parameter ds_id {ds_id}, which the bundle's "
                                "parameter table does not list") from None
 
-    # -- kernels -----------------------------------------------------------
-    def allgather(self, shard, graph_id, ds_id, dtype):
-        shape = self._shape(ds_id)
+    def _numel(self, ds_id: int) -> int:
         numel = 1
-        for size in shape:
+        for size in self._shape(ds_id):
             numel *= size
+        return numel
+
+    def _issued(self, graph_id: int) -> None:
+        _ISSUED[0] += 1
+        self.count_issued(graph_id)
+
+    # -- gathers -----------------------------------------------------------
+    def _gather(self, shard, graph_id, ds_id, dtype):
+        ready = self._ready.pop((graph_id, ds_id), None)
+        if ready is not None:  # an earlier member issued this one's bucket
+            return ready
+        members = self._bucket_to_gather(shard, graph_id, ds_id, dtype)
+        if members is not None:
+            return self._gather_bucket(graph_id, ds_id, members)
+        return self._gather_one(shard, graph_id, ds_id, dtype)
+
+    def _bucket_to_gather(self, shard, graph_id, ds_id, dtype) -> list[tuple[int, torch.Tensor]] | None:
+        """The members of ``ds_id``'s bucket with their sources (cast), or None: gather alone.
+
+        Alone when there is no bucket, it ran already this graph run, or a
+        member's shard is not a bound graph input, or the members do not share
+        one dtype and device (one flat tensor holds them).
+        """
+        bucket = self.plan.allgather_bucket_of(graph_id, ds_id)
+        if bucket is None or (graph_id, bucket) in self._gathered_buckets:
+            return None
+        self._gathered_buckets.add((graph_id, bucket))  # decided once: issued now, or every member alone
+        members = []
+        for member in bucket:
+            if member == ds_id:
+                source, cast = shard, dtype
+            elif member in self.bound and (graph_id, member) not in self.gathered:
+                source, cast = self.bound[member]
+            else:
+                return None
+            source = source.reshape(-1)
+            members.append((member, source.to(cast) if cast is not None else source))
+        if len({(s.dtype, s.device) for _m, s in members}) > 1:
+            return None
+        return members
+
+    def _gather_bucket(self, graph_id: int, ds_id: int, members: list[tuple[int, torch.Tensor]]) -> torch.Tensor:
+        sizes = [source.numel() for _m, source in members]
+        source = torch.cat([s for _m, s in members])
+        output = source.new_empty(source.numel() * self.world_size)
+        self._issued(graph_id)
+        work = all_gather_into_tensor(output, source, group=self.group, async_op=True)
+        placed, fulls = [], {}
+        for (member, _s), offset, size in zip(members, offsets(sizes), sizes):
+            padded = source.new_empty(size * self.world_size)
+            placed.append((member, padded, offset, size))
+            fulls[member] = padded[:self._numel(member)].view(self._shape(member))
+        pending = _GatherBucket(work, source, output, placed)
+        for member, full in fulls.items():
+            self.pending[(graph_id, member)] = pending
+            if member != ds_id:
+                self._ready[(graph_id, member)] = full
+        return fulls[ds_id]
+
+    def _gather_one(self, shard, graph_id, ds_id, dtype):
+        shape = self._shape(ds_id)
         source = shard.reshape(-1)
         if dtype is not None and dtype != source.dtype:
             source = source.to(dtype)
         buffer = torch.empty(source.numel() * self.world_size, dtype=source.dtype, device=source.device)
         source = source.contiguous()
-        _ISSUED[0] += 1
+        self._issued(graph_id)
         work = all_gather_into_tensor(buffer, source, group=self.group, async_op=True)
         self.pending[(graph_id, ds_id)] = (work, source)  # the input stays referenced until the wait
-        full = buffer[:numel].view(shape)
-        self.gathered[(graph_id, ds_id)] = full
-        return full
+        return buffer[:self._numel(ds_id)].view(shape)
 
     def wait(self, gathered, graph_id, ds_id):
         pending = self.pending.pop((graph_id, ds_id), None)
-        if pending is not None:
+        if isinstance(pending, _GatherBucket):  # the bucket's first wait fills every member's buffer
+            for member, *_rest in pending.members:
+                self.pending.pop((graph_id, member), None)
+            pending.complete(self.world_size)
+        elif pending is not None:
             pending[0].wait()
         return gathered.view_as(gathered)
 
+    # -- reduces -----------------------------------------------------------
     def reduce(self, grad, graph_id, ds_id):
+        bucket_ids = self.plan.reduce_bucket_of(graph_id, ds_id)
+        if bucket_ids is None:
+            return self._reduce_one(grad, graph_id)
+        key = (graph_id, bucket_ids)
+        bucket = self._reduce_buckets.get(key)
+        if bucket is None:
+            sizes = [padded_numel(self._numel(m), self.world_size) // self.world_size for m in bucket_ids]
+            bucket = self._reduce_buckets[key] = _ReduceBucket(bucket_ids, sizes, grad, self.world_size)
+        if ds_id in bucket.arrived or (grad.dtype, grad.device) != (bucket.source.dtype, bucket.source.device):
+            # Reduced twice in one graph, or in another dtype than the bucket's first member: alone.
+            return self._reduce_one(grad, graph_id)
+        pack_gradient(grad, bucket.slot(ds_id, self.world_size))
+        bucket.arrived.add(ds_id)
+        shard = bucket.shard(ds_id)
+        if len(bucket.arrived) == len(bucket.ds_ids):
+            del self._reduce_buckets[key]
+            self._issue_reduce_bucket(graph_id, bucket)
+        return shard
+
+    def _issue_reduce_bucket(self, graph_id: int, bucket: _ReduceBucket) -> None:
+        self._reduce_scatter_mean(bucket.output, bucket.source, graph_id)
+
+    def _reduce_one(self, grad, graph_id):
         flat = grad.reshape(-1)
         total = padded_numel(flat.numel(), self.world_size)
         if total != flat.numel():
             flat = torch.cat([flat, flat.new_zeros(total - flat.numel())])
         out = torch.empty(total // self.world_size, dtype=grad.dtype, device=grad.device)
-        flat = flat.contiguous()
+        return self._reduce_scatter_mean(out, flat.contiguous(), graph_id)
+
+    def _reduce_scatter_mean(self, out, flat, graph_id: int):
+        """Reduce-scatter ``flat`` into ``out`` averaging over the ranks; ``out`` is ready after :meth:`finish`."""
         if self._average_op:
             try:
-                return self._reduce_scatter(out, flat, dist.ReduceOp.AVG, divide=False)
+                return self._reduce_scatter(out, flat, dist.ReduceOp.AVG, graph_id, divide=False)
             except (ValueError, RuntimeError):
                 self._average_op = False  # e.g. gloo builds without AVG
-        return self._reduce_scatter(out, flat, dist.ReduceOp.SUM, divide=True)
+                _ISSUED[0] -= 1  # not issued after all
+                self.issued[graph_id] -= 1
+        return self._reduce_scatter(out, flat, dist.ReduceOp.SUM, graph_id, divide=True)
 
-    def _reduce_scatter(self, out, flat, op, divide: bool):
-        _ISSUED[0] += 1
+    def _reduce_scatter(self, out, flat, op, graph_id: int, divide: bool):
+        self._issued(graph_id)
         if self.async_reduce:
             work = reduce_scatter_tensor(out, flat, op=op, group=self.group, async_op=True)
             self.reducing.append((work, out, flat, divide))
+            while self.reduces_in_flight is not None and len(self.reducing) > self.reduces_in_flight:
+                self._wait_reduce(*self.reducing.pop(0))
             return out
         reduce_scatter_tensor(out, flat, op=op, group=self.group)
         return out.div_(self.world_size) if divide else out

@@ -17,17 +17,22 @@ from dcsched.runtime import ops
 
 
 class LocalZero3Runtime(ops.Zero3Runtime):
-    """World size 1 with 1-D shards: the gather views the flat shard in the parameter's shape, into a fresh buffer."""
+    """World size 1 with 1-D shards: the gather views the flat shard in the parameter's shape, into a fresh buffer.
+
+    A communication plan's buckets change nothing here (nothing is
+    communicated); kept parameters are held from the forward to the backward
+    as :class:`~dcsched.runtime.ops.Zero3Runtime` describes. Under
+    :meth:`inline_kernels` (inductor) no gather makes a buffer, so there is
+    nothing to keep and the plan is ignored altogether.
+    """
 
     def __init__(self, params: Sequence[ParamInfo]) -> None:
         super().__init__()
         self.shapes = {p.ds_id: tuple(p.shape) for p in params}
 
-    def allgather(self, shard, graph_id, ds_id, dtype):
+    def _gather(self, shard, graph_id, ds_id, dtype):
         full = shard.view(self.shapes[ds_id])
-        full = full.to(dtype=dtype, copy=True) if dtype is not None else full.clone()
-        self.gathered[(graph_id, ds_id)] = full
-        return full
+        return full.to(dtype=dtype, copy=True) if dtype is not None else full.clone()
 
     def reduce(self, grad, graph_id, ds_id):
         return grad.reshape(-1)
@@ -44,7 +49,9 @@ class LocalZero3Runtime(ops.Zero3Runtime):
         With nothing to communicate, a gather is the flat shard viewed in the
         parameter's shape (no fresh buffer: nothing is freed at its release,
         which would free the parameter), a wait and a release pass their
-        input on, a reduce flattens the gradient.
+        input on, a reduce flattens the gradient. The communication plan is
+        ignored: every parameter is resident already, so kept residency and
+        buckets would change nothing.
         """
         def allgather(shard, graph_id, ds_id, dtype=None):
             full = shard.view(self.shapes[ds_id])

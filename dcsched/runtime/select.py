@@ -11,15 +11,21 @@ Three runtimes execute the ZeRO-3 ops (:mod:`dcsched.runtime.ops`):
 * :class:`~dcsched.runtime.ops.Zero3Runtime` in one process when the graph's
   parameter inputs are the full parameters (replaying or profiling a bundle).
 
-Bucketed collectives and resident parameters (the communication plan) go in
-these runtimes, so replay and train get them at once.
+Each runs the bundle's communication plan (``bundle.plans``, turned into a
+:class:`~dcsched.runtime.commplan.CommPlan`): the distributed runtime issues
+one collective per bucket and keeps 'kept' parameters gathered from the
+forward to the backward; the single-process runtimes have nothing to
+communicate and honour kept residency alone (inductor's inlined kernels
+ignore the plan: they gather nothing). Replay and train both pick here, so
+both run the plan.
 """
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Any, Iterable, Mapping
 
 from dcsched.runtime import ops
+from dcsched.runtime.commplan import comm_plan
 
 
 def process_group_active() -> bool:
@@ -28,8 +34,9 @@ def process_group_active() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def runtime_for(params: Iterable, *, flat_shards: bool, group=None,
-                async_reduce: bool = False) -> ops.Zero3Runtime:
+def runtime_for(params: Iterable, *, flat_shards: bool, group=None, async_reduce: bool = True,
+                plans: Mapping[str, Any] | None = None,
+                graph_ids: Mapping[str, int | None] | None = None) -> ops.Zero3Runtime:
     """The ZeRO-3 runtime for a step over ``params`` in this process.
 
     Parameters
@@ -44,12 +51,22 @@ def runtime_for(params: Iterable, *, flat_shards: bool, group=None,
         The group to gather over; the default group when None.
     async_reduce : bool
         Issue reduce-scatters asynchronously, waited on at the end of the
-        backward graph (training on CUDA).
+        backward graph (default; False waits on each where it is issued).
+    plans : mapping of str to Plan, optional
+        The communication plan by graph name (``bundle.plans``); none: every
+        collective alone, every parameter sharded.
+    graph_ids : mapping of str to int, optional
+        ``bundle.graph_ids``: the graph_id each graph's ops carry (needed with ``plans``).
 
     Returns
     -------
     Zero3Runtime
-        A fresh runtime, to install with :func:`dcsched.runtime.step.installed`.
+        A fresh runtime running the plan, to install with :func:`dcsched.runtime.step.installed`.
+
+    Raises
+    ------
+    DcschedError
+        A plan the runtime cannot run (:func:`dcsched.runtime.commplan.comm_plan`).
 
     Examples
     --------
@@ -58,14 +75,22 @@ def runtime_for(params: Iterable, *, flat_shards: bool, group=None,
     >>> params = [ParamInfo("w", (2, 2), torch.float32, 0)]
     >>> type(runtime_for(params, flat_shards=True)).__name__, type(runtime_for(params, flat_shards=False)).__name__
     ('LocalZero3Runtime', 'Zero3Runtime')
+    >>> from dcsched.plan import Plan
+    >>> sorted(runtime_for(params, flat_shards=True, plans={"forward": Plan(("w",), residency={0: "kept"})},
+    ...                    graph_ids={"forward": 0, "backward": 1}).plan.kept)
+    [0]
     """
     params = list(params)
+    plan = comm_plan(plans, graph_ids or {})
+    runtime: ops.Zero3Runtime
     if process_group_active():
         from dcsched.runtime.distributed import DistributedZero3Runtime
         runtime = DistributedZero3Runtime(params, group=group)
         runtime.async_reduce = async_reduce
-        return runtime
-    if flat_shards:
+    elif flat_shards:
         from dcsched.runtime.local import LocalZero3Runtime
-        return LocalZero3Runtime(params)
-    return ops.Zero3Runtime()
+        runtime = LocalZero3Runtime(params)
+    else:
+        runtime = ops.Zero3Runtime()
+    runtime.set_plan(plan)
+    return runtime

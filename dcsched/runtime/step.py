@@ -137,12 +137,59 @@ def _module(graph: torch.fx.Graph, constants: Mapping[str, torch.Tensor], device
     return torch.fx.GraphModule({name: constants[name] for name in wanted}, copy)
 
 
+@dataclasses.dataclass(frozen=True)
+class GraphInputs:
+    """A graph's graph_id and which of its arguments its gathers read, for the runtime's :meth:`begin_graph`.
+
+    ``gathers``: ``(argument position, ds_id, gather dtype)`` for each
+    parameter gathered straight from a placeholder (a bucketed all-gather
+    sends every member's shard at its first member, so the runtime needs them
+    all at the graph's start); a gather of a computed value is not listed.
+
+    >>> from dcsched import replay
+    >>> bundle = replay.example_bundle()
+    >>> inputs = graph_inputs(bundle.backward, None, 1)
+    >>> inputs.graph_id, inputs.gathers
+    (1, ((0, 2, None),))
+    >>> inputs.bind(["shard", "x"])
+    {2: ('shard', None)}
+    """
+
+    graph_id: int | None
+    gathers: tuple[tuple[int, int, torch.dtype | None], ...] = ()
+
+    def bind(self, args: Sequence) -> dict[int, tuple[Any, torch.dtype | None]]:
+        """ds_id -> (its shard among ``args``, gather dtype)."""
+        return {ds_id: (args[position], dtype) for position, ds_id, dtype in self.gathers}
+
+
+def graph_inputs(graph: torch.fx.Graph, order: Sequence[str] | None, graph_id: int | None) -> GraphInputs:
+    """:class:`GraphInputs` of ``graph`` called with its placeholders in ``order`` (None: graph order).
+
+    ``graph_id`` is the bundle's for the graph; the ops' own is used where it is None.
+    """
+    from dcsched.graph.roles import Role, comm_ids, role_of
+    position = {name: k for k, name in enumerate(order if order is not None else graph_placeholder_names(graph))}
+    gathers: dict[int, tuple[int, int, torch.dtype | None]] = {}
+    for node in graph.nodes:
+        if role_of(node) is not Role.ALLGATHER:
+            continue
+        node_graph, ds_id = comm_ids(node)
+        graph_id = node_graph if graph_id is None else graph_id
+        source = node.args[0] if node.args else node.kwargs.get("a")
+        if isinstance(source, torch.fx.Node) and source.op == "placeholder" and ds_id not in gathers:
+            dtype = node.args[3] if len(node.args) > 3 else node.kwargs.get("dtype")
+            gathers[ds_id] = (position[source.name], ds_id, dtype)
+    return GraphInputs(graph_id, tuple(gathers.values()))
+
+
 @dataclasses.dataclass
 class Step:
     """A bundle made runnable on one device.
 
     ``orders``: per graph, the placeholder order its module takes its
-    arguments in (None: the graph's own).
+    arguments in (None: the graph's own). ``inputs``: per graph, its
+    :class:`GraphInputs` (given to the runtime at each run's start).
     """
 
     bundle: Bundle
@@ -151,6 +198,7 @@ class Step:
     device: torch.device
     constants: dict[str, torch.Tensor]
     orders: dict[str, list[str] | None] = dataclasses.field(default_factory=dict)
+    inputs: dict[str, GraphInputs] = dataclasses.field(default_factory=dict)
 
 
 def graph_placeholder_names(graph: torch.fx.Graph) -> list[str]:
@@ -183,7 +231,9 @@ def build_step(bundle: Bundle, device: torch.device | str = "cpu",
     forward = _module(bundle.forward, constants, device, orders["forward"])
     backward = (_module(bundle.backward, constants, device, orders.get("backward"))
                 if bundle.backward is not None else None)
-    return Step(bundle, forward, backward, device, constants, orders)
+    inputs = {name: graph_inputs(graph, orders.get(name), bundle.graph_ids.get(name))
+              for name, graph in bundle.graphs.items()}
+    return Step(bundle, forward, backward, device, constants, orders, inputs)
 
 
 # Parameters and inputs from a seed
@@ -357,9 +407,22 @@ def _graph_failed(graph_name: str, node: str | None, exc: Exception) -> GraphErr
 
 
 def _run(step: Step, graph_name: str, args: list, on_node: NodeHook | None) -> list:
+    """Run one graph, between the runtime's ``begin_graph`` (its parameter shards bound) and ``end_graph``.
+
+    After an error the runtime is left as it stands; :func:`installed` resets it.
+    """
     module = step.forward if graph_name == "forward" else step.backward
     if module is None:
         raise GraphError(f"the bundle has no {graph_name} graph to run")
+    inputs = step.inputs.get(graph_name) or GraphInputs(step.bundle.graph_ids.get(graph_name))
+    runtime = ops.RUNTIME
+    runtime.begin_graph(inputs.graph_id, inputs.bind(args))
+    outputs = _run_module(step, graph_name, module, args, on_node)
+    runtime.end_graph(inputs.graph_id)  # not after an error: it may send what the other ranks never will
+    return outputs
+
+
+def _run_module(step: Step, graph_name: str, module, args: list, on_node: NodeHook | None) -> list:
     if on_node is None:
         try:
             return _as_list(module(args))
@@ -419,7 +482,7 @@ def backward_args(bundle: Bundle, forward_outputs: Sequence, tangent_values: Seq
 
 def run_backward(step: Step, forward_outputs: list, tangent_values: Sequence | None = None,
                  on_node: NodeHook | None = None) -> list:
-    """One gradient per forward placeholder (``None`` where there is none).
+    """One gradient per forward placeholder (``None`` where there is none), reduce-scatters waited on.
 
     Empties ``forward_outputs``, so each saved tensor is freed after its last
     use in the backward, as in training; read the loss first.
@@ -429,6 +492,7 @@ def run_backward(step: Step, forward_outputs: list, tangent_values: Sequence | N
     args = backward_args(step.bundle, forward_outputs, tangent_values)
     forward_outputs.clear()  # the backward's argument list now holds the saved tensors alone
     grads = _run(step, "backward", args, on_node)
+    ops.RUNTIME.finish()  # asynchronous reduce-scatters: the gradient shards are ready once waited on
     if len(grads) != len(step.bundle.forward_placeholders):
         raise GraphError(f"backward graph returns {len(grads)} values; the bundle's convention is one "
                          f"per forward placeholder ({len(step.bundle.forward_placeholders)})")

@@ -18,12 +18,15 @@ for a compiled module. Each call:
 The ZeRO-3 ops run on this program's runtime: a
 :class:`~dcsched.runtime.distributed.DistributedZero3Runtime` under a process group
 (all-gathers started asynchronously at their node, waited at the wait node,
-freed at the last release, gradients reduce-scattered with AVG; on CUDA the
-collectives run on NCCL's streams, the reduce-scatters asynchronously too,
-waited on at the end of the backward graph), else a
+freed at the last release, gradients reduce-scattered with AVG, asynchronously
+on NCCL (on gloo too with :data:`ASYNC_REDUCE_ON_CPU`), waited on at the end of
+the backward graph; on CUDA the collectives run on NCCL's streams), else a
 :class:`~dcsched.runtime.local.LocalZero3Runtime` (world size 1: the shard is
 the whole flattened parameter); :func:`dcsched.runtime.select.runtime_for`
-picks.
+picks. The runtime runs the scheduled bundle's communication plan
+(``bundle.plans``): one collective per bucket, kept parameters held from the
+forward to the backward instead of gathered twice; the runtime's ``issued``
+counts each graph's collectives of the latest step.
 """
 
 from __future__ import annotations
@@ -40,6 +43,12 @@ from dcsched.bundle.core import Bundle
 from dcsched.runtime.memtrack import LiveBytes
 from dcsched.runtime.step import build_step, graph_placeholder_names, installed, run_backward, run_forward
 from dcsched.train.sharding import Sharding
+
+
+#: Asynchronous reduce-scatters on gloo too. Off for now: an asynchronous reduce keeps its gradient alive until
+#: it is waited on (one reduce later), which the simulator does not model (it frees a gradient at its reduce), so
+#: measured peaks would exceed the simulator's, and memory budgets, by up to one gradient. On once it does.
+ASYNC_REDUCE_ON_CPU = False
 
 
 @dataclasses.dataclass
@@ -72,9 +81,11 @@ class ScheduledProgram:
         order = {name: graph_placeholder_names(graph) for name, graph in original.graphs.items()}
         self.step = build_step(bundle, device, placeholder_order=order)
         self.device = device
-        # NCCL: reduce-scatters overlap the rest of the backward, waited on at its end (:meth:`__call__`).
+        # Reduce-scatters overlap the rest of the backward, waited on at its end (see ASYNC_REDUCE_ON_CPU); the
+        # bundle's communication plan (buckets, kept parameters) runs as planned.
         self.runtime = runtime_for(bundle.params, flat_shards=True, group=sharding.group,
-                                   async_reduce=sharding.specs[0].param.device.type == "cuda")
+                                   async_reduce=device.type == "cuda" or ASYNC_REDUCE_ON_CPU,
+                                   plans=bundle.plans, graph_ids=bundle.graph_ids)
         self.compute = compute
         #: ``compiling(what)`` -> a context manager around inductor's compile of a graph (a progress display).
         self.compiling: Callable[[str], ContextManager] = lambda _graph: contextlib.nullcontext()
@@ -133,11 +144,7 @@ class ScheduledProgram:
         return outputs
 
     def _backward(self, saved: list, tangents: list) -> list:
-        grads = run_backward(self.step, saved, tangents)
-        finish = getattr(self.runtime, "finish", None)
-        if finish is not None:
-            finish()  # asynchronous reduce-scatters (CUDA): their shards are ready once waited on
-        return grads
+        return run_backward(self.step, saved, tangents)  # waits on the asynchronous reduce-scatters
 
     def run_backward(self, saved: list, tangents: list) -> list:
         with installed(self.runtime):
