@@ -114,6 +114,7 @@ def resharded(bundle: Bundle, world_size: int) -> Bundle:
                 node.meta["tensor_size"] = sizes[name][node.name]
         graphs[name] = copy
     result = bundle.with_graphs(**graphs)
+    result.plans = dict(bundle.plans)  # the same nodes (sizes alone change): the plans still hold
     result.provenance["world_size"] = world_size
     return result
 

@@ -24,21 +24,33 @@ def simulated_figures(bundle: Bundle, world_size: int | None = None) -> tuple[di
     first, so the figures compare like for like with a replay at that size.
 
     Returns ``(None, why)`` when the simulator is not installed or the bundle
-    lacks costs. The forward and backward are simulated separately;
+    lacks costs. A graph with a plan runs it (its buckets as one collective each,
+    its kept parameters gathered across). The forward and backward are simulated separately;
     ``step_ms`` is their sum and ``peak_bytes`` the larger of the forward's peak
     and the backward's peak plus what the real step holds across it (the
     forward's inputs and user outputs that the backward does not take).
     """
     from dcsched.profile.measure import resharded
-    from dcsched.sim.simulate import simulate
+    from dcsched.sim.collectives import latency_from_provenance
+    from dcsched.sim.plans import simulate_plan
+    from dcsched.sim.simulate import compile_view, simulate
+
+    def run(name: str):
+        """The graph as its plan runs it (buckets, kept parameters), or in its own order without one."""
+        graph = bundle.graphs[name]
+        plan = bundle.plans.get(name)
+        if plan is None:
+            return simulate(graph, detail=False)
+        compiled = compile_view(graph, comm_latency_ms=latency_from_provenance(bundle.provenance))
+        return simulate_plan(compiled, plan, name, detail=False, check=False)
 
     profiled_for = bundle.provenance.get("world_size")
     resized = world_size is not None and isinstance(profiled_for, int) and profiled_for != world_size
     if resized and world_size is not None:
         bundle = resharded(bundle, world_size)
     try:
-        forward = simulate(bundle.forward, detail=False)
-        backward = simulate(bundle.backward, detail=False) if bundle.backward is not None else None
+        forward = run("forward")
+        backward = run("backward") if bundle.backward is not None else None
     except DcschedError as exc:
         return None, f"not simulated: {exc}"
     peak = forward.peak_bytes
