@@ -45,7 +45,6 @@ interpreter's start, with the peak RSS of the largest of the three commands::
 from __future__ import annotations
 
 import argparse
-import functools
 import math
 import multiprocessing
 import sys
@@ -364,8 +363,9 @@ def measure(args, algos: list[str], with_reference: bool) -> dict[str, list]:
                         else OPTIONS.get(algo, {})
                     own = {k: v for k, v in options.items() if k != "memory_budget"}
                     budget = Budget.parse(options["memory_budget"]) if "memory_budget" in options else None
-                    order_s, _ = timed(functools.partial(run, algo, GraphForm(view), budget=budget, **own),
-                                       repeat=repeat)
+                    def order(algo=algo, view=view, budget=budget, own=own):  # the graph form built inside
+                        return run(algo, GraphForm(view), budget=budget, **own)
+                    order_s, _ = timed(order, repeat=repeat)
                     measured = fresh_whole_call((series, n_layers, kind), algo, options, args.repeat)
                     whole_s, rss = (math.nan, None) if measured is None else (measured[0], measured[1:])
                     ref = None

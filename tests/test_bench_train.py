@@ -73,3 +73,10 @@ def test_configurations_and_the_table():
     text = train_peers.table(rows).splitlines()
     assert text[0].split()[:2] == ["config", "model"]
     assert "1.25/2.0" in text[1] and text[2].endswith("not importable")
+
+
+def test_deepspeed_that_is_not_installed_is_a_row_not_a_failure(monkeypatch):
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else real(name, *a))
+    assert train_peers._deepspeed_missing().startswith("not importable")
