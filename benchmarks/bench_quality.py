@@ -171,7 +171,8 @@ def check_targets(runs: Runs, layers: int | None) -> list[tuple[str, str, str]]:
         budget = theirs.gathered_peak_bytes
         if budget < scheduler.min_budget():
             verdict(f"<= {other} at its gathered peak", None,
-                    f"its gathered peak {format_bytes(budget)} < overlap's minimum {format_bytes(scheduler.min_budget())}"
+                    f"its gathered peak {format_bytes(budget)} < overlap's minimum "
+                    f"{format_bytes(scheduler.min_budget())}"
                     " (a different compute order)")
             continue
         _, mine = scheduler.plan(budget)
@@ -195,7 +196,8 @@ def check_targets(runs: Runs, layers: int | None) -> list[tuple[str, str, str]]:
                 f" <= {format_bytes(budget)}")
         vs_pipeline[other] = (theirs.step_ms, mine.step_ms)
     if at_b is not None:
-        fitting = [f"prefetch-ahead k={k}" for k in AHEAD if results[f"prefetch-ahead k={k}"].gathered_peak_bytes <= budget_b]
+        fitting = [f"prefetch-ahead k={k}" for k in AHEAD
+                   if results[f"prefetch-ahead k={k}"].gathered_peak_bytes <= budget_b]
         best = min((results[o].step_ms for o in fitting), default=math.inf)
         verdict("B: <= every prefetch-ahead(k) fitting B", at_b.step_ms <= best + EPS,
                 f"{at_b.step_ms:.3f} vs best {best:.3f} ms ({len(fitting)} of {len(AHEAD)} fit)")
@@ -217,7 +219,8 @@ def summary(name: str, runs: Runs, verdicts) -> dict:
                    seconds=next(r["seconds"] for r in runs.rows if r["algo"] == "overlap @B"), vs_pipeline=vs_pipeline,
                    verdict="FAIL" if any(v[1] == "FAIL" for v in verdicts) else
                    ("PASS*" if any(v[1] == "OUT OF REACH" for v in verdicts) else "PASS"))
-    header = dict(graph=name, nodes=len(compiled), compact=compact, gathers=compiled.num_allgathers, simple=compiled.bounds.simple, tight=tight,
+    header = dict(graph=name, nodes=len(compiled), compact=compact, gathers=compiled.num_allgathers,
+                  simple=compiled.bounds.simple, tight=tight,
                   sim_tight=compiled.bounds.tight, budget_b=budget_b, min_budget=scheduler.min_budget())
     return header
 
@@ -292,7 +295,8 @@ def main(argv=None) -> int:
     for c in compact:
         print(f"| {c['graph']} | {c['tight']:.3f} | {c['ff']:.3f} | {c['sp']:.3f} | {c['ahead']:.3f} "
               f"| {format_bytes(c['budget_b'])} | {c['bound_b']:.3f} | {c['at_b']:.3f} ({c['at_b'] / c['tight']:.3f}) "
-              f"| {c['at_ff']:.3f} ({c['at_ff'] / c['tight']:.3f}) | {c['unlimited']:.3f} ({c['unlimited'] / c['tight']:.3f}) "
+              f"| {c['at_ff']:.3f} ({c['at_ff'] / c['tight']:.3f}) "
+              f"| {c['unlimited']:.3f} ({c['unlimited'] / c['tight']:.3f}) "
               f"| {c['seconds']:.2f} | {c['verdict']} |")
     print("\n## DeepCompile's pipeline against overlap (scope all) at the pipeline's all-tensor peak, step ms\n")
     print("| graph | " + " | ".join(f"{p} | overlap at its peak | ratio" for p in PIPELINES) + " |")

@@ -17,8 +17,8 @@ series; ``captured``: chained copies of the captured sample Llama
 :mod:`dcsched.synthetic.stacking`), up to 120 copies (57,601 forward and 100,511
 backward nodes).
 Per algorithm, one row per graph: nodes, all-gathers, dcsched seconds for the
-order alone (``dcsched.schedulers.run`` on the graph form built from the networkx view) and for the whole ``dcsched.schedule``
-call (graph form or view, order, rebuilt FX graph; best of ``--repeat`` in a
+order alone (``dcsched.schedulers.run`` on the graph form built from the networkx view) and for the whole
+``dcsched.schedule`` call (graph form or view, order, rebuilt FX graph; best of ``--repeat`` in a
 fresh (spawned) process that builds the graph, as the CLI runs it), that
 process's peak resident memory over the first call (``peak RSS MiB``, the graph
 included) and how much the call added to what it held before the call
@@ -134,7 +134,8 @@ def overlap_options(view, budget_factor: float | None) -> dict:
 
 
 def captured_stack(copies: int) -> GraphPair:
-    """The sample Llama bundle's graphs, each as ``copies`` chained copies (:func:`dcsched.synthetic.stacking.stack_copies`)."""
+    """The sample Llama bundle's graphs, each as ``copies`` chained copies
+    (:func:`dcsched.synthetic.stacking.stack_copies`)."""
     bundle = dcsched.load(CAPTURED)
     return GraphPair(stack_copies(bundle.forward, copies), stack_copies(bundle.backward, copies))
 
@@ -363,7 +364,9 @@ def measure(args, algos: list[str], with_reference: bool) -> dict[str, list]:
                         else OPTIONS.get(algo, {})
                     own = {k: v for k, v in options.items() if k != "memory_budget"}
                     budget = Budget.parse(options["memory_budget"]) if "memory_budget" in options else None
-                    order_s, _ = timed(lambda: run(algo, GraphForm(view), budget=budget, **own), repeat=repeat)
+                    def order(algo=algo, view=view, budget=budget, own=own):  # the graph form built inside
+                        return run(algo, GraphForm(view), budget=budget, **own)
+                    order_s, _ = timed(order, repeat=repeat)
                     measured = fresh_whole_call((series, n_layers, kind), algo, options, args.repeat)
                     whole_s, rss = (math.nan, None) if measured is None else (measured[0], measured[1:])
                     ref = None
@@ -386,7 +389,7 @@ def print_tables(rows: dict[str, list], algos: list[str], args, with_reference: 
                  f"{'peak RSS MiB':>12s} {'+RSS MiB':>8s} {'reference s':>12s} {'ratio':>9s}"
         print(header)
         print("-" * len(header))
-        for series, name, n, n_ags, order_s, whole_s, rss, ref in rows[algo]:
+        for _series, name, n, n_ags, order_s, whole_s, rss, ref in rows[algo]:
             if algo not in DS_FUNCS:  # DeepSpeed's list_schedule fails on every graph; overlap is dcsched's own
                 ref_text, ratio = "n/a (broken)" if algo == "list" else "n/a", ""
             elif ref is None:

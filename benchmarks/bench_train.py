@@ -11,12 +11,16 @@ The ratio dcsched / plain is issue 9's overhead figure (target <= 1.10). Beside 
 scheduled graphs): ``ratio_aot_eager``.
 
 ``--device cuda``: per algorithm (``none``, ``fast-free``, ``overlap``, or ``--algo``) and ``--compute``, the
-measured step time (CUDA-synchronised median, best of repeats) and the step's peak CUDA memory above what was allocated before
-it, beside the simulator's step time and peak for the scheduled graphs (``cost_model="measured"``: the
+measured step time (CUDA-synchronised median, best of repeats) and the step's peak CUDA memory above what was
+allocated before it, beside the simulator's step time and peak for the scheduled graphs (``cost_model="measured"``: the
 backend profiles on the GPU). Under ``torchrun --nproc-per-node 2`` the ranks train over NCCL; rank 0 prints.
 
     .venv/bin/python benchmarks/bench_train.py                       # CPU, none: plain vs dcsched
     .venv/bin/python benchmarks/bench_train.py --device cuda --json
+    .venv/bin/python benchmarks/bench_train.py --peers               # 2 gloo ranks: dcsched, FSDP2, DDP, DeepSpeed
+
+``--peers`` (every option after it is its own, see ``--peers --help``): dcsched against FSDP2, DDP and
+DeepSpeed ZeRO-3 on 2 gloo ranks, in one invocation (``benchmarks/train_peers.py``).
     torchrun --nproc-per-node 2 benchmarks/bench_train.py --device cuda --set n_layers=8 --set d_model=1024
 """
 
@@ -26,12 +30,15 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 
 import torch
 
 import dcsched
 from dcsched.examples import build
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # train_peers, beside this file
 
 
 #: The GPT example's size: ``dcsched.examples.build("gpt", **GPT)``.
@@ -188,6 +195,12 @@ def _table(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--peers" in argv:
+        import train_peers
+        argv.remove("--peers")
+        train_peers.main(argv)
+        return
     args = _arguments(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("bench_train: --device cuda needs a CUDA GPU")

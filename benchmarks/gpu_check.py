@@ -129,6 +129,10 @@ def _pct(value) -> str:
     return "" if value is None else f"{value:+.1f}%"
 
 
+def _mib(value) -> str:
+    return "" if value is None else f"{value / 2**20:.1f}"
+
+
 def markdown(result: dict) -> str:
     lines = [f"# gpu_check: {result['device']}", "",
              f"torch {result['torch']}, {'tiny' if result['tiny'] else 'full'} models, {result['seconds']:.0f} s.",
@@ -138,9 +142,8 @@ def markdown(result: dict) -> str:
         for r in graph["rows"]:
             m, s = r.get("measured") or {}, r.get("simulated") or {}
             e = r.get("error_percent") or {}
-            mib = (lambda b: "" if b is None else f"{b / 2**20:.1f}")
             lines.append(f"| {r['graph']} | {r['algo']} | {m.get('step_ms') or 0:.3f} | {s.get('step_ms') or 0:.3f} | "
-                         f"{_pct(e.get('step_ms'))} | {mib(m.get('peak_bytes'))} | {mib(s.get('peak_bytes'))} | "
+                         f"{_pct(e.get('step_ms'))} | {_mib(m.get('peak_bytes'))} | {_mib(s.get('peak_bytes'))} | "
                          f"{_pct(e.get('peak_bytes'))} | {'yes' if r['equal'] else 'NO'} |")
     lines += ["", "| graph | Spearman rho (algorithms' measured vs simulated step time) |", "|---|---:|"]
     for graph in result["graphs"]:

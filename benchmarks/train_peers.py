@@ -1,0 +1,471 @@
+"""dcsched against its peers on 2 gloo ranks: FSDP2 (eager and compiled), DDP and DeepSpeed ZeRO-3.
+
+One command spawns the ranks (``torch.multiprocessing``, gloo, one torch thread each) once per model
+(``dcsched.examples`` GPT and Llama, 4 layers, d_model 256, 128 tokens by default; the same seeded weights in
+every configuration), builds every configuration on every rank and trains them in turn: each of ``--runs``
+rounds gives each configuration ``--warmup`` untimed steps, then ``--steps`` timed ones. A step is forward,
+backward, the optimizer's step (AdamW, lr 1e-4) and ``zero_grad`` (DeepSpeed: its engine's ``backward`` and
+``step``, ZeRO-3 with the Hugging Face integration's "auto" bucket sizes for the model's width); each rank
+trains on its own seeded batches (``--batch`` is the global batch, split over the ranks), the same batches for
+every configuration.
+
+Per configuration and rank:
+
+* step ms: median over the rounds of the round's median step wall time (``time.perf_counter``);
+* CPU ms: the same for the process's CPU time per step (``time.process_time``: every thread of the rank);
+* peak MiB: the bytes the configuration holds when a step starts (its parameters, buffers, gradients and
+  optimizer state as this rank stores them, shards where sharded, each storage once; DDP's gradient buckets;
+  DeepSpeed's partitions) plus the highest the step's own CPU allocations rise above that, from the torch
+  profiler's memory events over one extra step (every allocation and free of torch's CPU allocator,
+  gathered parameters, activations, collective buffers and inductor's buffers included);
+* collectives per step: the gloo collectives that one step issues (the profiler's ``gloo:*`` events: every
+  framework's, DDP's C++ reducer included); dcsched's own count
+  (``dcsched.runtime.distributed.collectives_issued``) is in the JSON beside it;
+* first step s: construction (build, shard or wrap, optimizer) + compile + the first step, from a barrier
+  (each rank has compiled a tiny module first, with inductor where a configuration uses it, so no
+  configuration pays for the compiler's imports; inductor has a fresh cache directory, so compiles are cold;
+  DeepSpeed's import is not counted either, its JIT-built ops are when they are first built);
+* max |loss - ddp|: the largest difference of this configuration's losses from DDP's at the same steps, over
+  every step it trained (warm-up, profiled and timed steps, all rounds) and both ranks.
+
+    python benchmarks/bench_train.py --peers                     # GPT, every configuration (~3 min)
+    python benchmarks/bench_train.py --peers --model gpt --model llama --steps 10   # the comparison in docs/train.md
+    python benchmarks/bench_train.py --peers --model gpt --config dcsched-none --config ddp --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+#: The models' size (``dcsched.examples.build``), overridable with ``--set KEY=N``.
+SIZE = {"n_layers": 4, "d_model": 256, "n_heads": 4, "vocab": 512, "seq": 128}
+DEFAULT_ALGOS = ("none", "fast-free", "overlap")
+PEERS = ("fsdp2", "fsdp2-compile", "ddp", "deepspeed-zero3")
+LR = 1e-4
+#: Distinct batches each rank cycles through (step k of every configuration takes batch k mod this).
+BATCHES = 16
+
+
+def arguments(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="bench_train.py --peers", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", action="append", choices=("gpt", "llama"),
+                        help="repeatable; default gpt (the full comparison: --model gpt --model llama)")
+    parser.add_argument("--algo", action="append", default=[],
+                        help=f"a further dcsched algorithm (repeatable) beside {', '.join(DEFAULT_ALGOS)}")
+    parser.add_argument("--compute", action="append", choices=("eager", "inductor"),
+                        help="dcsched's --compute (repeatable; default eager); inductor rows are "
+                             "dcsched-ALGO-inductor")
+    parser.add_argument("--config", action="append",
+                        help="run only these configurations (repeatable), e.g. dcsched-none, fsdp2, ddp")
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per round (default 3)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps per round before them (default 1)")
+    parser.add_argument("--runs", type=int, default=5, help="interleaved rounds (default 5)")
+    parser.add_argument("--batch", type=int, default=8, help="global batch, split over the ranks (default 8)")
+    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=N",
+                        help=f"the model's size, default {SIZE}")
+    parser.add_argument("--timeout", type=float, default=600.0, help="process-group timeout, seconds")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    args = parser.parse_args(argv)
+    if min(args.steps, args.runs, args.batch, args.world_size) < 1 or args.warmup < 0:
+        parser.error("--steps, --runs, --batch and --world-size must be at least 1, --warmup at least 0")
+    if args.batch % args.world_size:
+        parser.error(f"--batch {args.batch} does not split over {args.world_size} ranks")
+    args.size = dict(SIZE)
+    for item in args.set:
+        key, _, value = item.partition("=")
+        if key not in SIZE or not value.isdigit() or int(value) < 1:
+            parser.error(f"--set {item}: KEY=N with KEY one of {', '.join(SIZE)} and N a positive integer")
+        args.size[key] = int(value)
+    args.models = args.model or ["gpt"]
+    computes = args.compute or ["eager"]
+    algos = list(dict.fromkeys([*DEFAULT_ALGOS, *args.algo]))
+    names = [f"dcsched-{a}" + ("" if c == "eager" else f"-{c}") for c in computes for a in algos] + list(PEERS)
+    if args.config:
+        unknown = [c for c in args.config if c not in names]
+        if unknown:
+            parser.error(f"--config {unknown[0]}: choose from {', '.join(names)} (add algorithms with --algo)")
+        names = [n for n in names if n in args.config]
+    if "ddp" not in names:  # the losses are compared with DDP's
+        names.append("ddp")
+    args.configs = names
+    return args
+
+
+# --------------------------------------------------------------------------- configurations (in a rank)
+
+
+def _blocks(model):
+    return list(model.blocks)  # the example GPT's and Llama's transformer blocks
+
+
+class Config:
+    """One way of training the model on this rank: :meth:`setup` builds it, :meth:`step` trains one step."""
+
+    def __init__(self, name: str, family: str, args, per_rank: int) -> None:
+        self.name, self.family, self.args, self.per_rank = name, family, args, per_rank
+        self.count, self.extra_state = 0, 0
+
+    def setup(self) -> None:
+        from dcsched.examples import build
+        model, _, _ = build(self.family, seed=0, batch=self.per_rank, **self.args.size)
+        self.model = model
+        self.optimizer = None
+        name = self.name
+        if name.startswith("dcsched-"):
+            import dcsched
+            algo = name[len("dcsched-"):]
+            compute = "inductor" if algo.endswith("-inductor") else "eager"
+            algo = algo.removesuffix("-inductor")
+            dcsched.shard(model)
+            self.optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+            self.run = torch.compile(model, backend=dcsched.backend(algo=algo, compute=compute), dynamic=False)
+        elif name.startswith("fsdp2"):
+            from torch.distributed.fsdp import fully_shard
+            for block in _blocks(model):
+                fully_shard(block)
+            fully_shard(model)
+            self.optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+            self.run = torch.compile(model, dynamic=False) if name == "fsdp2-compile" else model
+        elif name == "ddp":
+            from torch.nn.parallel import DistributedDataParallel
+            self.run = DistributedDataParallel(model)
+            self.optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+            # The reducer's flat gradient buckets hold every gradient, allocated once, in C++.
+            self.extra_state = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+        elif name == "deepspeed-zero3":
+            import deepspeed
+            optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+            # ZeRO-3 with the Hugging Face integration's "auto" sizes for the model's width (DeepSpeed's own
+            # defaults preallocate a 5e8-element reduce bucket, 1.9 GiB, whatever the model).
+            width = self.args.size["d_model"]
+            zero = {"stage": 3, "reduce_bucket_size": width * width,
+                    "stage3_prefetch_bucket_size": int(0.9 * width * width),
+                    "stage3_param_persistence_threshold": 10 * width}
+            config = {"train_micro_batch_size_per_gpu": self.per_rank, "gradient_accumulation_steps": 1,
+                      "zero_optimization": zero, "zero_allow_untested_optimizer": True, "steps_per_print": 10 ** 9}
+            self.run, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+        else:
+            raise ValueError(f"unknown configuration {name}")
+
+    def step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
+        self.count += 1
+        loss = self.run(*batch)
+        if self.name == "deepspeed-zero3":
+            self.run.backward(loss)
+            self.run.step()
+        else:
+            loss.backward()
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        return float(loss.detach())
+
+    def held_bytes(self) -> int:
+        """Bytes of the training state this rank holds between steps, each storage once."""
+        seen: dict[int, int] = {}
+        for tensor in _state_tensors(self):
+            if tensor.device.type != "cpu":
+                continue
+            storage = tensor.untyped_storage()
+            if storage.nbytes():
+                seen[storage.data_ptr()] = storage.nbytes()
+        return sum(seen.values()) + self.extra_state
+
+
+def _local(tensor):
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def _tensors_of(value, depth: int):
+    """Tensors in ``value``: itself, or inside its lists, tuples, dicts and attributes, ``depth`` levels down."""
+    if isinstance(value, torch.Tensor):
+        yield _local(value)
+        ds_tensor = getattr(value, "ds_tensor", None)  # a DeepSpeed ZeRO-3 parameter's own partition
+        if isinstance(ds_tensor, torch.Tensor):
+            yield ds_tensor
+        return
+    if depth <= 0 or isinstance(value, (str, bytes, int, float, torch.nn.Module, type)) or callable(value):
+        return
+    if isinstance(value, dict):
+        items = list(value.values())
+    elif isinstance(value, (list, tuple, set)):
+        items = list(value)
+    else:
+        items = list(getattr(value, "__dict__", {}).values())
+    for item in items:
+        yield from _tensors_of(item, depth - 1)
+
+
+def _state_tensors(config: Config):
+    model = config.model
+    for parameter in model.parameters():
+        yield from _tensors_of(parameter, 1)
+        if parameter.grad is not None:
+            yield _local(parameter.grad)
+    yield from (_local(b) for b in model.buffers())
+    optimizer = config.optimizer
+    if config.name == "deepspeed-zero3":  # its ZeRO optimizer keeps fp32 partitions and flat buffers
+        yield from _tensors_of(optimizer, 3)
+        optimizer = getattr(optimizer, "optimizer", optimizer)
+    yield from _tensors_of(dict(optimizer.state), 3)
+
+
+def _profiled_step(config: Config, batch) -> dict:
+    """One step under the torch profiler: its gloo collectives and its allocation high-water above its start."""
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+
+    from dcsched.runtime.distributed import collectives_issued
+    held = config.held_bytes()
+    issued = collectives_issued()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        loss = config.step(batch)
+    issued = collectives_issued() - issued
+    collectives: dict[str, int] = {}
+    for event in prof.events():
+        if event.name.startswith("gloo:"):
+            collectives[event.name] = collectives.get(event.name, 0) + 1
+    allocations = []
+    pending = list(prof.profiler.kineto_results.experimental_event_tree())
+    while pending:
+        event = pending.pop()
+        pending.extend(event.children)
+        if event.tag == _EventType.Allocation and event.extra_fields.device.type == "cpu":
+            fields = event.extra_fields
+            allocations.append((event.start_time_ns, fields.alloc_size, fields.total_allocated))
+    rise = 0
+    if allocations:
+        allocations.sort()
+        start = allocations[0][2] - allocations[0][1]  # the allocator's count before the step's first event
+        rise = max(0, max(total for _, _, total in allocations) - start)
+    return {"loss": loss, "collectives": sum(collectives.values()), "collectives_by_kind": collectives,
+            "dcsched_collectives": issued if config.name.startswith("dcsched-") else None,
+            "held_bytes": held, "step_rise_bytes": rise, "peak_bytes": held + rise}
+
+
+# --------------------------------------------------------------------------- one rank
+
+
+def _batches(rank: int, per_rank: int, size: dict) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(1000 + rank)
+    out = []
+    for _ in range(BATCHES):
+        tokens = torch.randint(0, size["vocab"], (per_rank, size["seq"] + 1), generator=generator)
+        out.append((tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()))
+    return out
+
+
+def _deepspeed_missing() -> str | None:
+    """Why DeepSpeed cannot run here, or None."""
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    if importlib.util.find_spec("deepspeed") is None:
+        return "not importable (pip install deepspeed, DS_BUILD_OPS=0)"
+    try:
+        import deepspeed  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 (any failure to import is reported, not raised)
+        return f"not importable: {type(exc).__name__}: {exc}".splitlines()[0][:200]
+    torch.set_num_threads(1)  # DeepSpeed's CPU accelerator may set its own
+    return None
+
+
+def _warm_compilers(inductor: bool) -> None:
+    """Compile and train a tiny module once (TorchDynamo, AOT autograd, and inductor where a configuration
+    uses it), so that no configuration's first step pays for importing and initialising the compiler stack,
+    whichever comes first."""
+    import dcsched  # noqa: F401 (its import, too, is not any configuration's)
+    module = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 1))
+    torch.compile(module, backend="inductor" if inductor else "aot_eager", dynamic=False)(
+        torch.randn(4, 8)).sum().backward()
+    torch._dynamo.reset()
+
+
+def worker(rank: int, world_size: int, port: int, family: str, args, out_dir: str) -> None:
+    """mp.spawn target: train every configuration of ``family`` in rounds; results to ``out_dir/rank<r>.json``."""
+    import torch.distributed as dist
+    os.dup2(2, 1)  # the parent's stdout carries the table or JSON alone
+    torch.set_num_threads(1)
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=args.timeout))
+    torch._dynamo.config.cache_size_limit = 64
+    torch._dynamo.config.recompile_limit = 64
+    _warm_compilers(any(name == "fsdp2-compile" or name.endswith("-inductor") for name in args.configs))
+    per_rank = args.batch // world_size
+    batches = _batches(rank, per_rank, args.size)
+    results: dict[str, dict] = {}
+    configs: dict[str, Config] = {}
+    for name in args.configs:
+        results[name] = {"losses": [], "step_ms": [], "cpu_ms": []}
+        if name == "deepspeed-zero3":
+            missing = _deepspeed_missing()
+            if missing:
+                results[name]["error"] = missing
+                continue
+        configs[name] = Config(name, family, args, per_rank)
+
+    def train(config: Config) -> float:
+        loss = config.step(batches[config.count % BATCHES])
+        results[config.name]["losses"].append(loss)
+        return loss
+
+    try:
+        for round_ in range(args.runs):
+            for name, config in configs.items():
+                result = results[name]
+                if "error" in result:
+                    continue
+                if rank == 0:
+                    print(f"[{family}] round {round_ + 1}/{args.runs}: {name}", file=sys.stderr, flush=True)
+                try:
+                    dist.barrier()
+                    if round_ == 0:  # construction, compile and the first step
+                        start = time.perf_counter()
+                        config.setup()
+                        train(config)
+                        result["first_step_s"] = time.perf_counter() - start
+                    for _ in range(args.warmup):
+                        train(config)
+                    if round_ == 0:
+                        profiled = _profiled_step(config, batches[config.count % BATCHES])
+                        result["losses"].append(profiled.pop("loss"))
+                        result.update(profiled)
+                    dist.barrier()
+                    wall, cpu = [], []
+                    for _ in range(args.steps):
+                        start, start_cpu = time.perf_counter(), time.process_time()
+                        train(config)
+                        wall.append((time.perf_counter() - start) * 1e3)
+                        cpu.append((time.process_time() - start_cpu) * 1e3)
+                    result["step_ms"].append(statistics.median(wall))
+                    result["cpu_ms"].append(statistics.median(cpu))
+                except Exception as exc:  # noqa: BLE001 (a failed configuration is a row, the rest go on)
+                    traceback.print_exc()
+                    result["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+    finally:
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
+        try:
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()
+
+
+# --------------------------------------------------------------------------- the parent
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _spawn(family: str, args) -> list[dict]:
+    import torch.multiprocessing as mp
+    with tempfile.TemporaryDirectory(prefix="dcsched-peers-") as out_dir:
+        # A fresh inductor cache: compiled configurations' first steps compile cold, as a first run does,
+        # rather than reading kernels an earlier run left on disk.
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(out_dir, "inductor-cache"))
+        mp.spawn(worker, args=(args.world_size, _free_port(), family, args, out_dir), nprocs=args.world_size,
+                 join=True)
+        return [json.loads(Path(out_dir, f"rank{r}.json").read_text()) for r in range(args.world_size)]
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def ranks_of(per_rank: list[dict], key: str, scale: float = 1.0, digits: int = 1) -> list:
+    return [None if r.get(key) is None else round(r[key] * scale, digits) for r in per_rank]
+
+
+def rows_for(family: str, ranks: list[dict], args, load: float) -> list[dict]:
+    """One row per configuration from the ranks' results."""
+    label = f"{family} {args.size['n_layers']}x{args.size['d_model']} seq {args.size['seq']} batch {args.batch}"
+    ddp = [rank["ddp"]["losses"] for rank in ranks]
+    rows = []
+    for name in args.configs:
+        per_rank = [rank[name] for rank in ranks]
+        row: dict = {"config": name, "model": label}
+        error = next((r["error"] for r in per_rank if "error" in r), None)
+        if error is None and any(not r["step_ms"] for r in per_rank):
+            error = "no timed steps"
+        if error is not None:
+            row["error"] = error
+            rows.append(row)
+            continue
+
+        diffs = [abs(a - b) for own, theirs in zip((r["losses"] for r in per_rank), ddp) for a, b in zip(own, theirs)]
+        row.update({
+            "step_ms": [round(_median(r["step_ms"]), 1) for r in per_rank],
+            "cpu_ms": [round(_median(r["cpu_ms"]), 1) for r in per_rank],
+            "peak_mib": ranks_of(per_rank, "peak_bytes", 2 ** -20),
+            "collectives": per_rank[0]["collectives"],
+            "first_step_s": ranks_of(per_rank, "first_step_s", digits=2),
+            "loss_diff_vs_ddp": max(diffs) if diffs else None,
+            "steps_compared": len(diffs),
+            "held_mib": ranks_of(per_rank, "held_bytes", 2 ** -20),
+            "step_rise_mib": ranks_of(per_rank, "step_rise_bytes", 2 ** -20),
+            "collectives_by_kind": per_rank[0]["collectives_by_kind"],
+            "dcsched_collectives": per_rank[0]["dcsched_collectives"],
+            "round_step_ms": [[round(x, 1) for x in r["step_ms"]] for r in per_rank],
+            "losses": [r["losses"] for r in per_rank],
+            "runs": args.runs, "steps": args.steps, "warmup": args.warmup, "load": load,
+        })
+        rows.append(row)
+    return rows
+
+
+def _cell(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, list):
+        return "/".join(_cell(v) for v in value)
+    if isinstance(value, float) and value < 1e-2:
+        return f"{value:.1e}"
+    return str(value)
+
+
+COLUMNS = (("config", "config"), ("model", "model"), ("step_ms", "step ms (r0/r1)"), ("cpu_ms", "CPU ms/step"),
+           ("peak_mib", "peak MiB"), ("collectives", "collectives/step"), ("first_step_s", "first step s"),
+           ("loss_diff_vs_ddp", "max |loss-ddp|"))
+
+
+def table(rows: list[dict]) -> str:
+    heads = [title for _, title in COLUMNS]
+    cells = [[_cell(row.get(key)) for key, _ in COLUMNS] for row in rows]
+    widths = [max(len(h), *(len(c[i]) for c, row in zip(cells, rows) if "error" not in row or i < 2))
+              for i, h in enumerate(heads)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(heads, widths)).rstrip()]
+    for row, cell in zip(rows, cells):
+        shown = cell[:2] + [row["error"]] if "error" in row else cell
+        lines.append("  ".join(c.ljust(w) for c, w in zip(shown, widths)).rstrip())
+    return "\n".join(lines)
+
+
+def main(argv=None) -> list[dict]:
+    args = arguments(argv)
+    rows = []
+    for family in args.models:
+        load = round(os.getloadavg()[0], 1)
+        rows += rows_for(family, _spawn(family, args), args, load)
+    out = json.dumps(rows, indent=2) if args.json else table(rows)
+    print(out)
+    sys.stdout.flush()
+    return rows
+
+
+if __name__ == "__main__":
+    main()
