@@ -52,7 +52,7 @@ import torch
 
 #: The models' size (``dcsched.examples.build``), overridable with ``--set KEY=N``.
 SIZE = {"n_layers": 4, "d_model": 256, "n_heads": 4, "vocab": 512, "seq": 128}
-DEFAULT_ALGOS = ("none", "fast-free", "overlap")
+DEFAULT_ALGOS = ("none", "fast-free", "overlap", "overlap-plan")
 PEERS = ("fsdp2", "fsdp2-compile", "ddp", "deepspeed-zero3")
 LR = 1e-4
 #: Distinct batches each rank cycles through (step k of every configuration takes batch k mod this).

@@ -89,7 +89,9 @@ def train_dcsched(name: str, algo: str, steps: int, batch: int, rank: int = 0, w
     first step and trains from the step it was taken after (the losses returned are those steps').
     """
     import dcsched
-    from dcsched.sim.simulate import simulate
+    from dcsched.plan import Plan
+    from dcsched.sim.plans import simulate_plan
+    from dcsched.sim.simulate import compile_view
     torch._dynamo.reset()
     model, _ = model_of(name, device, **overrides)
     dcsched.shard(model)
@@ -117,8 +119,12 @@ def train_dcsched(name: str, algo: str, steps: int, batch: int, rank: int = 0, w
     plan = {name: order_digest(graph) for name, graph in program.bundle.graphs.items()}
     if compute != "eager":  # inductor's kernels allocate outside the tracker's sight: times only
         return {"losses": losses, "memory": None, "plan": plan}
-    memory = {"forward": (stats.forward.peak_bytes, simulate(program.bundle.forward).peak_bytes),
-              "backward": (stats.backward.peak_bytes, simulate(program.bundle.backward).peak_bytes)}
+    # the simulator runs the program's plan, reduce-scatters as the process group runs them (one in flight)
+    simulated = {graph: simulate_plan(compile_view(program.bundle.graphs[graph]),
+                                      program.bundle.plans.get(graph) or Plan(()), graph,
+                                      async_reduce=world_size > 1 and program.runtime.async_reduce).peak_bytes
+                 for graph in ("forward", "backward")}
+    memory = {graph: (getattr(stats, graph).peak_bytes, simulated[graph]) for graph in ("forward", "backward")}
     return {"losses": losses, "memory": memory, "plan": plan}
 
 

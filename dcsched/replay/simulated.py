@@ -16,7 +16,8 @@ def _meta_bytes(nodes: Iterable[torch.fx.Node]) -> int:
     return sum(node_bytes(node) for node in nodes)
 
 
-def simulated_figures(bundle: Bundle, world_size: int | None = None) -> tuple[dict | None, str]:
+def simulated_figures(bundle: Bundle, world_size: int | None = None, *,
+                      async_reduce: bool = False) -> tuple[dict | None, str]:
     """The simulator's step figures for ``bundle``'s own order, and a note on how they were made.
 
     With ``world_size`` given and different from the one the bundle was
@@ -24,12 +25,15 @@ def simulated_figures(bundle: Bundle, world_size: int | None = None) -> tuple[di
     first, so the figures compare like for like with a replay at that size.
 
     Returns ``(None, why)`` when the simulator is not installed or the bundle
-    lacks costs. A graph with a plan runs it (its buckets as one collective each,
-    its kept parameters gathered across). The forward and backward are simulated separately;
-    ``step_ms`` is their sum and ``peak_bytes`` the larger of the forward's peak
+    lacks costs. A graph with a plan runs it (its buckets as one collective
+    each, its kept parameters gathered across); ``async_reduce``: its
+    reduce-scatters run as a process group runs them (one in flight,
+    :meth:`dcsched.sim.simulate.CompiledGraph.simulate`). The forward and
+    backward are simulated separately; ``step_ms`` is their sum and ``peak_bytes`` the larger of the forward's peak
     and the backward's peak plus what the real step holds across it (the
     forward's inputs and user outputs that the backward does not take).
     """
+    from dcsched.plan import Plan
     from dcsched.profile.measure import resharded
     from dcsched.sim.collectives import latency_from_provenance
     from dcsched.sim.plans import simulate_plan
@@ -39,10 +43,10 @@ def simulated_figures(bundle: Bundle, world_size: int | None = None) -> tuple[di
         """The graph as its plan runs it (buckets, kept parameters), or in its own order without one."""
         graph = bundle.graphs[name]
         plan = bundle.plans.get(name)
-        if plan is None:
+        if plan is None and not async_reduce:
             return simulate(graph, detail=False)
         compiled = compile_view(graph, comm_latency_ms=latency_from_provenance(bundle.provenance))
-        return simulate_plan(compiled, plan, name, detail=False, check=False)
+        return simulate_plan(compiled, plan or Plan(()), name, detail=False, check=False, async_reduce=async_reduce)
 
     profiled_for = bundle.provenance.get("world_size")
     resized = world_size is not None and isinstance(profiled_for, int) and profiled_for != world_size

@@ -59,7 +59,7 @@ def residency_roles(plan: Plan, graph: str) -> dict[str, frozenset]:
 
 
 def simulate_plan(compiled: CompiledGraph, plan: Plan, graph: str, *, detail: bool | str = True,
-                  check: bool = True) -> SimResult:
+                  check: bool = True, async_reduce: bool = False) -> SimResult:
     """Simulate graph ``graph`` run as ``plan`` says: its order, buckets and the step's residency.
 
     Parameters
@@ -70,8 +70,9 @@ def simulate_plan(compiled: CompiledGraph, plan: Plan, graph: str, *, detail: bo
         Its plan (an empty order: the graph's own).
     graph : str
         The graph's name in the step (:func:`residency_roles`).
-    detail, check : optional
-        As :meth:`~dcsched.sim.simulate.CompiledGraph.simulate`.
+    detail, check, async_reduce : optional
+        As :meth:`~dcsched.sim.simulate.CompiledGraph.simulate` (``async_reduce``: reduce-scatters as a
+        process group runs them, one in flight).
 
     Returns
     -------
@@ -89,4 +90,5 @@ def simulate_plan(compiled: CompiledGraph, plan: Plan, graph: str, *, detail: bo
     True
     """
     order = list(plan.order) if plan.order else None  # a plan stored without its order runs the graph's own
-    return compiled.simulate(order, detail=detail, check=check, buckets=plan.buckets, **residency_roles(plan, graph))
+    return compiled.simulate(order, detail=detail, check=check, buckets=plan.buckets, async_reduce=async_reduce,
+                             **residency_roles(plan, graph))

@@ -111,6 +111,8 @@ class _Fused:
     collectives: int
     keep: frozenset = frozenset()
     held_bytes: int = 0
+    #: reduce-scatters run asynchronously, one in flight: a gradient lives until the next one is issued
+    async_reduce: bool = False
 
 
 #: :attr:`_Fused.lead` of an all-gather whose parameter is held from the forward: no collective, ready at once.
@@ -419,7 +421,8 @@ class CompiledGraph(GraphForm):
         return released
 
     def simulate(self, order: Sequence | None = None, *, detail: bool | str = True, check: bool = True,
-                 buckets: Sequence | None = None, keep: Iterable[int] = (), held: Iterable[int] = ()) -> SimResult:
+                 buckets: Sequence | None = None, keep: Iterable[int] = (), held: Iterable[int] = (),
+                 async_reduce: bool = False) -> SimResult:
         """Simulate ``order`` (names or node numbers; None = input order). O(N + E).
 
         ``detail``: True (everything), False (scalars only) or ``"series"`` (also the
@@ -442,13 +445,21 @@ class CompiledGraph(GraphForm):
         gathered), their all-gathers issue no collective and are ready at
         once (a bucket simply goes without them), and their release frees
         them as usual.
+
+        ``async_reduce``: the gradient reduce-scatters run as the runtime runs
+        them on a process group (:mod:`dcsched.runtime.distributed`): issued
+        asynchronously, at most one in flight, so a gradient (a bucket's, for
+        a bucket issued at its last member) lives until the next reduce-scatter
+        is issued, or to the graph's end; the step time is unchanged.
         """
         idx = self.order_indices(order, check=check)
         keep, held = frozenset(keep), frozenset(held)
-        if not buckets and not keep and not held:
+        if not buckets and not keep and not held and not async_reduce:
             return self.simulate_with_frees(idx, detail=detail)[0]
         held_nodes = [i for i in range(len(self.names)) if self.kind[i] == ALLGATHER and self.ds_id[i] in held]
         fused = self._fused(self.bucket_indices(buckets or (), idx), held_nodes, keep)
+        if async_reduce:
+            fused = dataclasses.replace(fused, async_reduce=True)
         return self.simulate_with_frees(idx, detail=detail, fused=fused)[0]
 
     def step_ms(self, idx: list[int], *, buckets: Sequence | None = None, held: Iterable[int] = (),
@@ -571,6 +582,8 @@ class CompiledGraph(GraphForm):
             for r in self.gather_owners:
                 if ds_id[r] in keep:
                     free[r] = -1
+        if fused is not None and fused.async_reduce:
+            self._reduces_in_flight(idx, free, fused)
         free_all = [0] * len(idx)
         free_gathered = [0] * len(idx)
         for r in self.owners:
@@ -580,6 +593,28 @@ class CompiledGraph(GraphForm):
                 if kind[r] == ALLGATHER:
                     free_gathered[p] += owned[r]
         return (*self._memory_series(idx, free_all, free_gathered, fused), free)
+
+    def _reduces_in_flight(self, idx: list[int], free: list[int], fused: _Fused) -> None:
+        """Move, in ``free``, each gradient a reduce is its last reader of to where the next reduce-scatter
+        is issued (the end for the last): one asynchronous reduce-scatter in flight (:meth:`simulate`)."""
+        kind, lead, reads = self.kind, fused.lead, self.reads
+        members: dict[int, list[int]] = {}  # issue position -> positions of the reduces it sends
+        last_of: dict[int, int] = {}  # a bucket's first member -> position of its last member (where it is issued)
+        for pos, i in enumerate(idx):
+            if kind[i] == REDUCE:
+                last_of[lead[i] if lead[i] >= 0 else i] = pos
+        for pos, i in enumerate(idx):
+            if kind[i] == REDUCE:
+                members.setdefault(last_of[lead[i] if lead[i] >= 0 else i], []).append(pos)
+        issues = sorted(members)
+        end = len(idx) - 1
+        for k, at in enumerate(issues):
+            # the next issue waits on this one first, so its buffers are gone before the next allocates
+            until = max(at, issues[k + 1] - 1) if k + 1 < len(issues) else end
+            for pos in members[at]:
+                for x in reads[idx[pos]]:
+                    if pos <= free[x] <= at:
+                        free[x] = until
 
     def clocks(self, idx: list[int]) -> Clocks:
         """The step time and each position's reach, start and end (ms) for the node numbers ``idx``

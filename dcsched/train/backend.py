@@ -32,8 +32,11 @@ random numbers as it would without the compile.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
+from dcsched.budget import Budget
 from dcsched.profile.capture import capture_compiled
 from dcsched.runtime.consensus import check_same, plan_fingerprints
 from dcsched.profile.measure import profile_bundle
@@ -125,6 +128,18 @@ def _rng_devices(sharding) -> list:
     return [device] if device.type == "cuda" else []
 
 
+def _async_reduce(budget: Budget | None, sharding) -> bool:
+    """Whether the step's reduce-scatters run asynchronously (one in flight).
+
+    Always on CUDA (NCCL's own stream) and on gloo without a finite budget. Under a finite budget on gloo they
+    stay synchronous: an asynchronous reduce keeps its gradient until the next is issued, while the schedulers
+    plan within the budget freeing it at its reduce (the simulator models both, ``async_reduce``), and a
+    budget is a promise.
+    """
+    on_cuda = sharding.specs[0].param.device.type == "cuda"
+    return on_cuda or budget is None or not math.isfinite(budget.bytes)
+
+
 def compile_program(gm: torch.fx.GraphModule, example_inputs, sharding, options: TrainOptions) -> ScheduledProgram:
     """Capture, profile and schedule ``gm`` (a TorchDynamo graph of the sharded module) into a program."""
     from dcsched.replay.simulated import simulated_figures
@@ -135,6 +150,7 @@ def compile_program(gm: torch.fx.GraphModule, example_inputs, sharding, options:
         profiled = profile_bundle(captured.bundle, options.profile_options(sharding.world_size),
                                   inputs=captured.inputs)
     budget = options.budget(profiled)
+    async_reduce = _async_reduce(budget, sharding)
     # Both graphs at once: a step scheduler plans them together (what it keeps gathered spans the two).
     plans = run_step(options.algo, {name: profiled.form(name) for name in profiled.graph_names}, budget=budget,
                      comm_latency_ms=latency_from_provenance(profiled.provenance), **options.algo_options)
@@ -143,6 +159,6 @@ def compile_program(gm: torch.fx.GraphModule, example_inputs, sharding, options:
     # Agreed figures make equal plans; checked anyway before the first step's collectives, since a plan that
     # differed would pair one rank's gathers with another's parameters.
     check_same(plan_fingerprints(scheduled), "scheduled", group=sharding.group)
-    figures, _note = simulated_figures(scheduled)
+    figures, _note = simulated_figures(scheduled, async_reduce=async_reduce and sharding.world_size > 1)
     return ScheduledProgram(sharding, scheduled, profiled, captured.mutated_inputs, options.algo, figures,
-                            compute=options.compute)
+                            compute=options.compute, async_reduce=async_reduce)

@@ -19,8 +19,9 @@ The ZeRO-3 ops run on this program's runtime: a
 :class:`~dcsched.runtime.distributed.DistributedZero3Runtime` under a process group
 (all-gathers started asynchronously at their node, waited at the wait node,
 freed at the last release, gradients reduce-scattered with AVG, asynchronously
-on NCCL (on gloo too with :data:`ASYNC_REDUCE_ON_CPU`), waited on at the end of
-the backward graph; on CUDA the collectives run on NCCL's streams), else a
+on NCCL and gloo alike (:data:`ASYNC_REDUCE_ON_CPU`), one in flight, the last
+waited on at the end of the backward graph; on CUDA the collectives run on
+NCCL's streams), else a
 :class:`~dcsched.runtime.local.LocalZero3Runtime` (world size 1: the shard is
 the whole flattened parameter); :func:`dcsched.runtime.select.runtime_for`
 picks. The runtime runs the scheduled bundle's communication plan
@@ -45,10 +46,10 @@ from dcsched.runtime.step import build_step, graph_placeholder_names, installed,
 from dcsched.train.sharding import Sharding
 
 
-#: Asynchronous reduce-scatters on gloo too. Off for now: an asynchronous reduce keeps its gradient alive until
-#: it is waited on (one reduce later), which the simulator does not model (it frees a gradient at its reduce), so
-#: measured peaks would exceed the simulator's, and memory budgets, by up to one gradient. On once it does.
-ASYNC_REDUCE_ON_CPU = False
+#: Asynchronous reduce-scatters on gloo too, as on NCCL: one in flight, so a gradient lives until the next
+#: reduce-scatter is issued, which the simulator models (``simulate(..., async_reduce=True)``). The backend
+#: keeps them synchronous on gloo under a finite memory budget (:func:`dcsched.train.backend.compile_program`).
+ASYNC_REDUCE_ON_CPU = True
 
 
 @dataclasses.dataclass
@@ -74,7 +75,8 @@ class ScheduledProgram:
     """A compiled module's scheduled step, callable as TorchDynamo's compiled function."""
 
     def __init__(self, sharding: Sharding, bundle: Bundle, original: Bundle, mutated_inputs: Sequence[int],
-                 algo: str, simulated: dict | None = None, compute: str = "eager") -> None:
+                 algo: str, simulated: dict | None = None, compute: str = "eager",
+                 async_reduce: bool | None = None) -> None:
         self.sharding, self.bundle, self.algo = sharding, bundle, algo
         self.simulated = simulated or {}
         device = sharding.specs[0].param.device
@@ -83,8 +85,9 @@ class ScheduledProgram:
         self.device = device
         # Reduce-scatters overlap the rest of the backward, waited on at its end (see ASYNC_REDUCE_ON_CPU); the
         # bundle's communication plan (buckets, kept parameters) runs as planned.
-        self.runtime = runtime_for(bundle.params, flat_shards=True, group=sharding.group,
-                                   async_reduce=device.type == "cuda" or ASYNC_REDUCE_ON_CPU,
+        if async_reduce is None:
+            async_reduce = device.type == "cuda" or ASYNC_REDUCE_ON_CPU
+        self.runtime = runtime_for(bundle.params, flat_shards=True, group=sharding.group, async_reduce=async_reduce,
                                    plans=bundle.plans, graph_ids=bundle.graph_ids)
         self.compute = compute
         #: ``compiling(what)`` -> a context manager around inductor's compile of a graph (a progress display).
