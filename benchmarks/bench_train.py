@@ -63,12 +63,8 @@ def _arguments(argv=None) -> argparse.Namespace:
     if min(args.steps, args.repeats) < 1 or args.warmup < 0:
         parser.error("--steps and --repeats must be at least 1, --warmup at least 0")
     args.compute = args.compute or ["eager", "inductor"]
-    args.model = dict(GPT)
-    for item in args.set:
-        key, _, value = item.partition("=")
-        if key not in GPT or not value.isdigit() or int(value) < 1:
-            parser.error(f"--set {item}: KEY=N with KEY one of {', '.join(GPT)} and N a positive integer")
-        args.model[key] = int(value)
+    from train_peers import model_sizes
+    args.model = model_sizes(parser, args.set, GPT)
     return args
 
 

@@ -59,6 +59,17 @@ LR = 1e-4
 BATCHES = 16
 
 
+def model_sizes(parser: argparse.ArgumentParser, items: list[str], defaults: dict) -> dict:
+    """``defaults`` updated by each ``--set KEY=N`` of ``items`` (a parser error names a bad one)."""
+    sizes = dict(defaults)
+    for item in items:
+        key, _, value = item.partition("=")
+        if key not in defaults or not value.isdigit() or int(value) < 1:
+            parser.error(f"--set {item}: KEY=N with KEY one of {', '.join(defaults)} and N a positive integer")
+        sizes[key] = int(value)
+    return sizes
+
+
 def arguments(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="bench_train.py --peers", description=__doc__.splitlines()[0])
     parser.add_argument("--model", action="append", choices=("gpt", "llama"),
@@ -84,12 +95,7 @@ def arguments(argv=None) -> argparse.Namespace:
         parser.error("--steps, --runs, --batch and --world-size must be at least 1, --warmup at least 0")
     if args.batch % args.world_size:
         parser.error(f"--batch {args.batch} does not split over {args.world_size} ranks")
-    args.size = dict(SIZE)
-    for item in args.set:
-        key, _, value = item.partition("=")
-        if key not in SIZE or not value.isdigit() or int(value) < 1:
-            parser.error(f"--set {item}: KEY=N with KEY one of {', '.join(SIZE)} and N a positive integer")
-        args.size[key] = int(value)
+    args.size = model_sizes(parser, args.set, SIZE)
     args.models = args.model or ["gpt"]
     computes = args.compute or ["eager"]
     algos = list(dict.fromkeys([*DEFAULT_ALGOS, *args.algo]))

@@ -90,7 +90,8 @@ def train_dcsched(name: str, algo: str, steps: int, batch: int, rank: int = 0, w
     """
     import dcsched
     from dcsched.plan import Plan
-    from dcsched.sim.plans import simulate_plan
+    from dcsched.runtime.commplan import comm_plan, planned_collectives
+    from dcsched.sim.plans import kept_ids, simulate_plan
     from dcsched.sim.simulate import compile_view
     torch._dynamo.reset()
     model, _ = model_of(name, device, **overrides)
@@ -125,7 +126,12 @@ def train_dcsched(name: str, algo: str, steps: int, batch: int, rank: int = 0, w
                                       async_reduce=world_size > 1 and program.runtime.async_reduce).peak_bytes
                  for graph in ("forward", "backward")}
     memory = {graph: (getattr(stats, graph).peak_bytes, simulated[graph]) for graph in ("forward", "backward")}
-    return {"losses": losses, "memory": memory, "plan": plan}
+    collectives = {"issued": sum(getattr(program.runtime, "issued", {}).values()),
+                   "planned": planned_collectives(program.bundle.graphs,
+                                                  comm_plan(program.bundle.plans, program.bundle.graph_ids)),
+                   "buckets": sum(len(p.buckets) for p in program.bundle.plans.values()),
+                   "kept": len(kept_ids(program.bundle.plans["forward"])) if program.bundle.plans else 0}
+    return {"losses": losses, "memory": memory, "plan": plan, "collectives": collectives}
 
 
 def order_digest(graph) -> str:

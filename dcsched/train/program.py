@@ -151,8 +151,10 @@ class ScheduledProgram:
 
     def run_backward(self, saved: list, tangents: list) -> list:
         with installed(self.runtime):
+            # kept parameters (held by the runtime since the forward) are the backward's too
+            held = list(getattr(self.runtime, "held", {}).values())
             grads, stats = self._timed(lambda: self._backward(saved, tangents),
-                                       [saved, tangents, self.step.constants])
+                                       [saved, tangents, self.step.constants, held])
         if stats is not None and self.stats:
             self.stats[-1].backward = stats
         return grads
