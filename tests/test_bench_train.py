@@ -60,9 +60,9 @@ def test_configurations_and_the_table():
                                   "--compute", "inductor"])
     assert args.configs == ["fsdp2", "ddp"]  # DDP is the losses' reference, always trained
     everything = train_peers.arguments(["--algo", "fsdp", "--compute", "inductor"]).configs
-    assert everything[:4] == ["dcsched-none-inductor", "dcsched-fast-free-inductor", "dcsched-overlap-inductor",
-                              "dcsched-fsdp-inductor"]
-    assert everything[4:] == list(train_peers.PEERS)
+    assert everything[:5] == ["dcsched-none-inductor", "dcsched-fast-free-inductor", "dcsched-overlap-inductor",
+                              "dcsched-overlap-plan-inductor", "dcsched-fsdp-inductor"]
+    assert everything[5:] == list(train_peers.PEERS)
     with pytest.raises(SystemExit):
         train_peers.arguments(["--config", "dcsched-fsdp"])  # not without --algo fsdp
     with pytest.raises(SystemExit):

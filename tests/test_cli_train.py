@@ -182,13 +182,13 @@ def test_scheduler_options_reach_the_scheduler(tmp_path, capsys, monkeypatch):
     # -O KEY=VALUE, parsed as dcsched schedule parses it, reaches the scheduler of every compiled graph.
     import dcsched.train.backend as train_backend
     calls = []
-    real = train_backend.schedule
+    real = train_backend.run_step
 
-    def recording(graph, algo, **options):
-        calls.append((algo, options))
-        return real(graph, algo, **options)
+    def recording(algo, forms, **options):
+        calls.append((algo, sorted(forms), {k: v for k, v in options.items() if k != "comm_latency_ms"}))
+        return real(algo, forms, **options)
 
-    monkeypatch.setattr(train_backend, "schedule", recording)
+    monkeypatch.setattr(train_backend, "run_step", recording)
     script = write(tmp_path, "linear.py", LINEAR.replace("\n    ", "\n") + textwrap.dedent("""
         model = torch.compile(model)
         loss = model(torch.ones(2, 4)).sum()
@@ -196,7 +196,7 @@ def test_scheduler_options_reach_the_scheduler(tmp_path, capsys, monkeypatch):
     """))
     report = train_json(capsys, "--algo", "prefetch-ahead", "-O", "k=2", script=script, args=[])
     assert report["algo"] == "prefetch-ahead"
-    assert calls == [("prefetch-ahead", {"budget": None, "k": 2})] * 2  # the forward and the backward
+    assert calls == [("prefetch-ahead", ["backward", "forward"], {"budget": None, "k": 2})]  # the step at once
 
 
 def test_missing_script(tmp_path, capsys):
