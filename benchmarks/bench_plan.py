@@ -138,10 +138,34 @@ def _table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _markdown(rows: list[dict]) -> str:
+    """One line per step and budget: each algorithm's step ms / peak MiB / collectives, and the verdicts."""
+    lines = ["| step | nodes | budget | overlap | deepcompile | fsdp | overlap-plan (kept) | faster | fewer | fits "
+             "| at-peak |", "|---|---:|---|---|---|---|---|---|---|---|---|"]
+    keyed: dict = {}
+    for row in rows:
+        keyed.setdefault((row["step"], row["budget"]), {})[row["algo"]] = row
+    for (step, budget), by_algo in keyed.items():
+        cells = []
+        for algo in (*BASELINES, PLANNER):
+            r = by_algo[algo]
+            if "error" in r:
+                cells.append(r["error"])
+                continue
+            text = f"{r['step_ms']:.3f} / {r['peak_bytes'] / 2**20:.0f} / {r['collectives']}"
+            text += f" ({r['kept']})" if algo == PLANNER else (" over" if r["over"] else "")
+            cells.append(text)
+        plan = by_algo[PLANNER]
+        verdicts = ["yes" if plan.get(k) else "**no**" for k in ("faster", "fewer", "fits", "at-peak")]
+        lines.append(f"| {step} | {plan['nodes']} | {budget} | " + " | ".join(cells + verdicts) + " |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the samples and the small synthetic steps")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    parser.add_argument("--markdown", action="store_true", help="also print a markdown table (docs/train.md)")
     parser.add_argument("only", nargs="*", help="step names to run (default: all)")
     args = parser.parse_args(argv)
     rows = []
@@ -153,6 +177,8 @@ def main(argv=None) -> None:
             print(_table([r for r in rows if r["step"] == name]), flush=True)
     if args.json:
         print(json.dumps(rows, indent=2))
+    elif args.markdown:
+        print(_markdown(rows))
 
 
 if __name__ == "__main__":

@@ -83,6 +83,10 @@ class GraphComparison:
             "unsized_inputs": len(self.compiled.unsized_inputs),
             "before": _figures(self.before, None),
             "after": {algo: _figures(result, self.scheduler_s[algo]) for algo, result in self.after.items()},
+            # each algorithm's communication plan: buckets, their members, kept parameters (the step's)
+            "plans": {algo: {"buckets": len(plan.buckets), "members": sum(len(b.members) for b in plan.buckets),
+                             "kept": sum(1 for where in plan.residency.values() if where == "kept")}
+                      for algo, plan in self.plans.items()},
         }
         if params:
             data["params"] = {"before": [p.to_dict() for p in self.before.params],
