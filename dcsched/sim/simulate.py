@@ -47,9 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 import math
-import operator
 from typing import Iterable, Sequence
 
 import networkx as nx
@@ -57,6 +55,9 @@ import torch.fx
 
 from dcsched.errors import GraphError
 from dcsched.sim.collectives import DEFAULT_LATENCY_MS, bucket_time_ms
+from dcsched.sim.fused import HELD, Fused
+from dcsched.sim.memory import MemoryModel
+from dcsched.sim.timeline import Timeline
 from dcsched.sim.result import Clocks, ParamLifetime, SimResult  # noqa: F401  (simulate's results, imported from here too)
 from dcsched.graph.form import (ALLGATHER, COMM_KINDS, COMPUTE, CONSTANT, KIND_NAMES, OUTPUT, PLACEHOLDER, REDUCE,
                                 RELEASE, GraphForm)
@@ -98,28 +99,9 @@ class Bounds:
                    self.comm_with_head_and_tail_ms)
 
 
-@dataclasses.dataclass(frozen=True)
-class _Fused:
-    """A plan as one simulation reads it: per node its bucket's first member (-1: none; :data:`HELD`: an
-    all-gather of a parameter still gathered from the forward), each first member's fused time (ms), the
-    communication time the plan saves, the collectives issued, the ds_ids kept gathered past the graph's
-    end and the bytes held gathered from its start."""
-
-    lead: list[int]
-    time: dict[int, float]
-    saved_ms: float
-    collectives: int
-    keep: frozenset = frozenset()
-    held_bytes: int = 0
-    #: reduce-scatters run asynchronously, one in flight: a gradient lives until the next one is issued
-    async_reduce: bool = False
 
 
-#: :attr:`_Fused.lead` of an all-gather whose parameter is held from the forward: no collective, ready at once.
-HELD = -2
-
-
-class CompiledGraph(GraphForm):
+class CompiledGraph(MemoryModel, Timeline, GraphForm):
     """A graph's :class:`~dcsched.graph.form.GraphForm` with the simulator's storage model, for simulating
     many orders fast.
 
@@ -359,67 +341,6 @@ class CompiledGraph(GraphForm):
                     raise GraphError(f"order runs {self.names[i]!r} before its input {self.names[p]!r}")
             placed[i] = True
 
-    def free_positions(self, idx: Sequence[int], owners: Sequence[int] | None = None) -> list[int]:
-        """For each node number, the position in ``idx`` after which its storage is freed (-1: never).
-
-        Only storage owners (:attr:`owners`, or those of them given as ``owners``) get a position;
-        others get -1.
-        """
-        n_nodes = len(self.names)
-        # Each node's (last) position; a storage root dies after its last reader, found per owner
-        # from its readers' positions.
-        pos_of = [-1] * n_nodes
-        for pos, i in enumerate(idx):
-            pos_of[i] = pos
-        released = self._released(idx)
-        free = [-1] * n_nodes
-        part_of, readers, is_input = self.part_of, self.readers_of, self.is_input
-        at = pos_of.__getitem__
-        for r in self.owners if owners is None else owners:
-            p = released.get(r)
-            if p is None:
-                rs = readers[r]
-                p = max(map(at, rs)) if rs else -1
-            if part_of[r] >= 0:  # an element of a multi-output op: the tuple holds it too
-                rs = readers[part_of[r]]
-                if rs:
-                    p = max(p, max(map(at, rs)))
-            if p < 0 and not is_input[r]:
-                p = pos_of[r]  # nobody reads it: freed right after it runs
-            free[r] = p
-        return free
-
-    @property
-    def gather_owners(self) -> list[int]:
-        """The all-gathers among the storage :attr:`owners` (what a placement needs the frees of)."""
-        if getattr(self, "_gather_owners", None) is None:
-            kind = self.kind
-            self._gather_owners = [r for r in self.owners if kind[r] == ALLGATHER]
-        return self._gather_owners
-
-    def _released(self, idx: Sequence[int]) -> dict[int, int]:
-        """Position of the release that frees each gathered buffer (its all-gather's number -> position)."""
-        kind, ds_id, n_users, tracked = self.kind, self.ds_id, self.n_users, self.gather_or_release
-        released: dict[int, int] = {}
-        current: dict = {}
-        count: dict = {}
-        for pos in itertools.compress(range(len(idx)), map(tracked.__getitem__, idx)):
-            i = idx[pos]
-            if kind[i] == ALLGATHER:
-                current[ds_id[i]] = i
-                count[ds_id[i]] = 0
-            else:
-                d = ds_id[i]
-                gather = current.get(d)
-                if gather is not None:
-                    c = count[d] + 1
-                    if c >= n_users[i]:
-                        released[gather] = pos
-                        del current[d]
-                    else:
-                        count[d] = c
-        return released
-
     def simulate(self, order: Sequence | None = None, *, detail: bool | str = True, check: bool = True,
                  buckets: Sequence | None = None, keep: Iterable[int] = (), held: Iterable[int] = (),
                  async_reduce: bool = False) -> SimResult:
@@ -527,7 +448,7 @@ class CompiledGraph(GraphForm):
 
     def simulate_with_frees(self, idx: list[int], *, detail: bool | str = "series",
                             buckets: list[list[int]] | None = None,
-                            fused: _Fused | None = None) -> tuple[SimResult, list[int]]:
+                            fused: Fused | None = None) -> tuple[SimResult, list[int]]:
         """:meth:`simulate` of the node numbers ``idx`` (taken as they are, unchecked), and
         :meth:`free_positions` of them (computed on the way). ``buckets``: lists of member numbers,
         each in ``idx``'s order (:meth:`bucket_indices`, unchecked); or ``fused``, the plan already read."""
@@ -551,7 +472,7 @@ class CompiledGraph(GraphForm):
                 result.params = self._lifetimes(idx, free, reach, start, end)
         return result, free
 
-    def _fused(self, buckets: list[list[int]], held: Sequence[int] = (), keep: frozenset = frozenset()) -> _Fused:
+    def _fused(self, buckets: list[list[int]], held: Sequence[int] = (), keep: frozenset = frozenset()) -> Fused:
         """Per node, the bucket's first member (-1 outside buckets, :data:`HELD` for ``held`` all-gathers),
         and each first member's fused time; ``keep``: ds_ids whose gathered buffers outlive the graph."""
         lead = [-1] * len(self.names)
@@ -569,188 +490,10 @@ class CompiledGraph(GraphForm):
         saved = sum(dur[m] for members in buckets for m in members) - sum(time.values()) + sum(dur[i] for i in held)
         collectives = self.num_allgathers + self.num_reduces - sum(len(members) - 1 for members in buckets) \
             - len(held)
-        return _Fused(lead, time, max(0.0, saved), collectives, keep, int(sum(self.size[i] for i in held)))
-
-    def memory_with_frees(self, idx: list[int], *, fused: _Fused | None = None) -> tuple[list, list, list[int]]:
-        """The memory of all tensors and of gathered buffers while each position of the node numbers
-        ``idx`` (unchecked) runs, and :meth:`free_positions`: :meth:`simulate`'s memory model without
-        its clocks. With ``fused`` buckets, every member allocates at its bucket's first member."""
-        kind, owned = self.kind, self.owned
-        free = self.free_positions(idx)
-        if fused is not None and fused.keep:  # kept gathered buffers outlive the graph
-            ds_id, keep = self.ds_id, fused.keep
-            for r in self.gather_owners:
-                if ds_id[r] in keep:
-                    free[r] = -1
-        if fused is not None and fused.async_reduce:
-            self._reduces_in_flight(idx, free, fused)
-        free_all = [0] * len(idx)
-        free_gathered = [0] * len(idx)
-        for r in self.owners:
-            p = free[r]
-            if p >= 0:
-                free_all[p] += owned[r]
-                if kind[r] == ALLGATHER:
-                    free_gathered[p] += owned[r]
-        return (*self._memory_series(idx, free_all, free_gathered, fused), free)
-
-    def _reduces_in_flight(self, idx: list[int], free: list[int], fused: _Fused) -> None:
-        """Move, in ``free``, each gradient a reduce is its last reader of to where the next reduce-scatter
-        is issued (the end for the last): one asynchronous reduce-scatter in flight (:meth:`simulate`)."""
-        kind, lead, reads = self.kind, fused.lead, self.reads
-        members: dict[int, list[int]] = {}  # issue position -> positions of the reduces it sends
-        last_of: dict[int, int] = {}  # a bucket's first member -> position of its last member (where it is issued)
-        for pos, i in enumerate(idx):
-            if kind[i] == REDUCE:
-                last_of[lead[i] if lead[i] >= 0 else i] = pos
-        for pos, i in enumerate(idx):
-            if kind[i] == REDUCE:
-                members.setdefault(last_of[lead[i] if lead[i] >= 0 else i], []).append(pos)
-        issues = sorted(members)
-        end = len(idx) - 1
-        for k, at in enumerate(issues):
-            # the next issue waits on this one first, so its buffers are gone before the next allocates
-            until = max(at, issues[k + 1] - 1) if k + 1 < len(issues) else end
-            for pos in members[at]:
-                for x in reads[idx[pos]]:
-                    if pos <= free[x] <= at:
-                        free[x] = until
-
-    def clocks(self, idx: list[int]) -> Clocks:
-        """The step time and each position's reach, start and end (ms) for the node numbers ``idx``
-        (unchecked): :meth:`simulate`'s timing without its memory model, at a third of its cost."""
-        step, reach, start, end = self._timeline(idx, True)
-        return Clocks(idx, step, reach, start, end)
-
-    def _memory_series(self, idx: list[int], free_all: list, free_gathered: list,
-                       fused: _Fused | None = None) -> tuple[list, list]:
-        """Memory of all tensors and of gathered buffers while each position's node runs (after it
-        allocated, before what it frees)."""
-        allocs = list(map(self.alloc.__getitem__, idx))
-        gallocs = list(map(self.gathered_alloc.__getitem__, idx))
-        start, gstart = self.resident_bytes, 0
-        if fused is not None:  # a bucket's members allocate where its first member stands
-            lead = fused.lead
-            at: dict[int, int] = {}
-            start += fused.held_bytes  # held parameters are gathered from the start
-            gstart += fused.held_bytes
-            for pos, i in enumerate(idx):
-                first = lead[i]
-                if first == HELD:
-                    allocs[pos] = gallocs[pos] = 0
-                    continue
-                if first < 0:
-                    continue
-                if first == i:
-                    at[i] = pos
-                else:
-                    p = at[first]
-                    allocs[p] += allocs[pos]
-                    gallocs[p] += gallocs[pos]
-                    allocs[pos] = gallocs[pos] = 0
-        if self.integral_sizes:  # exact in any summation order: running sums at C speed
-            memory = list(map(operator.sub, itertools.islice(itertools.accumulate(allocs, initial=start), 1, None),
-                              itertools.accumulate(free_all, initial=0)))
-            gathered = list(map(operator.sub, itertools.islice(itertools.accumulate(gallocs, initial=gstart), 1, None),
-                                itertools.accumulate(free_gathered, initial=0)))
-            return memory, gathered
-        memory, gathered = [], []
-        mem, gmem = start, gstart
-        for a, ga, f, gf in zip(allocs, gallocs, free_all, free_gathered):
-            if a:
-                mem += a
-                if ga:
-                    gmem += ga
-            memory.append(mem)
-            gathered.append(gmem)
-            if f:
-                mem -= f
-                gmem -= gf
-        return memory, gathered
-
-    def _timeline(self, idx: list[int], record: bool) -> tuple[float, list, list, list]:
-        """The two streams' clocks: the step's end and, if ``record``, each position's reach, start and end (ms)."""
-        is_comm, dur, gates = self.is_comm, self.duration, self.gates
-        tc = tq = 0.0  # compute stream's clock; when the communication stream is next free
-        done: list = [None] * len(self.names)
-        reach: list[float] = []
-        start: list[float] = []
-        end: list[float] = []
-        if not record:  # nodes that take no time and wait for nothing leave both clocks as they are
-            for i in itertools.compress(idx, map(self.timed.__getitem__, idx)):
-                if is_comm[i]:
-                    s = tc if tc > tq else tq
-                    tq = done[i] = s + dur[i]
-                else:
-                    for g in gates[i]:
-                        e = done[g]
-                        if e > tc:
-                            tc = e
-                    tc += dur[i]
-            return (tc if tc > tq else tq), reach, start, end
-        add_reach, add_start, add_end = reach.append, start.append, end.append
-        for i in idx:
-            if is_comm[i]:
-                s = tc if tc > tq else tq
-                tq = done[i] = s + dur[i]
-                add_reach(tc)
-                add_start(s)
-                add_end(tq)
-            else:
-                add_reach(tc)
-                for g in gates[i]:
-                    e = done[g]
-                    if e > tc:
-                        tc = e
-                add_start(tc)
-                tc += dur[i]
-                add_end(tc)
-        return (tc if tc > tq else tq), reach, start, end
-
-    def _fused_timeline(self, idx: list[int], record: bool, fused: _Fused) -> tuple[float, list, list, list]:
-        """:meth:`_timeline` with buckets: a bucket's first member issues the fused collective; the later
-        members take no time and end with it (their reach, start and end are the bucket's)."""
-        is_comm, dur, gates = self.is_comm, self.duration, self.gates
-        lead, time = fused.lead, fused.time
-        tc = tq = 0.0
-        done: list = [None] * len(self.names)
-        issued: dict[int, tuple[float, float]] = {}
-        reach: list[float] = []
-        start: list[float] = []
-        end: list[float] = []
-        for i in idx:
-            if is_comm[i]:
-                first = lead[i]
-                if first == HELD:  # gathered since the forward: ready when reached
-                    done[i] = r = s = tc
-                elif first < 0 or first == i:
-                    s = tc if tc > tq else tq
-                    tq = done[i] = s + (dur[i] if first < 0 else time[i])
-                    issued[i] = (tc, s)
-                    r = tc
-                else:  # a later member: issued with its bucket
-                    done[i] = done[first]
-                    r, s = issued[first]
-                if record:
-                    reach.append(r)
-                    start.append(s)
-                    end.append(done[i])
-            else:
-                if record:
-                    reach.append(tc)
-                for g in gates[i]:
-                    e = done[g]
-                    if e > tc:
-                        tc = e
-                if record:
-                    start.append(tc)
-                tc += dur[i]
-                if record:
-                    end.append(tc)
-        return (tc if tc > tq else tq), reach, start, end
+        return Fused(lead, time, max(0.0, saved), collectives, keep, int(sum(self.size[i] for i in held)))
 
     def _result(self, idx, step: float, peak: int, peak_pos: int, gpeak: int, gpeak_pos: int,
-                with_order: bool, fused: _Fused | None = None) -> SimResult:
+                with_order: bool, fused: Fused | None = None) -> SimResult:
         """The scalars of a simulation that ended at ``step`` ms with these peaks (``fused``: with buckets)."""
         n = len(idx)
         comm_ms = self.comm_ms if fused is None else self.comm_ms - fused.saved_ms

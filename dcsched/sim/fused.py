@@ -1,0 +1,30 @@
+"""A plan as one simulation reads it: buckets by node, fused times, kept and held parameters.
+
+>>> Fused([-1, 0, 0], {0: 1.5}, 0.5, 1).lead[2], HELD
+(0, -2)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Fused:
+    """A plan as one simulation reads it: per node its bucket's first member (-1: none; :data:`HELD`: an
+    all-gather of a parameter still gathered from the forward), each first member's fused time (ms), the
+    communication time the plan saves, the collectives issued, the ds_ids kept gathered past the graph's
+    end and the bytes held gathered from its start."""
+
+    lead: list[int]
+    time: dict[int, float]
+    saved_ms: float
+    collectives: int
+    keep: frozenset = frozenset()
+    held_bytes: int = 0
+    #: reduce-scatters run asynchronously, one in flight: a gradient lives until the next one is issued
+    async_reduce: bool = False
+
+
+#: :attr:`Fused.lead` of an all-gather whose parameter is held from the forward: no collective, ready at once.
+HELD = -2
