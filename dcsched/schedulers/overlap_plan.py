@@ -65,13 +65,14 @@ from dcsched.sim.simulate import CompiledGraph
 AHEAD = (1, 2)
 #: How many blocks ahead the bucketed orders issue their all-gather buckets.
 BUCKETS_AHEAD = (0, 1, 2)
-#: Which blocks :func:`_refine` tries cutting, by position among each kind's blocks: the first two and the
-#: last two (a graph waits on its first buckets, and ends with its last).
-CUT_BLOCKS = {0: (0, 1, -2, -1), 1: (0, 1, -2, -1)}
+#: Which blocks :func:`_refine` tries cutting, by position among each kind's blocks: the first two all-gather
+#: blocks and the last (a graph waits on its first buckets; a forward's last compute waits on its last), the
+#: last two reduce blocks (a backward ends with them).
+CUT_BLOCKS = {0: (0, 1, -1), 1: (-2, -1)}
 #: How many of a graph's fastest bucketed candidates :func:`_refine` cuts blocks of.
-REFINED = 2
+REFINED = 3
 #: The most blocks :func:`_refine` cuts in a step.
-MAX_CUTS = 12
+MAX_CUTS = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,7 +104,8 @@ class Candidate:
 
 
 def bucketed(form: GraphForm, order: Sequence[int], gathers: Sequence[Sequence[int]],
-             reduces: Sequence[Sequence[int]], *, ahead: int = 0) -> tuple[list[int], list[list[int]]]:
+             reduces: Sequence[Sequence[int]], *, ahead: int = 0,
+             block_of: Mapping[int, int] | None = None) -> tuple[list[int], list[list[int]]]:
     """``order`` with each block of ``gathers`` and of ``reduces`` made one bucket.
 
     A block's all-gathers move to where the block ``ahead`` blocks before it
@@ -126,6 +128,9 @@ def bucketed(form: GraphForm, order: Sequence[int], gathers: Sequence[Sequence[i
         The blocks (node numbers).
     ahead : int, optional
         How many blocks ahead a bucket of all-gathers is issued (default 0).
+    block_of : mapping of int to int, optional
+        Each all-gather's block, where ``gathers`` are pieces of blocks (a block cut in two): ``ahead``
+        counts blocks, not pieces, so cutting one block moves no other. Default: each group its own block.
 
     Returns
     -------
@@ -150,10 +155,18 @@ def bucketed(form: GraphForm, order: Sequence[int], gathers: Sequence[Sequence[i
     moved: set[int] = set()
     buckets: list[list[int]] = []
     firsts = [min(pos[m] for m in group) if group else -1 for group in gathers]
+    block = [block_of[group[0]] if block_of is not None and group else k for k, group in enumerate(gathers)]
+    block_first: dict[int, int] = {}  # a block's first all-gather in ``order``, over its pieces
+    for k, b in enumerate(block):
+        if firsts[k] >= 0:
+            block_first[b] = min(block_first.get(b, firsts[k]), firsts[k])
+    ordinal = {b: n for n, b in enumerate(dict.fromkeys(block))}  # blocks in need order
+    by_ordinal = list(dict.fromkeys(block))
     for k, group in enumerate(gathers):
         if not group:
             continue
-        at = min(firsts[max(0, k - ahead)], firsts[k])
+        earlier = by_ordinal[max(0, ordinal[block[k]] - ahead)]
+        at = min(block_first.get(earlier, firsts[k]), firsts[k])
         members = sorted((m for m in group if all(pos[p] < at for p in preds[m])), key=pos.__getitem__)
         before.setdefault(at, []).extend(members)
         moved.update(members)
@@ -191,6 +204,8 @@ class _GraphPlanner:
         self.compiled = CompiledGraph(form, assume_zero=True, comm_latency_ms=latency_ms)
         self.gathers = _groups(form, ALLGATHER)
         self.reduces = _reduce_groups(form, self.gathers)
+        #: each all-gather's block (cutting a block into pieces moves no other block's prefetch)
+        self.block_of = {m: k for k, group in enumerate(self.gathers) for m in group}
         self._bases: dict[str, list[int]] = {}
         self._fsdp: dict[str, tuple[list[int], list[list[int]]]] = {}
         self._overlap: Overlap | None = None
@@ -250,7 +265,7 @@ class _GraphPlanner:
                 yield self.rebucketed(f"{source}, {ahead} ahead{label}", base, groups, role, ahead)
 
     def rebucketed(self, source: str, base: list[int], groups: tuple, role: dict, ahead: int) -> Candidate:
-        order, buckets = bucketed(self.form, base, *groups, ahead=ahead)
+        order, buckets = bucketed(self.form, base, *groups, ahead=ahead, block_of=self.block_of)
         candidate = self.simulated(source, order, buckets, **role)
         return dataclasses.replace(candidate, base=base, groups=groups, ahead=ahead)
 
@@ -298,17 +313,20 @@ class _GraphPlanner:
 
     def _fastest_fitting(self, candidates: Iterable[Candidate]) -> list[Candidate]:
         """The fastest of ``candidates`` within the budget, and the :data:`REFINED` fastest that can be cut,
-        fastest first (peaks measured in that order, until those are found)."""
+        each from another base order, fastest first (peaks measured in that order, until those are found)."""
         found: list[Candidate] = []
-        cuttable = 0
+        bases: set[int] = set()  # one cuttable candidate per base order: they differ most after cuts
         for candidate in sorted(candidates, key=Candidate.key):
+            if candidate.base is not None and id(candidate.base) in bases:
+                continue
             fitted = self.fitted(candidate)
             if fitted is None or (found and fitted.base is None):
                 continue
             found.append(fitted)
-            cuttable += fitted.base is not None
-            if cuttable >= REFINED:
-                break
+            if fitted.base is not None:
+                bases.add(id(fitted.base))
+                if len(bases) >= REFINED:
+                    break
         return found
 
     def cuts(self, candidate: Candidate, kept: frozenset) -> Iterable[Candidate]:
