@@ -104,8 +104,7 @@ class Candidate:
 
 
 def bucketed(form: GraphForm, order: Sequence[int], gathers: Sequence[Sequence[int]],
-             reduces: Sequence[Sequence[int]], *, ahead: int = 0,
-             block_of: Mapping[int, int] | None = None) -> tuple[list[int], list[list[int]]]:
+             reduces: Sequence[Sequence[int]], *, ahead: int = 0) -> tuple[list[int], list[list[int]]]:
     """``order`` with each block of ``gathers`` and of ``reduces`` made one bucket.
 
     A block's all-gathers move to where the block ``ahead`` blocks before it
@@ -128,9 +127,6 @@ def bucketed(form: GraphForm, order: Sequence[int], gathers: Sequence[Sequence[i
         The blocks (node numbers).
     ahead : int, optional
         How many blocks ahead a bucket of all-gathers is issued (default 0).
-    block_of : mapping of int to int, optional
-        Each all-gather's block, where ``gathers`` are pieces of blocks (a block cut in two): ``ahead``
-        counts blocks, not pieces, so cutting one block moves no other. Default: each group its own block.
 
     Returns
     -------
@@ -155,18 +151,10 @@ def bucketed(form: GraphForm, order: Sequence[int], gathers: Sequence[Sequence[i
     moved: set[int] = set()
     buckets: list[list[int]] = []
     firsts = [min(pos[m] for m in group) if group else -1 for group in gathers]
-    block = [block_of[group[0]] if block_of is not None and group else k for k, group in enumerate(gathers)]
-    block_first: dict[int, int] = {}  # a block's first all-gather in ``order``, over its pieces
-    for k, b in enumerate(block):
-        if firsts[k] >= 0:
-            block_first[b] = min(block_first.get(b, firsts[k]), firsts[k])
-    ordinal = {b: n for n, b in enumerate(dict.fromkeys(block))}  # blocks in need order
-    by_ordinal = list(dict.fromkeys(block))
     for k, group in enumerate(gathers):
         if not group:
             continue
-        earlier = by_ordinal[max(0, ordinal[block[k]] - ahead)]
-        at = min(block_first.get(earlier, firsts[k]), firsts[k])
+        at = min(firsts[max(0, k - ahead)], firsts[k])
         members = sorted((m for m in group if all(pos[p] < at for p in preds[m])), key=pos.__getitem__)
         before.setdefault(at, []).extend(members)
         moved.update(members)
@@ -204,8 +192,6 @@ class _GraphPlanner:
         self.compiled = CompiledGraph(form, assume_zero=True, comm_latency_ms=latency_ms)
         self.gathers = _groups(form, ALLGATHER)
         self.reduces = _reduce_groups(form, self.gathers)
-        #: each all-gather's block (cutting a block into pieces moves no other block's prefetch)
-        self.block_of = {m: k for k, group in enumerate(self.gathers) for m in group}
         self._bases: dict[str, list[int]] = {}
         self._fsdp: dict[str, tuple[list[int], list[list[int]]]] = {}
         self._overlap: Overlap | None = None
@@ -265,7 +251,7 @@ class _GraphPlanner:
                 yield self.rebucketed(f"{source}, {ahead} ahead{label}", base, groups, role, ahead)
 
     def rebucketed(self, source: str, base: list[int], groups: tuple, role: dict, ahead: int) -> Candidate:
-        order, buckets = bucketed(self.form, base, *groups, ahead=ahead, block_of=self.block_of)
+        order, buckets = bucketed(self.form, base, *groups, ahead=ahead)
         candidate = self.simulated(source, order, buckets, **role)
         return dataclasses.replace(candidate, base=base, groups=groups, ahead=ahead)
 
