@@ -235,3 +235,14 @@ def test_the_plan_keeps_what_the_budget_allows():
     smallest = max(Overlap(form).min_budget("all") for form in forms.values())
     tight = run_step("overlap-plan", forms, budget=Budget(math.ceil(1.1 * smallest), "all"), comm_latency_ms=latency)
     assert len(kept_ids(roomy["forward"])) > len(kept_ids(tight["forward"]))
+
+
+def test_asynchronous_reduces_keep_a_gradient_until_the_next_is_issued():
+    backward = compile_view(layered_stack(2).backward)
+    sync, in_flight = backward.simulate(None), backward.simulate(None, async_reduce=True)
+    assert in_flight.step_ms == sync.step_ms and in_flight.collectives == sync.collectives
+    assert in_flight.peak_bytes >= sync.peak_bytes
+    # at every point at most one reduce's gradient more is alive than when synchronous
+    largest = max(backward.size[backward.preds[i][0]] for i in range(len(backward)) if backward.kind[i] == REDUCE)
+    assert all(0 <= a - s <= largest for a, s in zip(in_flight.memory, sync.memory))
+    assert any(a > s for a, s in zip(in_flight.memory, sync.memory))
