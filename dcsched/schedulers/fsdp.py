@@ -107,14 +107,14 @@ def blocks(keys: Sequence[Hashable]) -> list[tuple[int, int]]:
     return ranges
 
 
-def _groups(form: GraphForm, kind: int) -> list[list[int]]:
+def blocks_of(form: GraphForm, kind: int) -> list[list[int]]:
     """The nodes of ``kind`` in input order, cut into blocks by their byte sizes."""
     nodes = [i for i in form.topo if form.kind[i] == kind]
     size = form.size
     return [nodes[s:e] for s, e in blocks([size[i] for i in nodes])]
 
 
-def _reduce_groups(form: GraphForm, gathers: list[list[int]]) -> list[list[int]]:
+def reduce_blocks(form: GraphForm, gathers: list[list[int]]) -> list[list[int]]:
     """The reduces in input order, cut where the block of the parameter they reduce changes.
 
     A parameter's block is its all-gather bucket in this graph (the backward gathers again the parameters its
@@ -122,7 +122,7 @@ def _reduce_groups(form: GraphForm, gathers: list[list[int]]) -> list[list[int]]
     without all-gathers falls back to blocks by byte sizes, as the all-gathers are found.
     """
     if not gathers:
-        return _groups(form, REDUCE)
+        return blocks_of(form, REDUCE)
     block_of = {form.ds_id[m]: k for k, group in enumerate(gathers) for m in group}
     groups: list[list[int]] = []
     current = None
@@ -139,42 +139,85 @@ def _reduce_groups(form: GraphForm, gathers: list[list[int]]) -> list[list[int]]
 def fsdp_indices(form: GraphForm, *, ahead: int = 1) -> tuple[list[int], list[list[int]]]:
     """The order (node numbers, output last) and the buckets (node numbers, in order) of :func:`fsdp`;
     ``ahead``: how many blocks ahead each block's bucket is issued (FSDP2's is 1)."""
-    topo = form.topo
-    pos = {v: p for p, v in enumerate(topo)}
-    preds = form.preds
-    before: dict[int, list[int]] = {}  # node -> all-gathers issued right before it
-    after: dict[int, list[int]] = {}  # node -> reduces issued right after it
+    gathers = blocks_of(form, ALLGATHER)
+    return bucketed(form, list(form.topo), gathers, reduce_blocks(form, gathers), ahead=ahead)
+
+
+def bucketed(form: GraphForm, order: Sequence[int], gathers: Sequence[Sequence[int]],
+             reduces: Sequence[Sequence[int]], *, ahead: int = 0) -> tuple[list[int], list[list[int]]]:
+    """``order`` with each block of ``gathers`` and of ``reduces`` made one bucket.
+
+    A block's all-gathers move to where the block ``ahead`` blocks before it
+    (in ``gathers``' order, the order they are needed) has its first
+    all-gather in ``order``, or its own first where that is earlier: ``ahead``
+    0 issues each bucket when its first parameter would have been gathered,
+    1 when the block before is (FSDP2's prefetch). A block's reduces move to
+    where its last one stands (every gradient of the block is ready there).
+    A member that cannot move (an all-gather whose input has not run by then,
+    a reduce read before the last one: neither occurs in DeepCompile graphs)
+    stays alone.
+
+    Parameters
+    ----------
+    form : GraphForm
+        The graph.
+    order : sequence of int
+        A topological order (node numbers).
+    gathers, reduces : sequence of sequences of int
+        The blocks (node numbers).
+    ahead : int, optional
+        How many blocks ahead a bucket of all-gathers is issued (default 0).
+
+    Returns
+    -------
+    (list of int, list of list of int)
+        The order (output last) and the buckets of two or more members, each in its order.
+
+    Examples
+    --------
+    >>> from dcsched.synthetic import layered_stack
+    >>> form = GraphForm(layered_stack(2).forward)
+    >>> gathers = [[i for i in form.topo if form.kind[i] == ALLGATHER]]
+    >>> order, buckets = bucketed(form, list(form.topo), gathers, [])
+    >>> form.check_order(form.order_names(order)); len(buckets), len(buckets[0]) == len(gathers[0])
+    (1, True)
+    """
+    pos = [0] * len(form.kind)
+    for p, v in enumerate(order):
+        pos[v] = p
+    preds, succs = form.preds, form.succs
+    before: dict[int, list[int]] = {}  # base position -> all-gathers issued right before the node there
+    after: dict[int, list[int]] = {}  # base position -> reduces issued right after the node there
     moved: set[int] = set()
     buckets: list[list[int]] = []
-    gathers = _groups(form, ALLGATHER)
+    firsts = [min(pos[m] for m in group) if group else -1 for group in gathers]
     for k, group in enumerate(gathers):
-        at = gathers[k - ahead][0] if k >= ahead else gathers[0][0]  # where block k - ahead is first needed
-        members = [m for m in group if all(pos[p] < pos[at] for p in preds[m])]
-        if not members:
+        if not group:
             continue
+        at = min(firsts[max(0, k - ahead)], firsts[k])
+        members = sorted((m for m in group if all(pos[p] < at for p in preds[m])), key=pos.__getitem__)
         before.setdefault(at, []).extend(members)
         moved.update(members)
         buckets.append(members)
-    for group in _reduce_groups(form, gathers):
-        last = group[-1]
-        # A member read before the block's last gradient (never in DeepCompile graphs) cannot wait for it.
-        members = [m for m in group if all(pos[s] > pos[last] for s in form.succs[m])]
-        if last not in members:
-            members.append(last)
-        after.setdefault(last, []).extend(m for m in members if m != last)
-        moved.update(m for m in members if m != last)
-        buckets.append(sorted(members, key=pos.__getitem__))
-    order: list[int] = []
-    for v in topo:
-        order.extend(before.get(v, ()))
+    for group in reduces:
+        if not group:
+            continue
+        at = max(pos[m] for m in group)
+        members = sorted((m for m in group if all(pos[s] > at for s in succs[m])), key=pos.__getitem__)
+        later = [m for m in members if pos[m] != at]
+        after.setdefault(at, []).extend(later)
+        moved.update(later)
+        buckets.append([order[at]] + later)  # as it runs: the last gradient's reduce, then the ones moved after it
+    result: list[int] = []
+    extend, append = result.extend, result.append
+    for p, v in enumerate(order):
+        if p in before:
+            extend(before[p])
         if v not in moved:
-            order.append(v)
-        if v in after:
-            order.extend(after[v])
-    buckets = [b for b in buckets if len(b) > 1]
-    # Reduce buckets: members in the order they now run (the last gradient's reduce first).
-    where = {v: p for p, v in enumerate(order)}
-    return output_last_indices(form.kind, order), [sorted(b, key=where.__getitem__) for b in buckets]
+            append(v)
+        if p in after:
+            extend(after[p])
+    return output_last_indices(form.kind, result), [b for b in buckets if len(b) > 1]
 
 
 @register("fsdp", description="FSDP2's policy: one all-gather bucket per transformer block, prefetched one block "

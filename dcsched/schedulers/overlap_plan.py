@@ -12,7 +12,7 @@ by the simulator, within ``budget_bytes`` of ``budget_scope``:
    of the parameters they reduce. A block is one all-gather bucket (and one
    reduce bucket): the step issues no more collectives than FSDP2's policy.
 2. **Orders.** Candidates per graph, each with the block buckets
-   (:func:`bucketed`: a bucket's all-gathers move to where its first one
+   (:func:`dcsched.schedulers.fsdp.bucketed`: a bucket's all-gathers move to where its first one
    stands, its reduces to where its last one stands): ``fsdp``'s order
    prefetching one and two blocks ahead, and ``overlap``'s, ``fast-free``'s
    and the graph's own order.
@@ -51,10 +51,10 @@ from typing import Iterable, Mapping, Sequence
 
 from dcsched.budget import DEFAULT_SCOPE
 from dcsched.errors import BudgetError
-from dcsched.graph.form import ALLGATHER, GraphForm, output_last_indices
+from dcsched.graph.form import ALLGATHER, GraphForm
 from dcsched.plan import Bucket, Plan
 from dcsched.schedulers.fast_free import fast_free
-from dcsched.schedulers.fsdp import _groups, _reduce_groups, fsdp_indices
+from dcsched.schedulers.fsdp import blocks_of, bucketed, fsdp_indices, reduce_blocks
 from dcsched.schedulers.overlap.planner import UNLIMITED, check_scope
 from dcsched.schedulers.overlap.scheduler import Overlap
 from dcsched.schedulers.registry import register
@@ -80,7 +80,8 @@ class Candidate:
     """One graph's order with its buckets (node numbers), simulated with the step's residency.
 
     ``base`` is the order the buckets were made from and ``groups`` the blocks (all-gather blocks, then
-    reduce blocks) :func:`bucketed` made them of, so a block can be cut and the buckets made again;
+    reduce blocks) :func:`~dcsched.schedulers.fsdp.bucketed` made them of, so a block can be cut and the
+    buckets made again;
     ``fsdp``'s own orders have none (their buckets sit where FSDP2 issues them).
     """
 
@@ -103,83 +104,6 @@ class Candidate:
         return (self.step_ms, self.collectives)
 
 
-def bucketed(form: GraphForm, order: Sequence[int], gathers: Sequence[Sequence[int]],
-             reduces: Sequence[Sequence[int]], *, ahead: int = 0) -> tuple[list[int], list[list[int]]]:
-    """``order`` with each block of ``gathers`` and of ``reduces`` made one bucket.
-
-    A block's all-gathers move to where the block ``ahead`` blocks before it
-    (in ``gathers``' order, the order they are needed) has its first
-    all-gather in ``order``, or its own first where that is earlier: ``ahead``
-    0 issues each bucket when its first parameter would have been gathered,
-    1 when the block before is (FSDP2's prefetch). A block's reduces move to
-    where its last one stands (every gradient of the block is ready there).
-    A member that cannot move (an all-gather whose input has not run by then,
-    a reduce read before the last one: neither occurs in DeepCompile graphs)
-    stays alone.
-
-    Parameters
-    ----------
-    form : GraphForm
-        The graph.
-    order : sequence of int
-        A topological order (node numbers).
-    gathers, reduces : sequence of sequences of int
-        The blocks (node numbers).
-    ahead : int, optional
-        How many blocks ahead a bucket of all-gathers is issued (default 0).
-
-    Returns
-    -------
-    (list of int, list of list of int)
-        The order (output last) and the buckets of two or more members, each in its order.
-
-    Examples
-    --------
-    >>> from dcsched.synthetic import layered_stack
-    >>> form = GraphForm(layered_stack(2).forward)
-    >>> gathers = [[i for i in form.topo if form.kind[i] == ALLGATHER]]
-    >>> order, buckets = bucketed(form, list(form.topo), gathers, [])
-    >>> form.check_order(form.order_names(order)); len(buckets), len(buckets[0]) == len(gathers[0])
-    (1, True)
-    """
-    pos = [0] * len(form.kind)
-    for p, v in enumerate(order):
-        pos[v] = p
-    preds, succs = form.preds, form.succs
-    before: dict[int, list[int]] = {}  # base position -> all-gathers issued right before the node there
-    after: dict[int, list[int]] = {}  # base position -> reduces issued right after the node there
-    moved: set[int] = set()
-    buckets: list[list[int]] = []
-    firsts = [min(pos[m] for m in group) if group else -1 for group in gathers]
-    for k, group in enumerate(gathers):
-        if not group:
-            continue
-        at = min(firsts[max(0, k - ahead)], firsts[k])
-        members = sorted((m for m in group if all(pos[p] < at for p in preds[m])), key=pos.__getitem__)
-        before.setdefault(at, []).extend(members)
-        moved.update(members)
-        buckets.append(members)
-    for group in reduces:
-        if not group:
-            continue
-        at = max(pos[m] for m in group)
-        members = sorted((m for m in group if all(pos[s] > at for s in succs[m])), key=pos.__getitem__)
-        later = [m for m in members if pos[m] != at]
-        after.setdefault(at, []).extend(later)
-        moved.update(later)
-        buckets.append([order[at]] + later)  # as it runs: the last gradient's reduce, then the ones moved after it
-    result: list[int] = []
-    extend, append = result.extend, result.append
-    for p, v in enumerate(order):
-        if p in before:
-            extend(before[p])
-        if v not in moved:
-            append(v)
-        if p in after:
-            extend(after[p])
-    return output_last_indices(form.kind, result), [b for b in buckets if len(b) > 1]
-
-
 class _GraphPlanner:
     """One graph's blocks and candidate orders; :meth:`best` simulates them with a residency."""
 
@@ -190,8 +114,8 @@ class _GraphPlanner:
         #: (backward), or not at all.
         self.residency_role = {"forward": "keep", "backward": "held"}.get(graph)
         self.compiled = CompiledGraph(form, assume_zero=True, comm_latency_ms=latency_ms)
-        self.gathers = _groups(form, ALLGATHER)
-        self.reduces = _reduce_groups(form, self.gathers)
+        self.gathers = blocks_of(form, ALLGATHER)
+        self.reduces = reduce_blocks(form, self.gathers)
         self._bases: dict[str, list[int]] = {}
         self._fsdp: dict[str, tuple[list[int], list[list[int]]]] = {}
         self._overlap: Overlap | None = None
