@@ -75,13 +75,13 @@ def test_nothing_kept_is_the_plain_simulation():
         (none_kept.step_ms, none_kept.peak_bytes, none_kept.collectives)
 
 
-def test_step_ms_is_the_simulations_step():
+def test_timeline_figures_are_the_simulations():
     graph = compile_view(layered_stack(2).backward)
     plan = run("fsdp", GraphForm(layered_stack(2).backward))
     idx = graph.order_indices(list(plan.order))
     held = sorted(_gathered(graph))[:5]
-    assert graph.step_ms(idx, buckets=plan.buckets, held=held) == \
-        graph.simulate(list(plan.order), buckets=plan.buckets, held=held).step_ms
+    result = graph.simulate(list(plan.order), buckets=plan.buckets, held=held)
+    assert graph.timeline_figures(idx, buckets=plan.buckets, held=held) == (result.step_ms, result.collectives)
 
 
 # -- run_step ------------------------------------------------------------------------------------------------

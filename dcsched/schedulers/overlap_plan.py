@@ -109,7 +109,6 @@ class _GraphPlanner:
 
     def __init__(self, form: GraphForm, latency_ms: float, scope: str, budget: float, graph: str = "") -> None:
         self.form, self.scope, self.budget = form, scope, budget
-        self._held_nodes: dict[frozenset, frozenset] = {}
         #: How the step's kept parameters reach this graph: kept past its end (forward), held from its start
         #: (backward), or not at all.
         self.residency_role = {"forward": "keep", "backward": "held"}.get(graph)
@@ -182,11 +181,7 @@ class _GraphPlanner:
     def simulated(self, source: str, order: list[int], buckets: list[list[int]], *, keep: frozenset = frozenset(),
                   held: frozenset = frozenset()) -> Candidate:
         """The candidate's timeline simulated (its peak is measured by :meth:`fitted`, where a budget asks)."""
-        compiled = self.compiled
-        skipped = self.held_nodes(held)
-        collectives = compiled.num_allgathers + compiled.num_reduces - len(skipped) \
-            - sum(max(0, len(b) - 1 - sum(1 for m in b if m in skipped)) for b in buckets)
-        step = compiled.step_ms(order, buckets=buckets, held=held, check=False)
+        step, collectives = self.compiled.timeline_figures(order, buckets=buckets, held=held, check=False)
         role = {"keep": keep, "held": held}
         return Candidate(source, order, buckets, step, collectives, None if math.isfinite(self.budget) else 0, role)
 
@@ -198,13 +193,6 @@ class _GraphPlanner:
             peak = result.peak_bytes if self.scope == "all" else result.gathered_peak_bytes
             candidate = dataclasses.replace(candidate, peak=peak)
         return candidate if candidate.peak is not None and candidate.peak <= self.budget else None
-
-    def held_nodes(self, held: frozenset) -> frozenset:
-        """The all-gathers of the ``held`` parameters."""
-        if held not in self._held_nodes:
-            form = self.form
-            self._held_nodes[held] = frozenset(m for group in self.gathers for m in group if form.ds_id[m] in held)
-        return self._held_nodes[held]
 
     def fitting(self, budget: float, kept: frozenset, tight: bool = False) -> tuple[list[Candidate], int]:
         """The candidates within ``budget`` with the step's ``kept`` parameters, fastest first; where none

@@ -377,31 +377,39 @@ class CompiledGraph(MemoryModel, Timeline, GraphForm):
         keep, held = frozenset(keep), frozenset(held)
         if not buckets and not keep and not held and not async_reduce:
             return self.simulate_with_frees(idx, detail=detail)[0]
-        held_nodes = [i for i in range(len(self.names)) if self.kind[i] == ALLGATHER and self.ds_id[i] in held]
-        fused = self._fused(self.bucket_indices(buckets or (), idx), held_nodes, keep)
+        fused = self._fused(self.bucket_indices(buckets or (), idx), self._held_gathers(held), keep)
         if async_reduce:
             fused = dataclasses.replace(fused, async_reduce=True)
         return self.simulate_with_frees(idx, detail=detail, fused=fused)[0]
 
-    def step_ms(self, idx: list[int], *, buckets: Sequence | None = None, held: Iterable[int] = (),
-                check: bool = True) -> float:
-        """:meth:`simulate`'s step time alone (no memory model, a third of the cost) for the node numbers
-        ``idx`` (unchecked) with ``buckets`` and the ``held`` parameters (ds_ids). ``check=False`` takes the
-        buckets as lists of node numbers, each in ``idx``'s order (:meth:`bucket_indices`), unchecked.
+    def timeline_figures(self, idx: list[int], *, buckets: Sequence | None = None, held: Iterable[int] = (),
+                         check: bool = True) -> tuple[float, int]:
+        """:meth:`simulate`'s step time and collectives alone (no memory model, a third of the cost) for the
+        node numbers ``idx`` (unchecked) with ``buckets`` and the ``held`` parameters (ds_ids).
+        ``check=False`` takes the buckets as lists of node numbers, each in ``idx``'s order
+        (:meth:`bucket_indices`), unchecked.
 
         Examples
         --------
         >>> from dcsched.synthetic import layered_stack
         >>> g = compile_view(layered_stack(1).forward)
-        >>> g.step_ms(list(g.topo)) == g.simulate(None).step_ms
+        >>> result = g.simulate(None)
+        >>> g.timeline_figures(list(g.topo)) == (result.step_ms, result.collectives)
         True
         """
         held = frozenset(held)
         if not buckets and not held:
-            return self._timeline(idx, False)[0]
-        held_nodes = [i for i in range(len(self.names)) if self.kind[i] == ALLGATHER and self.ds_id[i] in held]
+            return self._timeline(idx, False)[0], self.num_allgathers + self.num_reduces
         listed = self.bucket_indices(buckets or (), idx) if check else [list(b) for b in buckets or ()]
-        return self._fused_timeline(idx, False, self._fused(listed, held_nodes))[0]
+        fused = self._fused(listed, self._held_gathers(held))
+        return self._fused_timeline(idx, False, fused)[0], fused.collectives
+
+    def _held_gathers(self, held: frozenset) -> list[int]:
+        """The all-gathers of the ``held`` parameters (ds_ids)."""
+        if not held:
+            return []
+        kind, ds_id = self.kind, self.ds_id
+        return [i for i in range(len(self.names)) if kind[i] == ALLGATHER and ds_id[i] in held]
 
     def bucket_indices(self, buckets: Sequence, idx: Sequence[int]) -> list[list[int]]:
         """``buckets`` as lists of member numbers, each in the order ``idx`` runs them, checked against ``idx``.
