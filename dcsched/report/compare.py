@@ -29,6 +29,7 @@ import torch.fx
 from dcsched import schedulers
 from dcsched.budget import Budget, default_budget
 from dcsched.bundle.core import Bundle
+from dcsched.bundle.plans import plan_counts
 from dcsched.errors import DcschedError, GraphError
 from dcsched.graph.nxview import to_networkx
 from dcsched.graph.form import ALLGATHER, REDUCE, GraphForm
@@ -69,6 +70,11 @@ class GraphComparison:
     def nodes(self) -> int:
         return len(self.compiled)
 
+    @property
+    def param_ids(self) -> list[int]:
+        """The ds_ids of the parameters the graph gathers or reduces."""
+        return sorted({d for d in self.compiled.ds_id if d is not None})
+
     def to_dict(self, *, params: bool = False) -> dict:
         bounds = self.compiled.bounds
         data = {
@@ -83,10 +89,8 @@ class GraphComparison:
             "unsized_inputs": len(self.compiled.unsized_inputs),
             "before": _figures(self.before, None),
             "after": {algo: _figures(result, self.scheduler_s[algo]) for algo, result in self.after.items()},
-            # each algorithm's communication plan: buckets, their members, kept parameters (the step's)
-            "plans": {algo: {"buckets": len(plan.buckets), "members": sum(len(b.members) for b in plan.buckets),
-                             "kept": sum(1 for where in plan.residency.values() if where == "kept")}
-                      for algo, plan in self.plans.items()},
+            # each algorithm's communication plan, counted as `dcsched show` counts a stored one
+            "plans": {algo: plan_counts(plan, self.param_ids) for algo, plan in self.plans.items()},
         }
         if params:
             data["params"] = {"before": [p.to_dict() for p in self.before.params],
