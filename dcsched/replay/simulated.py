@@ -37,16 +37,13 @@ def simulated_figures(bundle: Bundle, world_size: int | None = None, *,
     from dcsched.profile.measure import resharded
     from dcsched.sim.collectives import latency_from_provenance
     from dcsched.sim.plans import simulate_plan
-    from dcsched.sim.simulate import compile_view, simulate
+    from dcsched.sim.simulate import compile_view
 
     def run(name: str):
         """The graph as its plan runs it (buckets, kept parameters), or in its own order without one."""
-        graph = bundle.graphs[name]
-        plan = bundle.plans.get(name)
-        if plan is None and not async_reduce:
-            return simulate(graph, detail=False)
-        compiled = compile_view(graph, comm_latency_ms=latency_from_provenance(bundle.provenance))
-        return simulate_plan(compiled, plan or Plan(()), name, detail=False, check=False, async_reduce=async_reduce)
+        compiled = compile_view(bundle.graphs[name], comm_latency_ms=latency_from_provenance(bundle.provenance))
+        return simulate_plan(compiled, bundle.plans.get(name) or Plan(()), name, detail=False, check=False,
+                             async_reduce=async_reduce)
 
     profiled_for = bundle.provenance.get("world_size")
     resized = world_size is not None and isinstance(profiled_for, int) and profiled_for != world_size
