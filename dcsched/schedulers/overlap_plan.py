@@ -118,7 +118,7 @@ class _GraphPlanner:
         self._bases: dict[str, list[int]] = {}
         self._fsdp: dict[str, tuple[list[int], list[list[int]]]] = {}
         self._overlap: Overlap | None = None
-        self._overlap_orders: dict[float, list[int] | None] = {}
+        self._overlap_orders: dict[float, list[int] | BudgetError] = {}
 
     def role(self, kept: frozenset) -> dict[str, frozenset]:
         """The simulator's ``keep`` / ``held`` argument for the step's ``kept`` parameters."""
@@ -140,16 +140,16 @@ class _GraphPlanner:
             self._bases = {"fast-free": [index[n] for n in fast_free(self.form).order], "input": list(self.form.topo)}
         return self._bases
 
-    def _overlap_order(self, budget: float) -> list[int] | None:
-        """``overlap``'s order under ``budget`` (node numbers), None where it refuses the budget."""
+    def _overlap_order(self, budget: float) -> list[int] | BudgetError:
+        """``overlap``'s order under ``budget`` (node numbers), or its error where it refuses the budget."""
         if budget not in self._overlap_orders:
             if self._overlap is None:
                 self._overlap = Overlap(self.form)
             try:
                 names = self._overlap.order(budget, self.scope)
                 self._overlap_orders[budget] = [self.form.index[n] for n in names]
-            except BudgetError:
-                self._overlap_orders[budget] = None
+            except BudgetError as exc:
+                self._overlap_orders[budget] = exc
         return self._overlap_orders[budget]
 
     def candidates(self, budget: float, reserved: float, role: dict, pieces: int = 1,
@@ -163,10 +163,10 @@ class _GraphPlanner:
         bases = dict(self._fixed_bases())
         # overlap under what the kept parameters leave of the budget
         overlap_order = self._overlap_order(budget - reserved if math.isfinite(budget) else budget)
-        if overlap_order is not None:
+        if not isinstance(overlap_order, BudgetError):
             bases["overlap"] = overlap_order
-        if tight and overlap_order is not None:  # a tight budget: overlap's own order, every collective alone
-            yield self.simulated("overlap (no buckets)", overlap_order, [], **role)
+            if tight:  # a tight budget: overlap's own order, every collective alone
+                yield self.simulated("overlap (no buckets)", overlap_order, [], **role)
         groups = (_pieces(self.gathers, pieces), _pieces(self.reduces, pieces))
         label = f", blocks in {pieces}" if pieces > 1 else ""
         for source, base in bases.items():
@@ -269,9 +269,9 @@ class _GraphPlanner:
 
     def fallback(self, budget: float) -> Candidate:
         """``overlap``'s own order, every collective alone (raises :class:`BudgetError` where it does)."""
-        if self._overlap is None:
-            self._overlap = Overlap(self.form)
-        order = [self.form.index[n] for n in self._overlap.order(budget, self.scope)]
+        order = self._overlap_order(budget)
+        if isinstance(order, BudgetError):
+            raise order
         return self.simulated("overlap (no buckets)", order, [])
 
     def plan(self, candidate: Candidate, kept: Iterable[int], held: frozenset) -> Plan:
