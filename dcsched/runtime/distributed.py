@@ -64,6 +64,7 @@ tensor([3., 4., 0.])
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from typing import Iterable
 
@@ -236,10 +237,7 @@ class DistributedZero3Runtime(Zero3Runtime):
                                "parameter table does not list") from None
 
     def _numel(self, ds_id: int) -> int:
-        numel = 1
-        for size in self._shape(ds_id):
-            numel *= size
-        return numel
+        return math.prod(self._shape(ds_id))
 
     def _issued(self, graph_id: int) -> None:
         _ISSUED[0] += 1
