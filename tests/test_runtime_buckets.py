@@ -214,44 +214,32 @@ def test_replay_under_every_plan_is_bit_identical_and_issues_the_planned_collect
 # Training the GPT example with FSDP's buckets
 # ---------------------------------------------------------------------------
 
-def fsdp_plans(bundle, keep_last_bucket: bool) -> dict:
-    """FSDP's plan of each graph; with ``keep_last_bucket``, the forward's last all-gather bucket kept."""
+def unkept_fsdp_plans(bundle) -> dict:
+    """FSDP's buckets for each graph planned alone: nothing kept (the step's plan keeps the root)."""
     from dcsched.graph.form import GraphForm
     from dcsched.schedulers.fsdp import fsdp
 
-    plans = {name: fsdp(GraphForm(graph)) for name, graph in bundle.graphs.items()}
-    if keep_last_bucket:
-        last = [b for b in plans["forward"].buckets if b.kind == "allgather"][-1]
-        plans["forward"] = dataclasses.replace(plans["forward"], residency={d: "kept" for d in last.ds_ids})
-    return plans
+    return {name: fsdp({name: GraphForm(graph)})[name] for name, graph in bundle.graphs.items()}
 
 
 def _train_ranks(rank: int, world_size: int, port: int, out_dir: str) -> None:
     import dcsched
     from dcsched.runtime.distributed import shutdown
-    from dcsched.train import program as program_module
 
     runs.init_gloo(rank, world_size, port)
-    original = program_module.ScheduledProgram.__init__
-
-    def with_plans(self, sharding, bundle, *args, **kwargs):
-        bundle.plans = fsdp_plans(bundle, keep_last_bucket=True)  # what train's backend is to set
-        original(self, sharding, bundle, *args, **kwargs)
-
-    program_module.ScheduledProgram.__init__ = with_plans
     try:
         torch._dynamo.reset()
-        model, _ = runs.model_of("gpt")
+        model, _ = runs.model_of("gpt", n_layers=2)  # two blocks: the root (embeddings, head) stands apart
         dcsched.shard(model)
         initial = [p.detach().clone() for p in model.parameters()]
         backend = dcsched.backend(algo="fsdp", cost_model="analytic", gpu="h100")
         compiled = torch.compile(model, backend=backend, dynamic=False)
-        # the plan ScheduledProgram got from the bundle, reduce-scatters asynchronous on gloo
+        # the step's plan (the root kept) ScheduledProgram got from the bundle, reduce-scatters asynchronous
         out = {"fsdp-kept-async": _train_gpt(compiled, model, rank, world_size, backend, async_reduce=True)}
         program = backend.programs[0]
         out["wired"] = sorted(program.runtime.plan.kept) == sorted(program.bundle.plans["forward"].residency)
         # The same compiled step under other plans: the runtime reads its plan at every op.
-        for label, plans in (("none", {}), ("fsdp", fsdp_plans(program.bundle, keep_last_bucket=False))):
+        for label, plans in (("none", {}), ("fsdp", unkept_fsdp_plans(program.bundle))):
             with torch.no_grad():
                 for param, value in zip(model.parameters(), initial):
                     param.copy_(value)
@@ -259,7 +247,6 @@ def _train_ranks(rank: int, world_size: int, port: int, out_dir: str) -> None:
             out[label] = _train_gpt(compiled, model, rank, world_size, backend, async_reduce=False)
         torch.save(out, Path(out_dir) / f"rank{rank}.pt")
     finally:
-        program_module.ScheduledProgram.__init__ = original
         shutdown()
 
 

@@ -1,26 +1,30 @@
 """``fsdp``: FSDP2's policy, one all-gather bucket per transformer block, prefetched one block ahead.
 
-PyTorch FSDP2 wraps each transformer block as one unit: its parameters are
-gathered by one collective before the block runs, the next block's gather is
-issued when a block starts (prefetch one block ahead), and in the backward the
-block's gradients are reduced by one collective once the block's backward is
-done. This module gives that policy as a :class:`~dcsched.plan.Plan`
-with buckets.
+PyTorch FSDP2 (``fully_shard`` on each transformer block, then on the model)
+makes each block one unit: its parameters are gathered by one collective
+before the block runs, the next block's gather is issued when a block starts
+(prefetch one block ahead), and in the backward the block's gradients are
+reduced by one collective once the block's backward is done. The model's own
+unit, the *root*, holds every parameter outside the blocks (embeddings, final
+norm, head): gathered first, and not resharded after the forward (FSDP2's
+heuristic: the backward would gather it again at once), so the backward
+issues no all-gather of it; its gradients are reduced as one at the
+backward's end. This module gives that policy as a step's
+:class:`~dcsched.plan.Plan` s: buckets, and the root ``'kept'``.
 
-**Finding the blocks.** A :class:`~dcsched.graph.form.GraphForm` knows each
-parameter's ``ds_id`` and sizes, not its module name, so blocks are found from
-the graph's structure (:func:`blocks`): the all-gathers are taken in the input
-order (where DeepCompile puts each right before its first use, so this is the
-order the parameters are needed) and their byte sizes searched for the
-period ``p`` (2 to :data:`MAX_BLOCK_PARAMS`) at which most of the sizes
-(at least :data:`PERIOD_MATCH`) repeat ``p`` places later: a stack of
-identical blocks. The periodic stretch is cut into buckets of ``p``
-all-gathers; what comes before it (embeddings) is one bucket, what is left
-after it (final norm, head) another. With no period, buckets of about
-``sqrt(n)`` consecutive all-gathers stand in for blocks. Gradient reduces
-follow the blocks of the parameters they reduce (the backward's own
-all-gather buckets, matched by ``ds_id``), so a block's gradients are one
-reduce bucket; a graph without all-gathers groups them by sizes instead.
+**Finding the units.** A :class:`~dcsched.graph.form.GraphForm` knows each
+parameter's ``ds_id`` and sizes, not its module name, so units are found from
+the forward's structure (:func:`blocks`): the all-gathers are taken in the
+input order (where DeepCompile puts each right before its first use, so this
+is the order the parameters are needed) and their byte sizes searched for the
+period ``p`` (2 to :data:`MAX_BLOCK_PARAMS`) at which most of the sizes (at
+least :data:`PERIOD_MATCH`) repeat ``p`` places later: a stack of identical
+blocks. The periodic stretch is cut into blocks of ``p`` all-gathers; what
+comes before and after it is the root (:func:`root_and_blocks`). With no
+period, buckets of about ``sqrt(n)`` consecutive all-gathers stand in for
+blocks, and there is no root. The backward gathers and reduces each unit's
+parameters as the forward's units say, matched by ``ds_id``
+(:func:`step_blocks`).
 
 **The order.** The input order, with each all-gather bucket moved (its members
 one after another) to where the previous bucket's first member stood: bucket
@@ -32,18 +36,19 @@ last. A member whose inputs would not have run at its bucket's place (none in
 DeepCompile graphs) stays alone at its own place.
 
 >>> from dcsched.synthetic import layered_stack
->>> from dcsched.graph.form import GraphForm
->>> form = GraphForm(layered_stack(2).forward)
->>> plan = fsdp(form)
->>> form.check_order(list(plan.order))
->>> len(plan.buckets) < sum(1 for k in form.kind if k == ALLGATHER)
+>>> stack = layered_stack(2)
+>>> forms = {"forward": GraphForm(stack.forward), "backward": GraphForm(stack.backward)}
+>>> plans = fsdp(forms)
+>>> forms["forward"].check_order(list(plans["forward"].order))
+>>> len(plans["forward"].buckets) < sum(1 for k in forms["forward"].kind if k == ALLGATHER)
 True
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Hashable, Sequence
+from typing import Hashable, Iterable, Mapping, Sequence
 
 from dcsched.graph.form import ALLGATHER, REDUCE, GraphForm, output_last_indices, paused_gc
 from dcsched.plan import Bucket, Plan
@@ -88,15 +93,10 @@ def blocks(keys: Sequence[Hashable]) -> list[tuple[int, int]]:
     n = len(keys)
     if n <= 1:
         return [(0, n)] if n else []
-    period, best = 0, PERIOD_MATCH
-    for p in range(2, min(MAX_BLOCK_PARAMS, n // 2) + 1):
-        ratio = sum(1 for i in range(n - p) if keys[i] == keys[i + p]) / (n - p)
-        if ratio > best or (ratio == best and not period):
-            period, best = p, ratio
+    period, start = _period(keys)
     if not period:
         step = math.ceil(math.sqrt(n))
         return [(s, min(s + step, n)) for s in range(0, n, step)]
-    start = next(i for i in range(n - period) if keys[i] == keys[i + period])
     ranges = [(0, start)] if start else []
     s = start
     while s + period <= n:
@@ -107,40 +107,148 @@ def blocks(keys: Sequence[Hashable]) -> list[tuple[int, int]]:
     return ranges
 
 
-def blocks_of(form: GraphForm, kind: int) -> list[list[int]]:
-    """The nodes of ``kind`` in input order, cut into blocks by their byte sizes."""
-    nodes = [i for i in form.topo if form.kind[i] == kind]
-    size = form.size
-    return [nodes[s:e] for s, e in blocks([size[i] for i in nodes])]
+def _period(keys: Sequence[Hashable]) -> tuple[int, int]:
+    """The block length of ``keys`` and where the blocks start (``(0, 0)``: no period): :func:`blocks`."""
+    n = len(keys)
+    period, best = 0, PERIOD_MATCH
+    for p in range(2, min(MAX_BLOCK_PARAMS, n // 2) + 1):
+        ratio = sum(1 for i in range(n - p) if keys[i] == keys[i + p]) / (n - p)
+        if ratio > best or (ratio == best and not period):
+            period, best = p, ratio
+    if not period:
+        return 0, 0
+    return period, next(i for i in range(n - period) if keys[i] == keys[i + period])
 
 
-def reduce_blocks(form: GraphForm, gathers: list[list[int]]) -> list[list[int]]:
-    """The reduces in input order, cut where the block of the parameter they reduce changes.
+def root_and_blocks(keys: Sequence[Hashable]) -> tuple[list[int], list[list[int]]]:
+    """FSDP2's units of a sequence of parameters: the root's, and one block per period (:func:`blocks`).
 
-    A parameter's block is its all-gather bucket in this graph (the backward gathers again the parameters its
-    compute reads); a reduce of a parameter the graph does not gather joins the block before it. A graph
-    without all-gathers falls back to blocks by byte sizes, as the all-gathers are found.
+    ``fully_shard`` is applied to each transformer block and then to the model: the model's own unit, the
+    root, holds every parameter outside the blocks (embeddings before them, final norm and head after). So
+    where the keys have a period, what :func:`blocks` puts before and after the periodic blocks is the root
+    (positions, ascending); without a period there is no root and every block of :func:`blocks` stands.
+
+    Examples
+    --------
+    >>> root_and_blocks([9, 1, 2, 3, 1, 2, 3, 1, 2, 3, 7])  # embedding, three blocks of three, head
+    ([0, 10], [[1, 2, 3], [4, 5, 6], [7, 8, 9]])
+    >>> root_and_blocks([5, 6, 7, 8])
+    ([], [[0, 1], [2, 3]])
     """
-    if not gathers:
-        return blocks_of(form, REDUCE)
-    block_of = {form.ds_id[m]: k for k, group in enumerate(gathers) for m in group}
+    ranges = blocks(keys)
+    period, start = _period(keys) if len(keys) > 1 else (0, 0)
+    if not period:
+        return [], [list(range(s, e)) for s, e in ranges]
+    root: list[int] = []
+    periodic: list[list[int]] = []
+    for s, e in ranges:
+        if e - s == period and s >= start:
+            periodic.append(list(range(s, e)))
+        else:
+            root.extend(range(s, e))
+    return root, periodic
+
+
+@dataclasses.dataclass(frozen=True)
+class Blocks:
+    """One graph's blocks (node numbers): all-gather blocks in the order they are needed, reduce blocks in
+    the order they complete; ``root`` is the step's root unit (ds_ids, :func:`root_and_blocks`)."""
+
+    gathers: list[list[int]]
+    reduces: list[list[int]]
+    root: frozenset = frozenset()
+
+
+def step_blocks(forms: Mapping[str, GraphForm], *, join_root: bool = False) -> dict[str, Blocks]:
+    """Every graph's blocks, as FSDP2's units: found in the forward, the same parameters in every graph.
+
+    The forward's all-gathers (input order: the order parameters are needed) are cut into the root and the
+    blocks (:func:`root_and_blocks`, by byte sizes); the root's all-gathers are one block, the first. Another
+    graph (the backward) groups its all-gathers and its reduces by the forward block of each one's ds_id: a
+    unit's parameters travel together both ways, as a module's flat parameter does. Its all-gather blocks go
+    in the order of their first member, its reduce blocks in the order of their last one (where every
+    gradient of the unit is ready). A parameter the forward does not gather joins the block before it. A
+    step without a forward (a graph on its own) finds its units in each graph itself.
+
+    ``join_root``: the root's gradients are not one reduce but join the reduce of the blocks they are
+    ready beside (:func:`_joined`): the head's gradient, ready first, with the last block's, the
+    embedding's, ready last, with the first block's. One collective fewer than FSDP2's, and no gradient
+    waits for the backward's end (``overlap-plan``'s reduces; ``fsdp`` keeps FSDP2's).
+
+    Examples
+    --------
+    >>> from dcsched.synthetic import layered_stack
+    >>> stack = layered_stack(3)
+    >>> found = step_blocks({"forward": GraphForm(stack.forward), "backward": GraphForm(stack.backward)})
+    >>> len(found["forward"].gathers) == len(found["backward"].reduces), found["forward"].root == found["backward"].root
+    (True, True)
+    """
+    found: dict[str, Blocks] = {}
+    forward = forms.get("forward")
+    unit: dict[int, int] | None = None
+    root: frozenset = frozenset()
+    if forward is not None:
+        found["forward"], unit = _own_blocks(forward)
+        root = found["forward"].root
+    for name, form in forms.items():
+        if name == "forward":
+            continue
+        if unit is None:
+            found[name] = _own_blocks(form)[0]
+        else:
+            reduces = _joined(form, unit, root) if join_root and root else _grouped(form, REDUCE, unit, last=True)
+            found[name] = Blocks(_grouped(form, ALLGATHER, unit, last=False), reduces, root)
+    return found
+
+
+def _own_blocks(form: GraphForm) -> tuple[Blocks, dict[int, int]]:
+    """A graph's blocks found in its own all-gathers, and each gathered ds_id's block."""
+    nodes = [i for i in form.topo if form.kind[i] == ALLGATHER]
+    if not nodes:  # nothing gathered (a backward alone): reduces in blocks of their sizes
+        reduces = [i for i in form.topo if form.kind[i] == REDUCE]
+        return Blocks([], [reduces[s:e] for s, e in blocks([form.size[i] for i in reduces])]), {}
+    root, periodic = root_and_blocks([form.size[i] for i in nodes])
+    gathers = ([[nodes[k] for k in root]] if root else []) + [[nodes[k] for k in block] for block in periodic]
+    unit = {form.ds_id[m]: k for k, group in enumerate(gathers) for m in group}
+    root_ids = frozenset(form.ds_id[nodes[k]] for k in root)
+    return Blocks(gathers, _grouped(form, REDUCE, unit, last=True), root_ids), unit
+
+
+def _grouped(form: GraphForm, kind: int, unit: Mapping[int, int], *, last: bool) -> list[list[int]]:
+    """The nodes of ``kind`` in input order, grouped by ``unit[ds_id]`` (unknown ds_ids: the group before),
+    the groups ordered by their first member's place (``last``: their last member's)."""
+    groups: dict[int, list[int]] = {}
+    current = -1
+    for i in form.topo:
+        if form.kind[i] != kind:
+            continue
+        current = unit.get(form.ds_id[i], current)
+        groups.setdefault(current, []).append(i)
+    if not last:
+        return list(groups.values())  # made in the order of their first members
+    where = {m: p for p, m in enumerate(form.topo)}
+    return sorted(groups.values(), key=lambda g: where[g[-1]])
+
+
+def _joined(form: GraphForm, unit: Mapping[int, int], loose: frozenset) -> list[list[int]]:
+    """The reduces in input order, cut where the unit changes; a ``loose`` (root) or unknown ds_id's reduce
+    joins the group before it (the first group, where it comes before any)."""
     groups: list[list[int]] = []
+    pending: list[int] = []
     current = None
-    for r in (i for i in form.topo if form.kind[i] == REDUCE):
-        block = block_of.get(form.ds_id[r])
-        if not groups or (block is not None and block != current):
-            groups.append([])
-        if block is not None:
-            current = block
-        groups[-1].append(r)
-    return groups
-
-
-def fsdp_indices(form: GraphForm, *, ahead: int = 1) -> tuple[list[int], list[list[int]]]:
-    """The order (node numbers, output last) and the buckets (node numbers, in order) of :func:`fsdp`;
-    ``ahead``: how many blocks ahead each block's bucket is issued (FSDP2's is 1)."""
-    gathers = blocks_of(form, ALLGATHER)
-    return bucketed(form, list(form.topo), gathers, reduce_blocks(form, gathers), ahead=ahead)
+    for i in form.topo:
+        if form.kind[i] != REDUCE:
+            continue
+        block = None if form.ds_id[i] in loose else unit.get(form.ds_id[i])
+        if block is None:
+            (groups[-1] if groups else pending).append(i)
+            continue
+        if block != current:
+            groups.append(pending + [i] if not groups else [i])
+            pending, current = [], block
+        else:
+            groups[-1].append(i)
+    return groups or ([pending] if pending else [])
 
 
 def bucketed(form: GraphForm, order: Sequence[int], gathers: Sequence[Sequence[int]],
@@ -220,31 +328,62 @@ def bucketed(form: GraphForm, order: Sequence[int], gathers: Sequence[Sequence[i
     return output_last_indices(form.kind, result), [b for b in buckets if len(b) > 1]
 
 
-@register("fsdp", description="FSDP2's policy: one all-gather bucket per transformer block, prefetched one block "
-                              "ahead; one reduce bucket per block in the backward")
-def fsdp(form: GraphForm) -> Plan:
-    """FSDP2's per-block buckets and one-block-ahead prefetch of ``form`` (module docstring).
+def kept_root(forms: Mapping[str, GraphForm], found: Mapping[str, Blocks]) -> frozenset:
+    """The root's ds_ids FSDP2 keeps gathered from the forward to the backward: those the backward gathers.
+
+    FSDP2 does not reshard the root after the forward (its parameters would be gathered again at once for
+    the backward), so the backward issues no all-gather of them; a step without both graphs keeps nothing.
+    """
+    if "forward" not in found or "backward" not in forms:
+        return frozenset()
+    backward = forms["backward"]
+    gathered = {backward.ds_id[m] for group in found["backward"].gathers for m in group}
+    return found["forward"].root & gathered
+
+
+def plan_of(form: GraphForm, order: Sequence[int], buckets: Sequence[Sequence[int]], kept: Iterable[int],
+            held: frozenset = frozenset()) -> Plan:
+    """A :class:`~dcsched.plan.Plan` of node numbers: the order, the buckets (their ``held`` members' all-gathers
+    left out: a held parameter issues none; buckets of one dropped) and ``kept`` as ``'kept'`` residency."""
+    names, kind, ds_id = form.names, form.kind, form.ds_id
+    made = []
+    for members in buckets:
+        members = [m for m in members if kind[m] != ALLGATHER or ds_id[m] not in held]
+        if len(members) > 1:
+            made.append(Bucket("allgather" if kind[members[0]] == ALLGATHER else "reduce",
+                               [names[m] for m in members], [ds_id[m] for m in members]))
+    return Plan([names[v] for v in order], buckets=made, residency={d: "kept" for d in sorted(kept)})
+
+
+@register("fsdp", step=True,
+          description="FSDP2's policy: one all-gather bucket per transformer block, prefetched one block ahead, "
+                      "one reduce bucket per block; the root (embeddings, head) one unit kept for the backward")
+def fsdp(forms: Mapping[str, GraphForm]) -> dict[str, Plan]:
+    """FSDP2's units, buckets and one-block-ahead prefetch for the step's graphs (module docstring).
 
     Parameters
     ----------
-    form : GraphForm
-        The graph.
+    forms : mapping of str to GraphForm
+        The step's graphs; ``'forward'`` and ``'backward'`` share their units (:func:`step_blocks`).
 
     Returns
     -------
-    Plan
-        The order, and one bucket per block of two or more all-gathers (or reduces).
+    dict of str to Plan
+        Per graph the order and one bucket per unit of two or more all-gathers (or reduces); the root's
+        parameters the backward gathers are ``'kept'`` (:func:`kept_root`).
 
     Examples
     --------
     >>> from dcsched.synthetic import layered_stack
-    >>> plan = fsdp(GraphForm(layered_stack(1).backward))
-    >>> {b.kind for b in plan.buckets} == {"allgather", "reduce"}
+    >>> plans = fsdp({"graph": GraphForm(layered_stack(1).backward)})
+    >>> {b.kind for b in plans["graph"].buckets} == {"allgather", "reduce"}
     True
     """
     with paused_gc():
-        order, buckets = fsdp_indices(form)
-    names, ds_id, kind = form.names, form.ds_id, form.kind
-    return Plan([names[v] for v in order],
-                buckets=[Bucket("allgather" if kind[b[0]] == ALLGATHER else "reduce", [names[v] for v in b],
-                                [ds_id[v] for v in b]) for b in buckets])
+        found = step_blocks(forms)
+        kept = kept_root(forms, found)
+        plans = {}
+        for name, form in forms.items():
+            order, buckets = bucketed(form, list(form.topo), found[name].gathers, found[name].reduces, ahead=1)
+            plans[name] = plan_of(form, order, buckets, kept, kept if name == "backward" else frozenset())
+    return plans

@@ -51,10 +51,10 @@ from typing import Iterable, Mapping, Sequence
 
 from dcsched.budget import DEFAULT_SCOPE
 from dcsched.errors import BudgetError
-from dcsched.graph.form import ALLGATHER, GraphForm
-from dcsched.plan import Bucket, Plan
+from dcsched.graph.form import GraphForm
+from dcsched.plan import Plan
 from dcsched.schedulers.fast_free import fast_free
-from dcsched.schedulers.fsdp import blocks_of, bucketed, fsdp_indices, reduce_blocks
+from dcsched.schedulers.fsdp import Blocks, bucketed, kept_root, plan_of, step_blocks
 from dcsched.schedulers.overlap.planner import UNLIMITED, check_scope
 from dcsched.schedulers.overlap.scheduler import Overlap
 from dcsched.schedulers.registry import register
@@ -107,14 +107,14 @@ class Candidate:
 class _GraphPlanner:
     """One graph's blocks and candidate orders; :meth:`best` simulates them with a residency."""
 
-    def __init__(self, form: GraphForm, latency_ms: float, scope: str, budget: float, graph: str = "") -> None:
+    def __init__(self, form: GraphForm, blocks: Blocks, latency_ms: float, scope: str, budget: float,
+                 graph: str = "") -> None:
         self.form, self.scope, self.budget = form, scope, budget
         #: How the step's kept parameters reach this graph: kept past its end (forward), held from its start
         #: (backward), or not at all.
         self.residency_role = {"forward": "keep", "backward": "held"}.get(graph)
         self.compiled = CompiledGraph(form, assume_zero=True, comm_latency_ms=latency_ms)
-        self.gathers = blocks_of(form, ALLGATHER)
-        self.reduces = reduce_blocks(form, self.gathers)
+        self.gathers, self.reduces = blocks.gathers, blocks.reduces
         self._bases: dict[str, list[int]] = {}
         self._fsdp: dict[str, tuple[list[int], list[list[int]]]] = {}
         self._overlap: Overlap | None = None
@@ -130,7 +130,8 @@ class _GraphPlanner:
     def fsdp_orders(self) -> dict[str, tuple[list[int], list[list[int]]]]:
         """FSDP2-style orders and buckets, prefetching :data:`AHEAD` blocks ahead (computed once)."""
         if not self._fsdp:
-            self._fsdp = {f"fsdp-{k}": fsdp_indices(self.form, ahead=k) for k in AHEAD}
+            self._fsdp = {f"fsdp-{k}": bucketed(self.form, list(self.form.topo), self.gathers, self.reduces, ahead=k)
+                          for k in AHEAD}
         return self._fsdp
 
     def _fixed_bases(self) -> dict[str, list[int]]:
@@ -235,6 +236,7 @@ class _GraphPlanner:
         role = self.role(kept)
         held = role.get("held", frozenset())
         ds_id = self.form.ds_id
+        position = {v: p for p, v in enumerate(candidate.base)}
         for which in (0, 1):
             blocks = candidate.groups[which]
             live = [k for k, b in enumerate(blocks)
@@ -243,6 +245,8 @@ class _GraphPlanner:
                 members = blocks[k]
                 for cut in _cut_points(len(members)):
                     cut_blocks = blocks[:k] + [members[:cut], members[cut:]] + blocks[k + 1:]
+                    if which == 0:  # all-gather blocks go in the order they are needed (the root's pieces are not)
+                        cut_blocks.sort(key=lambda block: min(position[m] for m in block))
                     groups = (cut_blocks, candidate.groups[1]) if which == 0 else (candidate.groups[0], cut_blocks)
                     yield self.rebucketed(candidate.source, candidate.base, groups, role, candidate.ahead)
 
@@ -275,16 +279,7 @@ class _GraphPlanner:
         return self.simulated("overlap (no buckets)", order, [])
 
     def plan(self, candidate: Candidate, kept: Iterable[int], held: frozenset) -> Plan:
-        form = self.form
-        names, kind, ds_id = form.names, form.kind, form.ds_id
-        buckets = []
-        for members in candidate.buckets:
-            # held parameters issue no all-gather (their gradients are reduced as any other)
-            members = [m for m in members if kind[m] != ALLGATHER or ds_id[m] not in held]
-            if len(members) > 1:
-                buckets.append(Bucket("allgather" if kind[members[0]] == ALLGATHER else "reduce",
-                                      [names[m] for m in members], [ds_id[m] for m in members]))
-        return Plan([names[v] for v in candidate.order], buckets=buckets, residency={d: "kept" for d in kept})
+        return plan_of(self.form, candidate.order, candidate.buckets, kept, held)
 
 
 def _pieces(blocks: Sequence[Sequence[int]], pieces: int) -> list[list[int]]:
@@ -359,15 +354,19 @@ def overlap_plan(forms: Mapping[str, GraphForm], *, budget_bytes: float = UNLIMI
     ({'allgather'}, {})
     """
     check_scope(budget_scope)
-    planners = {name: _GraphPlanner(form, comm_latency_ms, budget_scope, budget_bytes, name)
+    found = step_blocks(forms, join_root=True)
+    planners = {name: _GraphPlanner(form, found[name], comm_latency_ms, budget_scope, budget_bytes, name)
                 for name, form in forms.items()}
     forward, backward = planners.get("forward"), planners.get("backward")
     choices: list[tuple[tuple, dict[str, list[Candidate]], frozenset]] = []
     keepable: list[list[int]] = []
+    root = kept_root(forms, found)
     if forward is not None and backward is not None:
         shared = backward.gathered_ids()
+        if root:  # FSDP2 keeps it: the first to try
+            keepable.append(sorted(root))
         for group in reversed(forward.gathers):  # needed last in the forward: first in the backward
-            ids = sorted({forward.form.ds_id[m] for m in group} & shared)
+            ids = sorted({forward.form.ds_id[m] for m in group} & shared - root)
             if ids:
                 keepable.append(ids)
     for j in _keep_counts(len(keepable)):
@@ -380,12 +379,28 @@ def overlap_plan(forms: Mapping[str, GraphForm], *, budget_bytes: float = UNLIMI
     if not choices:  # no bucketed order fits: overlap's own plan
         return {name: planner.plan(planner.fallback(budget_bytes), (), frozenset())
                 for name, planner in planners.items()}
-    _key, picked, kept = min(choices, key=lambda choice: choice[0])
-    spare = sum(p.simulated("fsdp", *p.fsdp_orders()["fsdp-1"]).collectives for p in planners.values()) \
-        - sum(c[0].collectives for c in picked.values())
-    chosen = _refine(planners, picked, kept, spare, budget_bytes)
+    cap = _fsdp_collectives(planners, step_blocks(forms), root)
+    best: tuple | None = None
+    # The kept sets that come out fastest before their cuts need not after them: the REFINED fastest are cut.
+    for _key, picked, kept in sorted(choices, key=lambda choice: choice[0])[:REFINED]:
+        chosen = _refine(planners, picked, kept, cap - sum(c[0].collectives for c in picked.values()), budget_bytes)
+        figures = (sum(c.step_ms for c in chosen.values()), sum(c.collectives for c in chosen.values()))
+        if best is None or figures < best[0]:
+            best = (figures, chosen, kept)
+    assert best is not None
+    _figures, chosen, kept = best
     return {name: planner.plan(chosen[name], sorted(kept), kept if planner is backward else frozenset())
             for name, planner in planners.items()}
+
+
+def _fsdp_collectives(planners: dict[str, _GraphPlanner], found: Mapping[str, Blocks], root: frozenset) -> int:
+    """The collectives per step of ``fsdp``'s plan (its units ``found``, the ``root`` kept): the planner's cap."""
+    total = 0
+    for name, planner in planners.items():
+        order, buckets = bucketed(planner.form, list(planner.form.topo), found[name].gathers, found[name].reduces,
+                                  ahead=1)
+        total += planner.simulated("fsdp", order, buckets, **planner.role(root)).collectives
+    return total
 
 
 def _fitting_step(planners: dict[str, _GraphPlanner], budget: float, kept: frozenset

@@ -85,8 +85,8 @@ def simulate_plan(compiled: CompiledGraph, plan: Plan, graph: str, *, detail: bo
     >>> from dcsched.schedulers.fsdp import fsdp
     >>> from dcsched.graph.form import GraphForm
     >>> forward = layered_stack(2).forward
-    >>> plan = fsdp(GraphForm(forward))
-    >>> simulate_plan(compile_view(forward), plan, "forward").collectives == len(plan.buckets) + 1
+    >>> plan = fsdp({"forward": GraphForm(forward)})["forward"]
+    >>> simulate_plan(compile_view(forward), plan, "forward").collectives == len(plan.buckets)  # every gather in one
     True
     """
     order = list(plan.order) if plan.order else None  # a plan stored without its order runs the graph's own
