@@ -115,7 +115,7 @@ def _template(value: Any, local: dict, order: list, ints: list) -> Any:
 
 
 def encode_nodes(nodes: list[dict], graph_id: int | None = None) -> "GraphColumns":
-    """Columns of a graph in version 1's node form (:func:`dcsched.bundle.core.encode_graph`).
+    """Columns of a graph in version 1's node form (:func:`dcsched.bundle.graph_encoding.encode_graph`).
 
     Nothing is checked here (that is :meth:`GraphColumns.check`'s work, at load): a reference to a name
     the graph lacks is stored as node number ``len(nodes)``, which no loader accepts.
@@ -182,7 +182,7 @@ def encode_nodes(nodes: list[dict], graph_id: int | None = None) -> "GraphColumn
 
 def encode_fx(graph: torch.fx.Graph, graph_id: int | None = None) -> "GraphColumns":
     """Columns of an FX graph (through version 1's node encoding, so both versions store the same)."""
-    from dcsched.bundle.core import encode_graph
+    from dcsched.bundle.graph_encoding import encode_graph
     return encode_nodes(encode_graph(graph), graph_id)
 
 
@@ -270,7 +270,7 @@ class GraphColumns:
     # -- checks --------------------------------------------------------------
     def check(self, graph_name: str, constants: set[str]) -> None:
         """Refuse what version 1's loader refuses (ValueError naming the node), in vectorised passes."""
-        from dcsched.bundle.core import check_figures, resolve_target
+        from dcsched.bundle.graph_encoding import check_figures, resolve_target
         where = f"graph '{graph_name}'"
         n = len(self.names)
         names = self.names
@@ -459,7 +459,7 @@ class GraphColumns:
         flags = self.figures
         if bool((flags & ~_ALL_FIGURE_BITS).any()):
             raise ValueError(f"{where}: unknown figure flags")
-        from dcsched.bundle.core import MAX_BYTES, MAX_NODE_MS
+        from dcsched.bundle.graph_encoding import MAX_BYTES, MAX_NODE_MS
         has_time = (flags & HAS_TIME) != 0
         has_size = (flags & HAS_SIZE) != 0
         t, s = self.device_time, self.tensor_size
@@ -625,7 +625,7 @@ class GraphColumns:
         return graph
 
     def to_nodes(self) -> list[dict]:
-        """Version 1's node form (what :func:`dcsched.bundle.core.encode_graph` gives) of these columns."""
+        """Version 1's node form (what :func:`dcsched.bundle.graph_encoding.encode_graph` gives) of these columns."""
         out = []
         code, args, meta, inputs, ints = self._node_values()
         times, sizes = self.figure_lists()
