@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import dcsched
 from dcsched.bundle import core as bundle_io
 from dcsched.bundle import fileio
+from dcsched.bundle.graph_encoding import MAX_BYTES, MAX_NODE_MS, encode_graph
 from dcsched.bundle.columns import GraphColumns
 from dcsched.bundle.summary import summarize
 from dcsched.cli import run
@@ -34,7 +35,7 @@ GOLDEN_V1 = sorted((ROOT / "tests" / "golden" / "bundles").glob("*.pt"))
 
 def _encoded(graph) -> str:
     """A graph's nodes (names, ops, targets, args, kwargs, kept meta) as text that tells 1 from 1.0."""
-    return json.dumps(bundle_io.encode_graph(graph))
+    return json.dumps(encode_graph(graph))
 
 
 def _same_form(a: GraphForm, b: GraphForm) -> None:
@@ -106,7 +107,7 @@ def test_sample_forms_and_summaries_from_columns_match_fx(path):
     assert summarize(bundle) == summarize(from_fx)
 
 
-_FLOATS = st.floats(min_value=0.0, max_value=bundle_io.MAX_NODE_MS, allow_nan=False, allow_infinity=False)
+_FLOATS = st.floats(min_value=0.0, max_value=MAX_NODE_MS, allow_nan=False, allow_infinity=False)
 _TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=8)
 _JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**62, 2**62) | _FLOATS | _TEXT,
                      lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_TEXT, inner, max_size=3),
@@ -131,7 +132,7 @@ def random_bundles(draw):
             elif choice == "none":
                 node.meta.pop("device_time", None)
             if draw(st.booleans()):
-                node.meta["tensor_size"] = draw(st.integers(0, bundle_io.MAX_BYTES))
+                node.meta["tensor_size"] = draw(st.integers(0, MAX_BYTES))
             if draw(st.booleans()):
                 node.meta["time_source"] = draw(st.sampled_from(["analytic", "measured"]))
                 node.meta["out"] = {"shape": draw(st.lists(st.integers(0, 64), max_size=3)),

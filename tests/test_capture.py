@@ -12,7 +12,7 @@ import torch
 import torch.fx
 
 import dcsched
-from dcsched.bundle import core as bundle_io
+from dcsched.bundle.graph_encoding import encode_graph
 from dcsched.runtime import ops
 from dcsched.profile.capture import CaptureError, capture_script_step, capture_step
 from dcsched.cli import run
@@ -187,7 +187,7 @@ def test_bundle_round_trips_node_for_node(captured, tmp_path):
     dcsched.save(cap.bundle, path)
     loaded = dcsched.load(path)
     for name in ("forward", "backward"):
-        assert bundle_io.encode_graph(loaded.graphs[name]) == bundle_io.encode_graph(cap.bundle.graphs[name])
+        assert encode_graph(loaded.graphs[name]) == encode_graph(cap.bundle.graphs[name])
     assert loaded.forward_placeholders == cap.bundle.forward_placeholders
     assert loaded.backward_placeholders == cap.bundle.backward_placeholders
 
@@ -253,7 +253,7 @@ def test_profile_cli_writes_a_bundle_that_loads_node_for_node(tmp_path, capsys):
     loaded = dcsched.load(out)
     stored = {name: loaded.columns(name).to_nodes() for name in ("forward", "backward")}  # as the file holds them
     for name in ("forward", "backward"):
-        assert bundle_io.encode_graph(loaded.graphs[name]) == stored[name]
+        assert encode_graph(loaded.graphs[name]) == stored[name]
         for node in loaded.graphs[name].nodes:
             assert node.meta["device_time"] >= 0 and node.meta["tensor_size"] >= 0
             assert node.op == "output" or "out" in node.meta

@@ -19,7 +19,7 @@ import math
 import torch
 import torch.fx
 
-from dcsched.bundle.core import dtype_from_name
+from dcsched.bundle.graph_encoding import dtype_from_name
 from dcsched.graph.roles import Role, role_of
 
 Spec = tuple[tuple[int, ...], torch.dtype]

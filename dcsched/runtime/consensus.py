@@ -36,7 +36,8 @@ from typing import Mapping
 
 import torch
 
-from dcsched.bundle.core import Bundle, encode_graph
+from dcsched.bundle.core import Bundle
+from dcsched.bundle.graph_encoding import encode_graph
 from dcsched.errors import DcschedError
 from dcsched.plan import Plan
 
