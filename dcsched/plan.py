@@ -10,8 +10,10 @@ the simulator runs each bucket as one collective issued at its first member
 (:mod:`dcsched.runtime.commplan` reads a bundle's plans; one all-gather or
 reduce-scatter per bucket across processes, a reduce bucket issued when its
 last member arrives). The runtime keeps 'kept' parameters gathered from the
-forward to the backward and refuses 'replicated' ones (not run yet); no
-scheduler sets ``residency`` yet.
+forward to the backward and holds 'replicated' ones whole on every rank
+(no gather; an all-reduce of the gradient). ``dcsched train
+--replicate-below N`` marks the small parameters 'replicated' in every plan
+it runs; of the schedulers, ``overlap-plan`` sets 'kept'.
 
 >>> plan = Plan(("w", "ag", "out"), buckets=(Bucket("allgather", ("ag",), (0,)),))
 >>> plan.residency_of(0), len(plan), plan.buckets[0].members

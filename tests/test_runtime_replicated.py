@@ -1,0 +1,140 @@
+"""Replicated parameters (issue #32): whole on every rank, no gather, their gradients all-reduced.
+
+The plan the runtime reads (comm_plan) and the count of collectives are checked by hand; one process replays
+replicated as kept; 2 gloo ranks replay the example bundle with replicated parameters (alone, in a reduce
+bucket of their own, in a bucket mixed with sharded ones) with results bit-identical to the plain run, and
+train the GPT example with its norm weights and biases replicated (``dcsched.shard(replicate_below=...)``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+
+import train_runs as runs
+from dcsched import replay as rp
+from dcsched.plan import Bucket, Plan
+from dcsched.runtime import ops
+from dcsched.runtime.commplan import EMPTY, comm_plan, planned_collectives
+from dcsched.runtime.step import build_step, installed, make_state, run_backward, run_forward
+
+from gloo import mp
+from test_runtime_buckets import GRAPH_IDS, _plan, on_gloo_ranks
+
+
+def replicated_plans(bundle) -> dict[str, dict]:
+    """Plans of the example bundle with replicated parameters.
+
+    The forward gathers ds_ids 0, 1, 2; the backward gathers 2 and reduces 2, 0, 1 in that order.
+    """
+    forward, backward = bundle.forward, bundle.backward
+    return {
+        # fc1.bias (7 elements: pads at 2 ranks) replicated, every collective alone
+        "alone": {"forward": _plan(forward, residency={1: "replicated"}),
+                  "backward": _plan(backward, residency={1: "replicated"})},
+        # a reduce bucket mixing both kinds: split into a reduce-scatter (2) and an all-reduce (0, 1); the
+        # forward's gather bucket loses its replicated members; 'kept' elsewhere is overridden
+        "mixed": {"forward": _plan(forward, gathers=[(0, 1, 2)], residency={0: "replicated", 1: "replicated"}),
+                  "backward": _plan(backward, reduces=[(2, 0, 1)], residency={0: "kept", 1: "replicated"})},
+        # everything replicated: plain data parallelism, one all-reduce for every gradient
+        "all": {"forward": _plan(forward, residency={0: "replicated", 1: "replicated", 2: "replicated"}),
+                "backward": _plan(backward, reduces=[(2, 0, 1)],
+                                  residency={0: "replicated", 1: "replicated", 2: "replicated"})},
+    }
+
+
+# ---------------------------------------------------------------------------
+# The plan the runtime reads
+# ---------------------------------------------------------------------------
+
+def test_comm_plan_reads_replicated_parameters_and_splits_mixed_reduce_buckets():
+    bundle = rp.example_bundle()
+    plans = replicated_plans(bundle)
+    alone = comm_plan(plans["alone"], GRAPH_IDS)
+    assert alone.replicated == {1} and alone.kept == set() and not alone.empty
+    mixed = comm_plan(plans["mixed"], GRAPH_IDS)
+    assert mixed.replicated == {0, 1} and mixed.kept == set()  # replicated overrides kept
+    assert mixed.allgather_buckets(0) == ()  # (0, 1, 2) less the replicated: one member left, alone
+    assert mixed.reduce_buckets(1) == ((0, 1),) and mixed.reduce_bucket_of(1, 2) is None
+    assert comm_plan(plans["all"], GRAPH_IDS).reduce_buckets(1) == ((2, 0, 1),)
+    # the example's 7 collectives (4 gathers, 3 reduces): a replicated parameter's gathers go, its reduce stays
+    counts = {label: planned_collectives(bundle.graphs, comm_plan(p, GRAPH_IDS)) for label, p in plans.items()}
+    assert counts == {"alone": 6, "mixed": 4, "all": 1}
+    # a sharded and a replicated part of one bucket, each fused on its own
+    split = comm_plan({"backward": Plan(("x",), [Bucket("reduce", list("abcd"), [4, 5, 6, 7])],
+                                        residency={5: "replicated", 7: "replicated"})}, {"backward": 1})
+    assert split.reduce_buckets(1) == ((4, 6), (5, 7))
+    assert comm_plan({"forward": Plan(("a",))}, GRAPH_IDS) is EMPTY
+
+
+def test_one_process_runs_replicated_as_kept():
+    bundle = rp.example_bundle()
+    expected = rp.replay(bundle, iters=0).results
+    for label, plans in replicated_plans(bundle).items():
+        planned = dataclasses.replace(bundle, plans=plans)
+        assert rp.compare(expected, rp.replay(planned, iters=0).results).exact, label
+    runtime = ops.Zero3Runtime()
+    planned = dataclasses.replace(bundle, plans=replicated_plans(bundle)["mixed"])
+    runtime.set_plan(comm_plan(planned.plans, GRAPH_IDS))
+    step, state = build_step(planned), make_state(planned)
+    with installed(runtime):
+        outputs = run_forward(step, list(state.forward_args))
+        assert sorted(runtime.held) == [0, 1]  # held from the forward to the backward, as kept ones are
+        run_backward(step, outputs)
+        assert runtime.held == {}
+    assert sum(runtime.issued.values()) == 0
+
+
+# ---------------------------------------------------------------------------
+# Replay on gloo ranks
+# ---------------------------------------------------------------------------
+
+def _replay_ranks(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    from dcsched.runtime.distributed import shutdown
+    from dcsched.runtime.select import runtime_for
+
+    runs.init_gloo(rank, world_size, port)
+    try:
+        bundle = rp.example_bundle()
+        out = {}
+        variants = [("none", "none", {})] + [(label, label, {}) for label in replicated_plans(bundle)] + [
+            ("mixed-sync", "mixed", {"async_reduce": False})]
+        for label, plan_label, settings in variants:
+            plans = {} if plan_label == "none" else replicated_plans(bundle)[plan_label]
+            planned = dataclasses.replace(bundle, plans=plans)
+            runtime = runtime_for(bundle.params, flat_shards=False, plans=planned.plans, graph_ids=GRAPH_IDS)
+            for name, value in settings.items():
+                setattr(runtime, name, value)
+            results = rp.replay(planned, runtime=runtime, iters=0).results
+            out[label] = {"results": results, "issued": sum(runtime.issued.values()),
+                          "all_reduces": runtime.all_reduces}
+        # replay's proof of equality: the original order and plan against the replicated one
+        report = rp.replay_orders(dataclasses.replace(bundle, plans=replicated_plans(bundle)["mixed"]), bundle,
+                                  iters=1, warmup=0)
+        out["proved"] = bool(report.comparison.exact)
+        torch.save(out, Path(out_dir) / f"rank{rank}.pt")
+    finally:
+        shutdown()
+
+
+@on_gloo_ranks
+def test_replay_with_replicated_parameters_is_bit_identical_and_all_reduces(tmp_path):
+    world_size = 2
+    mp.spawn(_replay_ranks, args=(world_size, runs.free_port(), str(tmp_path)), nprocs=world_size, join=True)
+    bundle = rp.example_bundle()
+    plans = replicated_plans(bundle)
+    # all-reduces per run: one per replicated reduce, one per replicated reduce bucket
+    all_reduces = {"none": 0, "alone": 1, "mixed": 1, "mixed-sync": 1, "all": 1}
+    for rank in range(world_size):
+        data = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
+        plain = data["none"]
+        assert plain["issued"] == 7
+        for label in ("alone", "mixed", "mixed-sync", "all"):
+            run = data[label]
+            assert rp.compare(plain["results"], run["results"]).exact, (rank, label)
+            assert run["issued"] == planned_collectives(bundle.graphs, comm_plan(plans[label.split("-")[0]],
+                                                                                 GRAPH_IDS)), (rank, label)
+            assert run["all_reduces"] == all_reduces[label], (rank, label)
+        assert data["proved"]
