@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import pytest
 import torch
 
 import train_runs as runs
@@ -138,3 +139,43 @@ def test_replay_with_replicated_parameters_is_bit_identical_and_all_reduces(tmp_
                                                                                  GRAPH_IDS)), (rank, label)
             assert run["all_reduces"] == all_reduces[label], (rank, label)
         assert data["proved"]
+
+
+# ---------------------------------------------------------------------------
+# The simulator
+# ---------------------------------------------------------------------------
+
+def test_simulator_runs_replicated_parameters_resident_ungathered_and_all_reduced():
+    from dcsched.graph.roles import Role, comm_ids, role_of
+    from dcsched.sim.plans import simulate_plan
+    from dcsched.sim.simulate import compile_view
+
+    bundle = rp.example_bundle()
+    latency = 0.001  # below the example's 0.005 ms per collective, so an all-reduce costs more than it
+    sizes = {p.ds_id: p.numel * 4 for p in bundle.params}
+    for name, graph in bundle.graphs.items():
+        compiled = compile_view(graph)
+        compiled.comm_latency_ms = latency
+        plain = compiled.simulate(None)
+        run = simulate_plan(compiled, Plan((), residency={1: "replicated"}), name)
+        gathers = [n for n in graph.nodes if role_of(n) is Role.ALLGATHER and comm_ids(n)[1] == 1]
+        reduces = [n for n in graph.nodes if role_of(n) is Role.REDUCE and comm_ids(n)[1] == 1]
+        assert run.collectives == plain.collectives - len(gathers), name
+        # resident from the start (the whole parameter), never freed
+        assert run.memory[0] == plain.memory[0] + (sizes[1] if gathers else 0), name
+        assert run.memory[-1] - plain.memory[-1] >= (sizes[1] if gathers else 0), name
+        for node in reduces:  # an all-reduce: twice the reduce-scatter's bytes, one latency
+            pos = run.indices.index(compiled.index[node.name]) if run.indices else \
+                [n.name for n in graph.nodes].index(node.name)
+            took = run.end_ms[pos] - run.start_ms[pos]
+            assert took == pytest.approx(2 * node.meta["device_time"] - latency), name
+    # a reduce bucket mixing both: split in two collectives, as the runtime splits it
+    backward = compile_view(bundle.backward)
+    names = {comm_ids(n)[1]: n.name for n in bundle.backward.nodes if role_of(n) is Role.REDUCE}
+    bucket = Bucket("reduce", [names[d] for d in (2, 0, 1)], [2, 0, 1])
+    # every reduce last, so the bucket (issued at its first member) has every member's gradient
+    nodes = list(bundle.backward.nodes)
+    order = [n.name for n in nodes if n.op != "output" and role_of(n) is not Role.REDUCE] + \
+        [names[d] for d in (2, 0, 1)] + [nodes[-1].name]
+    mixed = simulate_plan(backward, Plan(order, [bucket], residency={0: "replicated"}), "backward")
+    assert mixed.collectives == simulate_plan(backward, Plan(order, [bucket]), "backward").collectives + 1

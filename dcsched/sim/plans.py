@@ -5,11 +5,16 @@ graphs of a step: the forward keeps their gathered buffers past its end
 (``keep``), the backward finds them gathered from its start (``held``)
 (:meth:`dcsched.sim.simulate.CompiledGraph.simulate`). :func:`residency_roles`
 says which, by the graph's name; :func:`simulate_plan` runs the whole plan.
+``'replicated'`` parameters are the same in every graph (``replicated``):
+whole on every rank, no gather, resident for the whole step, their
+gradients all-reduced.
 
 >>> from dcsched.plan import Plan
 >>> plan = Plan(("x",), residency={3: "kept", 4: "sharded"})
 >>> residency_roles(plan, "forward"), residency_roles(plan, "backward"), residency_roles(plan, "graph")
 ({'keep': frozenset({3})}, {'held': frozenset({3})}, {})
+>>> residency_roles(Plan(("x",), residency={5: "replicated"}), "backward")
+{'replicated': frozenset({5})}
 """
 
 from __future__ import annotations
@@ -33,8 +38,19 @@ def kept_ids(plan: Plan) -> frozenset:
     return frozenset(d for d, where in plan.residency.items() if where == "kept")
 
 
+def replicated_ids(plan: Plan) -> frozenset:
+    """The ds_ids the plan holds whole on every rank.
+
+    Examples
+    --------
+    >>> sorted(replicated_ids(Plan((), residency={1: "kept", 2: "replicated"})))
+    [2]
+    """
+    return frozenset(d for d, where in plan.residency.items() if where == "replicated")
+
+
 def residency_roles(plan: Plan, graph: str) -> dict[str, frozenset]:
-    """The simulator's ``keep`` / ``held`` argument for ``plan``'s kept parameters in graph ``graph``.
+    """The simulator's ``keep`` / ``held`` / ``replicated`` arguments for ``plan``'s residency in graph ``graph``.
 
     Parameters
     ----------
@@ -46,7 +62,8 @@ def residency_roles(plan: Plan, graph: str) -> dict[str, frozenset]:
     Returns
     -------
     dict
-        ``{'keep': ids}`` for the forward, ``{'held': ids}`` for the backward, else (or with nothing kept) empty.
+        ``{'keep': ids}`` for the forward, ``{'held': ids}`` for the backward, else (or with nothing kept)
+        nothing; and ``{'replicated': ids}`` in any graph where the plan replicates some.
 
     Examples
     --------
@@ -55,7 +72,9 @@ def residency_roles(plan: Plan, graph: str) -> dict[str, frozenset]:
     """
     kept = kept_ids(plan)
     role = ROLE_OF_GRAPH.get(graph)
-    return {role: kept} if role and kept else {}
+    roles = {role: kept} if role and kept else {}
+    replicated = replicated_ids(plan)
+    return {**roles, "replicated": replicated} if replicated else roles
 
 
 def simulate_plan(compiled: CompiledGraph, plan: Plan, graph: str, *, detail: bool | str = True,
