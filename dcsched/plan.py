@@ -133,6 +133,16 @@ class Plan:
         """
         return self.residency.get(ds_id, DEFAULT_RESIDENCY)
 
+    def replicating(self, ds_ids: Iterable[int]) -> Plan:
+        """The same plan with ``ds_ids`` ``'replicated'`` (overriding what it said of them).
+
+        Examples
+        --------
+        >>> dict(Plan(("a",), residency={1: "kept", 2: "kept"}).replicating([1, 3]).residency)
+        {1: 'replicated', 2: 'kept', 3: 'replicated'}
+        """
+        return dataclasses.replace(self, residency={**self.residency, **{int(d): "replicated" for d in ds_ids}})
+
     def with_order(self, order: Iterable[str]) -> Plan:
         """The same plan with another order (buckets and residency kept).
 

@@ -179,3 +179,82 @@ def test_simulator_runs_replicated_parameters_resident_ungathered_and_all_reduce
         [names[d] for d in (2, 0, 1)] + [nodes[-1].name]
     mixed = simulate_plan(backward, Plan(order, [bucket], residency={0: "replicated"}), "backward")
     assert mixed.collectives == simulate_plan(backward, Plan(order, [bucket]), "backward").collectives + 1
+
+
+# ---------------------------------------------------------------------------
+# Training on gloo ranks: the GPT example with its norm weights and biases replicated
+# ---------------------------------------------------------------------------
+
+#: Below every LayerNorm weight and bias and every Linear bias of train_runs' tiny GPT (32 to 128 elements),
+#: above every weight (256 and more): 10 of its 16 parameters replicated.
+REPLICATE_BELOW = 200
+STEPS, BATCH, CLIP = 6, 4, 0.05
+
+
+@pytest.fixture(scope="module")
+def replicated_training(tmp_path_factory):
+    """One 2-rank spawn: GPT sharded and with ``replicate_below``, under overlap (every collective alone) and
+    fsdp (buckets mixing replicated and sharded members), clipped, checkpointed and resumed."""
+    root = tmp_path_factory.mktemp("replicated")
+    checkpoint = str(root / "replicated.ckpt")
+    whole = {"replicate_below": REPLICATE_BELOW}
+    plan = [("sharded", "gpt", "overlap", STEPS, BATCH, {"full_state": True}),
+            ("replicated", "gpt", "overlap", STEPS, BATCH, {**whole, "full_state": True,
+                                                            "save": (checkpoint, STEPS // 2)}),
+            ("replicated-fsdp", "gpt", "fsdp", STEPS, BATCH, whole),
+            ("sharded-clip", "gpt", "overlap", STEPS, BATCH, {"clip": CLIP}),
+            ("replicated-clip", "gpt", "overlap", STEPS, BATCH, {**whole, "clip": CLIP}),
+            # the replicated run's checkpoint, resumed replicated (under fsdp) and sharded
+            ("resumed-replicated", "gpt", "fsdp", STEPS, BATCH, {**whole, "resume": checkpoint}),
+            ("resumed-sharded", "gpt", "overlap", STEPS, BATCH, {"resume": checkpoint})]
+    return runs.spawn(root / "out", 2, plan)
+
+
+@on_gloo_ranks
+def test_replicated_training_is_bit_identical_to_sharded_and_as_eager(replicated_training):
+    eager = torch.tensor(runs.train_eager("gpt", STEPS, BATCH))
+    sharded = replicated_training[0]["sharded"]
+    assert sharded["collectives"]["replicated"] == 0
+    for rank in range(2):
+        for label in ("replicated", "replicated-fsdp"):
+            run = replicated_training[rank][label]
+            assert run["losses"] == sharded["losses"], (rank, label)
+            assert torch.allclose(torch.tensor(run["losses"]), eager, rtol=1e-5, atol=0), (rank, label)
+            counts = run["collectives"]
+            assert counts["replicated"] == 10 and counts["issued"] == counts["planned"], (rank, label, counts)
+            # the all-reduces happened: every step's, counted by the runtime
+            assert counts["planned_all_reduces"] > 0, (rank, label)
+            assert counts["all_reduces"] == STEPS * counts["planned_all_reduces"], (rank, label, counts)
+        assert replicated_training[rank]["replicated"]["collectives"]["planned_all_reduces"] == 10
+        # fsdp's reduce buckets hold replicated and sharded members: split, each part one collective
+        assert replicated_training[rank]["replicated-fsdp"]["collectives"]["planned_all_reduces"] < 10
+        # full_state: the replicated parameters in their full shape, the same weights as the sharded run's
+        state, plain = replicated_training[rank]["replicated"]["state"], sharded["state"]
+        assert state.keys() == plain.keys() and all(torch.equal(state[k], plain[k]) for k in plain), rank
+
+
+@on_gloo_ranks
+def test_replicated_training_peak_memory_matches_the_simulator(replicated_training):
+    for rank in range(2):
+        for label in ("replicated", "replicated-fsdp"):
+            for graph, (measured, simulated) in replicated_training[rank][label]["memory"].items():
+                assert abs(measured - simulated) <= 0.05 * simulated, (rank, label, graph, measured, simulated)
+
+
+@on_gloo_ranks
+def test_gradient_clipping_counts_each_replicated_parameter_once(replicated_training):
+    for rank in range(2):
+        plain, run = replicated_training[rank]["sharded-clip"], replicated_training[rank]["replicated-clip"]
+        assert all(norm > CLIP for norm in plain["norms"])  # the clipping binds
+        # the same norms (summed in another order: the replicated ones are not over ranks) and losses
+        assert torch.allclose(torch.tensor(run["norms"]), torch.tensor(plain["norms"]), rtol=1e-5, atol=0), rank
+        assert torch.allclose(torch.tensor(run["losses"]), torch.tensor(plain["losses"]), rtol=1e-5, atol=0), rank
+    assert replicated_training[0]["replicated-clip"]["norms"] == replicated_training[1]["replicated-clip"]["norms"]
+
+
+@on_gloo_ranks
+def test_checkpoint_of_replicated_parameters_resumes_replicated_or_sharded(replicated_training):
+    for rank in range(2):
+        uninterrupted = replicated_training[rank]["replicated"]["losses"][STEPS // 2:]
+        for label in ("resumed-replicated", "resumed-sharded"):
+            assert replicated_training[rank][label]["losses"] == uninterrupted, (rank, label)
