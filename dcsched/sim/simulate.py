@@ -501,11 +501,16 @@ class CompiledGraph(MemoryModel, Timeline, GraphForm):
         parts = [[m for m in members if m not in set(w)] for members, w in zip(buckets, whole)] + whole
         alone = [[i] for i in range(len(self.names)) if kind[i] == REDUCE and ds_id[i] in replicated
                  and not any(i in w for w in whole)]
-        fused = self._fused([p for p in parts if p] + alone, self._held_gathers(held | replicated), keep | replicated)
+        gathers = self._held_gathers(replicated)
+        fused = self._fused([p for p in parts if p] + alone, self._held_gathers(held) + gathers, keep | replicated)
         for members in [w for w in whole if w] + alone:
             fused.time[members[0]] = bucket_time_ms([all_reduce_time_ms(dur[m], latency) for m in members],
                                                     latency_ms=latency)
-        return dataclasses.replace(fused, async_reduce=async_reduce)
+        # The input a replicated gather reads is the whole parameter, which the gathered bytes (resident from
+        # the start) already count: its shard-sized placeholder holds nothing more.
+        shards = {p for i in gathers for p in self.preds[i] if kind[p] == PLACEHOLDER}
+        return dataclasses.replace(fused, async_reduce=async_reduce,
+                                   held_bytes=fused.held_bytes - int(sum(self.size[p] for p in shards)))
 
     def _fused(self, buckets: list[list[int]], held: Sequence[int] = (), keep: frozenset = frozenset()) -> Fused:
         """Per node, the bucket's first member (-1 outside buckets, :data:`HELD` for ``held`` all-gathers),
