@@ -116,9 +116,35 @@ def _replay_ranks(rank: int, world_size: int, port: int, out_dir: str) -> None:
         report = rp.replay_orders(dataclasses.replace(bundle, plans=replicated_plans(bundle)["mixed"]), bundle,
                                   iters=1, warmup=0)
         out["proved"] = bool(report.comparison.exact)
+        out["module"] = _sharded_module(rank, world_size)
         torch.save(out, Path(out_dir) / f"rank{rank}.pt")
     finally:
         shutdown()
+
+
+def _sharded_module(rank: int, world_size: int) -> dict:
+    """A Linear sharded with its bias (3 elements) replicated: shapes, state dict, load, gradient norm."""
+    import dcsched
+    from dcsched.runtime.distributed import shard_of
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    full = {key: value.detach().clone() for key, value in model.state_dict().items()}
+    sharding = dcsched.shard(model, replicate_below=5)
+    shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    state_ok = all(torch.equal(value, full[key]) for key, value in model.state_dict().items())
+    with torch.no_grad():
+        for param in model.parameters():
+            param.zero_()
+    model.load_state_dict(full)
+    loaded_ok = all(torch.equal(value, full[key]) for key, value in model.state_dict().items())
+    grads = {"weight": torch.arange(12.0).view(3, 4), "bias": torch.tensor([3.0, 4.0, 12.0])}
+    model.weight.grad = shard_of(grads["weight"], rank, world_size)
+    model.bias.grad = grads["bias"].clone()  # whole and equal on every rank, as the all-reduce leaves it
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)
+    expected = torch.linalg.vector_norm(torch.cat([g.reshape(-1) for g in grads.values()]))
+    return {"replicated": sorted(sharding.replicated), "shapes": shapes, "state_ok": state_ok,
+            "loaded_ok": loaded_ok, "norm": float(norm), "expected": float(expected)}
 
 
 @on_gloo_ranks
@@ -140,6 +166,12 @@ def test_replay_with_replicated_parameters_is_bit_identical_and_all_reduces(tmp_
                                                                                  GRAPH_IDS)), (rank, label)
             assert run["all_reduces"] == all_reduces[label], (rank, label)
         assert data["proved"]
+        # dcsched.shard(replicate_below=5): the bias whole on every rank; the state dict, its loading and the
+        # gradient norm (the bias counted once, not once per rank) as for an unsharded module
+        module = data["module"]
+        assert module["replicated"] == [1] and module["shapes"] == {"weight": (6,), "bias": (3,)}, module
+        assert module["state_ok"] and module["loaded_ok"], module
+        assert module["norm"] == pytest.approx(module["expected"], rel=1e-6), module
 
 
 # ---------------------------------------------------------------------------
