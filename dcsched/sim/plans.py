@@ -7,7 +7,7 @@ graphs of a step: the forward keeps their gathered buffers past its end
 says which, by the graph's name; :func:`simulate_plan` runs the whole plan.
 ``'replicated'`` parameters are the same in every graph (``replicated``):
 whole on every rank, no gather, resident for the whole step, their
-gradients all-reduced.
+gradients all-reduced (:func:`replicated_fused`).
 
 >>> from dcsched.plan import Plan
 >>> plan = Plan(("x",), residency={3: "kept", 4: "sharded"})
@@ -19,7 +19,12 @@ gradients all-reduced.
 
 from __future__ import annotations
 
+import dataclasses
+
+from dcsched.graph.form import PLACEHOLDER, REDUCE
 from dcsched.plan import Plan
+from dcsched.sim.collectives import all_reduce_time_ms, bucket_time_ms
+from dcsched.sim.fused import Fused
 from dcsched.sim.result import SimResult
 from dcsched.sim.simulate import CompiledGraph
 
@@ -109,5 +114,62 @@ def simulate_plan(compiled: CompiledGraph, plan: Plan, graph: str, *, detail: bo
     True
     """
     order = list(plan.order) if plan.order else None  # a plan stored without its order runs the graph's own
-    return compiled.simulate(order, detail=detail, check=check, buckets=plan.buckets, async_reduce=async_reduce,
-                             **residency_roles(plan, graph))
+    roles = residency_roles(plan, graph)
+    replicated = roles.pop("replicated", frozenset())
+    if not replicated:
+        return compiled.simulate(order, detail=detail, check=check, buckets=plan.buckets,
+                                 async_reduce=async_reduce, **roles)
+    idx = compiled.order_indices(order, check=check)
+    fused = replicated_fused(compiled, compiled.bucket_indices(plan.buckets, idx), roles.get("held", frozenset()),
+                             roles.get("keep", frozenset()), replicated)
+    return compiled.simulate_with_frees(idx, detail=detail, fused=dataclasses.replace(
+        fused, async_reduce=async_reduce))[0]
+
+
+def replicated_fused(compiled: CompiledGraph, buckets: list[list[int]], held: frozenset, keep: frozenset,
+                     replicated: frozenset) -> Fused:
+    """The plan as one simulation reads it, with ``replicated`` parameters (ds_ids), whole on every rank.
+
+    Their all-gathers are as ``held`` ones (no collective, ready when
+    reached, the bytes resident from the graph's start) and their buffers
+    are never freed (as ``keep``) in either graph; each reduce of one is an
+    all-reduce (:func:`~dcsched.sim.collectives.all_reduce_time_ms`), a reduce
+    bucket split into its sharded members and its replicated ones, as
+    :func:`dcsched.runtime.commplan.comm_plan` splits it for the runtime.
+
+    Parameters
+    ----------
+    compiled : CompiledGraph
+        The graph.
+    buckets : list of list of int
+        The plan's buckets as node numbers (:meth:`CompiledGraph.bucket_indices`).
+    held, keep, replicated : frozenset of int
+        ds_ids: the backward's held kept parameters, the forward's kept ones, the replicated ones.
+
+    Returns
+    -------
+    Fused
+
+    Examples
+    --------
+    >>> from dcsched import replay
+    >>> from dcsched.sim.simulate import compile_view
+    >>> compiled = compile_view(replay.example_bundle().forward)
+    >>> replicated_fused(compiled, [], frozenset(), frozenset(), frozenset({1})).collectives  # 3 gathers less 1
+    2
+    """
+    ds_id, kind, dur, latency = compiled.ds_id, compiled.kind, compiled.duration, compiled.comm_latency_ms
+    whole = [[m for m in members if kind[m] == REDUCE and ds_id[m] in replicated] for members in buckets]
+    bucketed = {m for members in whole for m in members}
+    parts = [[m for m in members if m not in bucketed] for members in buckets] + whole
+    alone = [[i] for i in range(len(kind)) if kind[i] == REDUCE and ds_id[i] in replicated and i not in bucketed]
+    gathers = compiled._held_gathers(replicated)
+    fused = compiled._fused([p for p in parts if p] + alone, compiled._held_gathers(held) + gathers,
+                            keep | replicated)
+    for members in [w for w in whole if w] + alone:
+        fused.time[members[0]] = bucket_time_ms([all_reduce_time_ms(dur[m], latency) for m in members],
+                                                latency_ms=latency)
+    # The input a replicated gather reads is the whole parameter, which the gathered bytes (resident from the
+    # start) already count: its shard-sized placeholder holds nothing more.
+    shards = {p for i in gathers for p in compiled.preds[i] if kind[p] == PLACEHOLDER}
+    return dataclasses.replace(fused, held_bytes=fused.held_bytes - int(sum(compiled.size[p] for p in shards)))

@@ -54,7 +54,7 @@ import networkx as nx
 import torch.fx
 
 from dcsched.errors import GraphError
-from dcsched.sim.collectives import DEFAULT_LATENCY_MS, all_reduce_time_ms, bucket_time_ms
+from dcsched.sim.collectives import DEFAULT_LATENCY_MS, bucket_time_ms
 from dcsched.sim.fused import HELD, Fused
 from dcsched.sim.memory import MemoryModel
 from dcsched.sim.timeline import Timeline
@@ -343,7 +343,7 @@ class CompiledGraph(MemoryModel, Timeline, GraphForm):
 
     def simulate(self, order: Sequence | None = None, *, detail: bool | str = True, check: bool = True,
                  buckets: Sequence | None = None, keep: Iterable[int] = (), held: Iterable[int] = (),
-                 async_reduce: bool = False, replicated: Iterable[int] = ()) -> SimResult:
+                 async_reduce: bool = False) -> SimResult:
         """Simulate ``order`` (names or node numbers; None = input order). O(N + E).
 
         ``detail``: True (everything), False (scalars only) or ``"series"`` (also the
@@ -367,14 +367,6 @@ class CompiledGraph(MemoryModel, Timeline, GraphForm):
         once (a bucket simply goes without them), and their release frees
         them as usual.
 
-        ``replicated`` runs a plan's ``'replicated'`` parameters (by ds_id),
-        whole on every rank, in either graph: their all-gathers are as
-        ``held`` ones (no collective, bytes resident from the start) and their
-        buffers are never freed (as ``keep``); each reduce is an all-reduce
-        (:func:`dcsched.sim.collectives.all_reduce_time_ms`), a reduce bucket
-        split into its sharded and its replicated members as the runtime
-        splits it (:func:`dcsched.runtime.commplan.comm_plan`).
-
         ``async_reduce``: the gradient reduce-scatters run as the runtime runs
         them on a process group (:mod:`dcsched.runtime.distributed`): issued
         asynchronously, at most one in flight, so a gradient (a bucket's, for
@@ -382,14 +374,10 @@ class CompiledGraph(MemoryModel, Timeline, GraphForm):
         is issued, or to the graph's end; the step time is unchanged.
         """
         idx = self.order_indices(order, check=check)
-        keep, held, replicated = frozenset(keep), frozenset(held), frozenset(replicated)
-        if not buckets and not keep and not held and not replicated and not async_reduce:
+        keep, held = frozenset(keep), frozenset(held)
+        if not buckets and not keep and not held and not async_reduce:
             return self.simulate_with_frees(idx, detail=detail)[0]
-        listed = self.bucket_indices(buckets or (), idx)
-        if replicated:  # whole on every rank: nothing gathered, nothing freed, gradients all-reduced
-            return self.simulate_with_frees(idx, detail=detail, fused=self._replicated_fused(
-                listed, held, keep, replicated, async_reduce))[0]
-        fused = self._fused(listed, self._held_gathers(held), keep)
+        fused = self._fused(self.bucket_indices(buckets or (), idx), self._held_gathers(held), keep)
         if async_reduce:
             fused = dataclasses.replace(fused, async_reduce=True)
         return self.simulate_with_frees(idx, detail=detail, fused=fused)[0]
@@ -491,26 +479,6 @@ class CompiledGraph(MemoryModel, Timeline, GraphForm):
                 result.kinds = [KIND_NAMES[kind[i]] for i in idx]
                 result.params = self._lifetimes(idx, free, reach, start, end)
         return result, free
-
-    def _replicated_fused(self, buckets: list[list[int]], held: frozenset, keep: frozenset, replicated: frozenset,
-                          async_reduce: bool) -> Fused:
-        """:meth:`_fused` with the ``replicated`` parameters (:meth:`simulate`): their gathers held, their
-        buffers kept, each of their reduces (or reduce buckets, split off) an all-reduce."""
-        ds_id, kind, dur, latency = self.ds_id, self.kind, self.duration, self.comm_latency_ms
-        whole = [[m for m in members if kind[m] == REDUCE and ds_id[m] in replicated] for members in buckets]
-        parts = [[m for m in members if m not in set(w)] for members, w in zip(buckets, whole)] + whole
-        alone = [[i] for i in range(len(self.names)) if kind[i] == REDUCE and ds_id[i] in replicated
-                 and not any(i in w for w in whole)]
-        gathers = self._held_gathers(replicated)
-        fused = self._fused([p for p in parts if p] + alone, self._held_gathers(held) + gathers, keep | replicated)
-        for members in [w for w in whole if w] + alone:
-            fused.time[members[0]] = bucket_time_ms([all_reduce_time_ms(dur[m], latency) for m in members],
-                                                    latency_ms=latency)
-        # The input a replicated gather reads is the whole parameter, which the gathered bytes (resident from
-        # the start) already count: its shard-sized placeholder holds nothing more.
-        shards = {p for i in gathers for p in self.preds[i] if kind[p] == PLACEHOLDER}
-        return dataclasses.replace(fused, async_reduce=async_reduce,
-                                   held_bytes=fused.held_bytes - int(sum(self.size[p] for p in shards)))
 
     def _fused(self, buckets: list[list[int]], held: Sequence[int] = (), keep: frozenset = frozenset()) -> Fused:
         """Per node, the bucket's first member (-1 outside buckets, :data:`HELD` for ``held`` all-gathers),
