@@ -10,8 +10,10 @@ the simulator runs each bucket as one collective issued at its first member
 (:mod:`dcsched.runtime.commplan` reads a bundle's plans; one all-gather or
 reduce-scatter per bucket across processes, a reduce bucket issued when its
 last member arrives). The runtime keeps 'kept' parameters gathered from the
-forward to the backward and refuses 'replicated' ones (not run yet); no
-scheduler sets ``residency`` yet.
+forward to the backward and holds 'replicated' ones whole on every rank
+(no gather; an all-reduce of the gradient). ``dcsched train
+--replicate-below N`` marks the small parameters 'replicated' in every plan
+it runs; of the schedulers, ``overlap-plan`` sets 'kept'.
 
 >>> plan = Plan(("w", "ag", "out"), buckets=(Bucket("allgather", ("ag",), (0,)),))
 >>> plan.residency_of(0), len(plan), plan.buckets[0].members
@@ -130,6 +132,16 @@ class Plan:
         'sharded'
         """
         return self.residency.get(ds_id, DEFAULT_RESIDENCY)
+
+    def replicating(self, ds_ids: Iterable[int]) -> Plan:
+        """The same plan with ``ds_ids`` ``'replicated'`` (overriding what it said of them).
+
+        Examples
+        --------
+        >>> dict(Plan(("a",), residency={1: "kept", 2: "kept"}).replicating([1, 3]).residency)
+        {1: 'replicated', 2: 'kept', 3: 'replicated'}
+        """
+        return dataclasses.replace(self, residency={**self.residency, **{int(d): "replicated" for d in ds_ids}})
 
     def with_order(self, order: Iterable[str]) -> Plan:
         """The same plan with another order (buckets and residency kept).

@@ -162,6 +162,7 @@ def test_a_compiled_linear_model_trains(tmp_path, capsys):
     (["--timeout", "0.000001"], "--timeout must be between 0.1 and 604800 seconds"),
     (["--timeout", "nan"], "--timeout must be between"),
     (["--compute", "fast"], "unknown compute 'fast'"),
+    (["--replicate-below", "-1"], "--replicate-below must be a whole number of elements, 0 or more, not -1"),
     (["--cost-model", "analytic"], "--gpu is missing"),
     (["--algo", "none", "-O", "k=2"], "--option has 'k', which scheduler 'none' does not take (taken by: "
                                       "prefetch-ahead)"),

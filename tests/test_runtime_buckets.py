@@ -107,7 +107,7 @@ def example_plans(bundle) -> dict[str, dict]:
     }
 
 
-def test_comm_plan_reads_buckets_and_kept_and_refuses_replicated():
+def test_comm_plan_reads_buckets_and_kept():
     bundle = rp.example_bundle()
     plans = example_plans(bundle)
     assert comm_plan(plans["none"], GRAPH_IDS) is EMPTY
@@ -120,8 +120,7 @@ def test_comm_plan_reads_buckets_and_kept_and_refuses_replicated():
     assert skipped.allgather_buckets(1) == ((0, 1),)
     counts = {label: planned_collectives(bundle.graphs, comm_plan(p, GRAPH_IDS)) for label, p in plans.items()}
     assert counts == {"none": 7, "buckets": 3, "kept": 6, "both": 4}
-    with pytest.raises(DcschedError, match="replicated parameters are not run yet"):
-        comm_plan({"forward": _plan(bundle.forward, residency={1: "replicated"})}, GRAPH_IDS)
+    # replicated parameters: tests/test_runtime_replicated.py
     with pytest.raises(DcschedError, match="two allgather buckets"):
         comm_plan({"forward": _plan(bundle.forward, gathers=[(0, 1), (1, 2)])}, GRAPH_IDS)
     with pytest.raises(DcschedError, match="no graph_id"):

@@ -79,7 +79,8 @@ def mean_over_ranks(value: torch.Tensor) -> float:
 
 def train_dcsched(name: str, algo: str, steps: int, batch: int, rank: int = 0, world_size: int = 1,
                   memory_budget=None, budget_scope=None, save: tuple | None = None, resume: str | None = None,
-                  device: str = "cpu", compute: str = "eager", cost_model: str = "analytic", **overrides) -> dict:
+                  device: str = "cpu", compute: str = "eager", cost_model: str = "analytic", replicate_below: int = 0,
+                  clip: float | None = None, full_state: bool = False, **overrides) -> dict:
     """Losses per step and, for the last step, each graph's measured peak bytes beside the simulator's.
 
     ``cost_model``: ``analytic`` (h100: the same figures on every rank) or ``measured`` (dcsched's default:
@@ -87,6 +88,10 @@ def train_dcsched(name: str, algo: str, steps: int, batch: int, rank: int = 0, w
 
     ``save=(path, k)`` checkpoints after step k (the run goes on); ``resume=path`` loads a checkpoint before the
     first step and trains from the step it was taken after (the losses returned are those steps').
+
+    ``replicate_below``: ``dcsched.shard``'s; ``clip``: clip the gradient norm to it every step (``norms``: the
+    norms ``clip_grad_norm_`` returned); ``full_state``: the model's ``state_dict()`` after the last step
+    (``state``).
     """
     import dcsched
     from dcsched.plan import Plan
@@ -95,14 +100,14 @@ def train_dcsched(name: str, algo: str, steps: int, batch: int, rank: int = 0, w
     from dcsched.sim.simulate import compile_view
     torch._dynamo.reset()
     model, _ = model_of(name, device, **overrides)
-    dcsched.shard(model)
+    dcsched.shard(model, replicate_below=replicate_below)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     backend = dcsched.backend(algo=algo, memory_budget=memory_budget, budget_scope=budget_scope,
                               cost_model=cost_model, gpu="h100" if cost_model == "analytic" else None,
                               compute=compute)
     compiled = torch.compile(model, backend=backend, dynamic=False)
     start = int(dcsched.load_checkpoint(resume, model, optimizer)["step"]) if resume else 0
-    losses = []
+    losses, norms = [], []
     for step, inputs in enumerate(global_batches(name, steps, batch, **overrides)):
         if step < start:
             continue
@@ -110,6 +115,8 @@ def train_dcsched(name: str, algo: str, steps: int, batch: int, rank: int = 0, w
             backend.programs[0].measure = True
         loss = compiled(*(t.to(device) for t in local_slice(inputs, rank, world_size)))
         loss.backward()
+        if clip is not None:
+            norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip)))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(mean_over_ranks(loss))
@@ -130,8 +137,25 @@ def train_dcsched(name: str, algo: str, steps: int, batch: int, rank: int = 0, w
                    "planned": planned_collectives(program.bundle.graphs,
                                                   comm_plan(program.bundle.plans, program.bundle.graph_ids)),
                    "buckets": sum(len(p.buckets) for p in program.bundle.plans.values()),
-                   "kept": len(kept_ids(program.bundle.plans["forward"])) if program.bundle.plans else 0}
-    return {"losses": losses, "memory": memory, "plan": plan, "collectives": collectives}
+                   "kept": len(kept_ids(program.bundle.plans["forward"])) if program.bundle.plans else 0,
+                   "all_reduces": getattr(program.runtime, "all_reduces", 0),
+                   "planned_all_reduces": planned_all_reduces(program.bundle.graphs, program.runtime.plan),
+                   "replicated": len(program.runtime.plan.replicated)}
+    result = {"losses": losses, "memory": memory, "plan": plan, "collectives": collectives, "norms": norms}
+    if full_state:
+        result["state"] = {key: value.clone() for key, value in model.state_dict().items()}
+    return result
+
+
+def planned_all_reduces(graphs, plan) -> int:
+    """The all-reduces one step issues under ``plan`` (a CommPlan): one per replicated parameter's reduce, one per
+    reduce bucket of them."""
+    from dcsched.graph.roles import Role, comm_ids, role_of
+    reduces = sum(1 for graph in graphs.values() for node in graph.nodes
+                  if role_of(node) is Role.REDUCE and comm_ids(node)[1] in plan.replicated)
+    fused = sum(len(bucket) - 1 for comm in plan.graphs.values() for bucket in comm.reduce
+                if bucket[0] in plan.replicated)
+    return reduces - fused
 
 
 def order_digest(graph) -> str:

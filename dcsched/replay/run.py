@@ -48,7 +48,26 @@ def prepare(bundle: Bundle, *, device: torch.device, seed: int, runtime: ops.Zer
     """The runnable step and its parameters (this rank's shards under ``runtime``) and inputs."""
     step = build_step(bundle, device, placeholder_order=placeholder_order)
     shard = getattr(runtime, "shard", None) if runtime.world_size > 1 else None
-    return step, make_state(bundle, seed=seed, device=device, shard=shard, values=values)
+    whole = runtime.plan.replicated if shard is not None else ()  # replicated: every rank the whole weight
+    return step, make_state(bundle, seed=seed, device=device, shard=shard, values=values, whole=whole)
+
+
+def as_shards(bundle: Bundle, results: dict[str, torch.Tensor], runtime: ops.Zero3Runtime) -> dict[str, torch.Tensor]:
+    """``results`` with each replicated parameter's (whole) gradient cut to this rank's shard.
+
+    So that a run with replicated parameters compares, rank by rank, with one
+    that shards them: the all-reduce averages each element as the
+    reduce-scatter does, so the shards are equal bit for bit.
+    """
+    replicated = runtime.plan.replicated
+    if runtime.world_size == 1 or not replicated:
+        return results
+    from dcsched.runtime.distributed import shard_of
+    from dcsched.runtime.step import result_names
+    names = {name: int(entry["ds_id"]) for name, entry in zip(result_names(bundle), bundle.forward_placeholders)
+             if entry.get("kind") == "param"}
+    return {name: shard_of(value, runtime.rank, runtime.world_size) if names.get(name) in replicated else value
+            for name, value in results.items()}
 
 
 def replay(bundle: Bundle, *, device: torch.device | str = "cpu", seed: int = DEFAULT_SEED, iters: int = 5,
@@ -76,7 +95,8 @@ def replay(bundle: Bundle, *, device: torch.device | str = "cpu", seed: int = DE
     with installed(runtime), deterministic():
         step, state = prepare(bundle, device=device, seed=seed, runtime=runtime, values=values,
                               placeholder_order=placeholder_order)
-        results = {name: value.detach().to("cpu", copy=True) for name, value in run_step(step, state).items()}
+        results = {name: value.detach().to("cpu", copy=True)
+                   for name, value in as_shards(bundle, run_step(step, state), runtime).items()}
         synchronize(device)
         measurement = None
         if memory or iters > 0:  # the results' step above was the first warm-up step

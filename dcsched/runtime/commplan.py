@@ -1,18 +1,27 @@
-"""The communication plan as the runtime reads it: buckets of ds_ids by graph_id, and the kept parameters.
+"""The communication plan as the runtime reads it: buckets of ds_ids by graph_id, kept and replicated parameters.
 
 A scheduler's :class:`dcsched.plan.Plan` names nodes by graph name
 (``bundle.plans``); the ZeRO-3 ops only carry ``(graph_id, ds_id)``.
 :func:`comm_plan` turns ``bundle.plans`` and ``bundle.graph_ids`` into a
 :class:`CommPlan`: per graph_id the all-gather and the reduce buckets as tuples
-of ds_ids (in member order), the set of kept ds_ids and the forward's graph_id.
+of ds_ids (in member order), the sets of kept and of replicated ds_ids and the
+forward's graph_id. A ``'replicated'`` parameter is whole on every rank: its
+gathers send nothing and its gradient is all-reduced (a reduce bucket of
+replicated parameters is one all-reduce).
 
-What it drops or refuses, and why:
+What it drops, splits or refuses, and why:
 
-* buckets of one member (after the next rule): nothing to fuse;
+* buckets of one member (after the next rules): nothing to fuse;
 * kept parameters from the all-gather buckets of graphs other than the
   forward: the backward reuses the forward's gathered buffer, nothing is sent;
-* ``'replicated'`` residency: the parameter would have to be stored unsharded,
-  which the runtime does not do yet (one-line :class:`DcschedError`);
+* replicated parameters from every all-gather bucket: nothing is sent;
+* a reduce bucket with replicated and sharded members is split in two, the
+  replicated members (one all-reduce) after the sharded ones (one
+  reduce-scatter), each in member order: the two are different collectives.
+  A scheduler plans without knowing what the training run replicates, so
+  its buckets may mix them; splitting keeps its plan runnable;
+* a parameter ``'replicated'`` in one graph's plan and ``'kept'`` in another's
+  is replicated (nothing to keep);
 * a ds_id in two buckets of one kind in one graph: the runtime matches a
   gather to its bucket by ds_id, so that would be ambiguous (error).
 
@@ -31,12 +40,16 @@ every parameter sharded, the runtime's behaviour before plans existed.
 ((0, 1), None, 0)
 >>> comm_plan({}, {"forward": 0}).empty
 True
+>>> mixed = comm_plan({"backward": Plan(("x",), buckets=[Bucket("reduce", ["a", "b", "c"], [5, 6, 7])],
+...                                     residency={5: "replicated", 7: "replicated"})}, {"backward": 1})
+>>> mixed.reduce_buckets(1), sorted(mixed.replicated)  # (6,) alone: a bucket of one is dropped
+(((5, 7),), [5, 7])
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 import torch.fx
 
@@ -56,18 +69,22 @@ class GraphComm:
 
 @dataclasses.dataclass(frozen=True)
 class CommPlan:
-    """What the runtime runs: buckets per graph_id, kept ds_ids, the forward's graph_id.
+    """What the runtime runs: buckets per graph_id, kept and replicated ds_ids, the forward's graph_id.
 
     Examples
     --------
     >>> plan = CommPlan({1: GraphComm(reduce=((4, 5),))}, kept=frozenset({3}), forward_graph_id=0)
     >>> plan.reduce_bucket_of(1, 5), plan.reduce_bucket_of(0, 5), plan.empty
     ((4, 5), None, False)
+    >>> CommPlan(replicated=frozenset({2})).is_replicated(2), CommPlan(replicated=frozenset({2})).empty
+    (True, False)
     """
 
     graphs: Mapping[int, GraphComm] = dataclasses.field(default_factory=dict)
     kept: frozenset[int] = frozenset()
     forward_graph_id: int | None = None
+    #: Parameters whole on every rank: no gather, their gradients all-reduced.
+    replicated: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         # Lookups by (graph_id, ds_id), made once: the ops ask at every gather and reduce.
@@ -83,8 +100,12 @@ class CommPlan:
 
     @property
     def empty(self) -> bool:
-        """Whether the plan changes nothing (no bucket, nothing kept)."""
-        return not self.kept and not self._gathers and not self._reduces  # type: ignore[attr-defined]
+        """Whether the plan changes nothing (no bucket, nothing kept or replicated)."""
+        return not (self.kept or self.replicated or self._gathers or self._reduces)  # type: ignore[attr-defined]
+
+    def is_replicated(self, ds_id: int) -> bool:
+        """Whether ``ds_id`` is whole on every rank (no gather; its gradient all-reduced)."""
+        return ds_id in self.replicated
 
     def allgather_buckets(self, graph_id: int) -> _Buckets:
         """Graph ``graph_id``'s all-gather buckets."""
@@ -105,8 +126,14 @@ class CommPlan:
         return self._reduces.get((graph_id, ds_id))  # type: ignore[attr-defined]
 
     def kept_in(self, graph_id: int | None, ds_id: int) -> bool:
-        """Whether the forward (``graph_id``) keeps ``ds_id`` gathered for the backward."""
-        return graph_id is not None and graph_id == self.forward_graph_id and ds_id in self.kept
+        """Whether the forward (``graph_id``) keeps ``ds_id`` gathered for the backward.
+
+        A replicated parameter counts as kept: in one process (nothing to
+        communicate) replicated acts as kept; the distributed runtime handles
+        replicated parameters before it asks.
+        """
+        return graph_id is not None and graph_id == self.forward_graph_id and \
+            (ds_id in self.kept or ds_id in self.replicated)
 
 
 #: No plan: every collective alone, every parameter sharded.
@@ -126,45 +153,51 @@ def comm_plan(plans: Mapping[str, Any] | None, graph_ids: Mapping[str, int | Non
     Returns
     -------
     CommPlan
-        Buckets per graph_id, kept ds_ids, the forward's graph_id.
+        Buckets per graph_id, kept and replicated ds_ids, the forward's graph_id.
 
     Raises
     ------
     DcschedError
-        A ``'replicated'`` parameter, a plan for a graph without a graph_id, or
-        a ds_id in two buckets of one kind in one graph.
+        A plan for a graph without a graph_id, or a ds_id in two buckets of one kind in one graph.
 
     Examples
     --------
     >>> from dcsched.plan import Plan
-    >>> comm_plan({"forward": Plan(("a",), residency={2: "replicated"})}, {"forward": 0})
-    Traceback (most recent call last):
-    ...
-    dcsched.errors.DcschedError: replicated parameters are not run yet (ds_id 2, forward plan)
+    >>> plan = comm_plan({"forward": Plan(("a",), residency={2: "replicated", 3: "kept"})}, {"forward": 0})
+    >>> sorted(plan.replicated), sorted(plan.kept)
+    ([2], [3])
     """
     if not plans:
         return EMPTY
     kept: set[int] = set()
-    for name, plan in plans.items():
-        for ds_id, where in sorted(plan.residency.items()):
-            if where == "replicated":
-                raise DcschedError(f"replicated parameters are not run yet (ds_id {ds_id}, {name} plan)")
-            if where == "kept":
-                kept.add(int(ds_id))
+    replicated: set[int] = set()
+    for plan in plans.values():
+        for ds_id, where in plan.residency.items():
+            {"kept": kept, "replicated": replicated}.get(where, set()).add(int(ds_id))
+    kept -= replicated  # whole on every rank: nothing to keep
     forward_id = graph_ids.get("forward")
     graphs: dict[int, GraphComm] = {}
     for name, plan in plans.items():
         graph_id = graph_ids.get(name)
         if graph_id is None:
             raise DcschedError(f"the bundle has a plan for graph {name!r} but no graph_id for it")
-        skip = kept if graph_id != forward_id else set()
+        skip = (kept if graph_id != forward_id else set()) | replicated
         gathers = _buckets(name, "allgather", (b.ds_ids for b in plan.buckets if b.kind == "allgather"), skip)
-        reduces = _buckets(name, "reduce", (b.ds_ids for b in plan.buckets if b.kind == "reduce"), set())
+        reduces = _buckets(name, "reduce", _split((b.ds_ids for b in plan.buckets if b.kind == "reduce"),
+                                                  replicated), set())
         if gathers or reduces:
             graphs[int(graph_id)] = GraphComm(gathers, reduces)
-    if not graphs and not kept:
+    if not graphs and not kept and not replicated:
         return EMPTY
-    return CommPlan(graphs, frozenset(kept), forward_id)
+    return CommPlan(graphs, frozenset(kept), forward_id, frozenset(replicated))
+
+
+def _split(buckets: Iterable[tuple[int, ...]], replicated: set[int]) -> Iterator[tuple[int, ...]]:
+    """Each reduce bucket as its sharded members (a reduce-scatter), then its replicated ones (an all-reduce)."""
+    for bucket in buckets:
+        sharded = tuple(d for d in bucket if int(d) not in replicated)
+        whole = tuple(d for d in bucket if int(d) in replicated)
+        yield from (part for part in (sharded, whole) if part)
 
 
 def _buckets(graph: str, kind: str, buckets: Iterable[tuple[int, ...]], skip: set[int]) -> _Buckets:
@@ -188,7 +221,9 @@ def planned_collectives(graphs: Mapping[str, torch.fx.Graph], plan: CommPlan) ->
 
     Every all-gather and every reduce alone, less ``len(bucket) - 1`` per
     bucket, less the backward's all-gathers of kept parameters (they reuse the
-    forward's buffer). The graph_id of each graph is read from its ops.
+    forward's buffer), less every all-gather of a replicated parameter (it is
+    whole on every rank; its reduce is an all-reduce, one collective still).
+    The graph_id of each graph is read from its ops.
 
     Examples
     --------
@@ -198,6 +233,8 @@ def planned_collectives(graphs: Mapping[str, torch.fx.Graph], plan: CommPlan) ->
     7
     >>> planned_collectives(bundle.graphs, CommPlan({0: GraphComm(allgather=((0, 1, 2),))}, frozenset({2}), 0))
     4
+    >>> planned_collectives(bundle.graphs, CommPlan(replicated=frozenset({2})))  # its two gathers go
+    5
     """
     from dcsched.graph.roles import Role, comm_ids, role_of
 
@@ -209,6 +246,8 @@ def planned_collectives(graphs: Mapping[str, torch.fx.Graph], plan: CommPlan) ->
                 total += 1
             elif role is Role.ALLGATHER:
                 graph_id, ds_id = comm_ids(node)
+                if ds_id in plan.replicated:
+                    continue
                 if graph_id == plan.forward_graph_id or ds_id not in plan.kept:
                     total += 1
     for comm in plan.graphs.values():

@@ -11,7 +11,8 @@ parameter. :class:`DistributedZero3Runtime` (installed with
 - ``release_param``: frees the gathered buffer at its ``n_users``-th release
   (the single-process behaviour, inherited);
 - ``reduce_grad``: reduce-scatters the gradient, averaging over the ranks as
-  data-parallel training does, and returns this rank's 1-D shard.
+  data-parallel training does, and returns this rank's 1-D shard
+  (all-reduces it for a replicated parameter, below).
 
 On CUDA, NCCL runs each collective on its own stream: the ProcessGroup makes
 that stream wait for the compute stream when the collective is issued, and
@@ -43,12 +44,21 @@ a :class:`~dcsched.runtime.commplan.CommPlan`; the layout is
   arrive issues it;
 - a kept parameter is not freed at its last release in the forward; the
   backward's gather returns the held buffer with no collective
-  (:class:`~dcsched.runtime.ops.Zero3Runtime`).
+  (:class:`~dcsched.runtime.ops.Zero3Runtime`);
+- a replicated parameter is whole on every rank: its "shard" is the
+  flattened parameter, its gather issues nothing and returns it viewed in
+  the full shape, its release frees nothing, and its reduce is an
+  ``all_reduce`` of the gradient, averaged as the reduce-scatters are
+  (asynchronous alike, under the same in-flight rule), returning the whole
+  flattened gradient. A reduce bucket of replicated parameters is one
+  all-reduce, in place, of their gradients laid end to end
+  (:func:`~dcsched.runtime.commplan.comm_plan` splits mixed buckets).
 
 :attr:`~dcsched.runtime.ops.Zero3Runtime.issued` counts each graph's
 collectives of its latest run: all-gathers + reduces, less ``len - 1`` per
-bucket, less the backward's gathers of kept parameters
-(:func:`dcsched.runtime.commplan.planned_collectives`). Every real collective
+bucket, less the backward's gathers of kept parameters, less every gather
+of a replicated one (:func:`dcsched.runtime.commplan.planned_collectives`);
+:attr:`DistributedZero3Runtime.all_reduces` counts the all-reduces. Every real collective
 also counts once in the process-wide count :func:`collectives_issued`.
 
 Parameters whose size does not divide by W are padded with zeros to the next
@@ -129,19 +139,37 @@ class _GatherBucket:
 
 
 class _ReduceBucket:
-    """One bucket's reduce-scatter being filled: its flat input and output, and who has arrived."""
+    """One reduce bucket being filled: its flat input and output, and who has arrived.
 
-    def __init__(self, ds_ids: tuple[int, ...], sizes: list[int], grad: torch.Tensor, world_size: int) -> None:
-        self.ds_ids = ds_ids
+    Sharded members (``whole`` false): one reduce-scatter, each member's
+    padded gradient a ``(W, size)`` column block of the input
+    (:mod:`dcsched.runtime.buckets`), its shard a slice of the output.
+    Replicated members (``whole``): one all-reduce, in place, of the members'
+    flattened gradients laid end to end; each member's result is its slice.
+    """
+
+    def __init__(self, ds_ids: tuple[int, ...], sizes: list[int], grad: torch.Tensor, world_size: int,
+                 whole: bool = False) -> None:
+        self.ds_ids, self.whole = ds_ids, whole
         self.place = dict(zip(ds_ids, zip(offsets(sizes), sizes)))
         total = sum(sizes)
-        self.source = grad.new_empty(world_size * total)
-        self.output = grad.new_empty(total)
+        self.source = grad.new_empty(total if whole else world_size * total)
+        self.output = self.source if whole else grad.new_empty(total)
         self.arrived: set[int] = set()
 
     def slot(self, ds_id: int, world_size: int) -> torch.Tensor:
         offset, size = self.place[ds_id]
+        if self.whole:
+            return self.source[offset:offset + size]
         return self.source.view(world_size, -1)[:, offset:offset + size]
+
+    def put(self, ds_id: int, grad: torch.Tensor, world_size: int) -> None:
+        """Copy member ``ds_id``'s gradient into its slot."""
+        if self.whole:
+            self.slot(ds_id, world_size).copy_(grad.reshape(-1))
+        else:
+            pack_gradient(grad, self.slot(ds_id, world_size))
+        self.arrived.add(ds_id)
 
     def shard(self, ds_id: int) -> torch.Tensor:
         offset, size = self.place[ds_id]
@@ -179,6 +207,8 @@ class DistributedZero3Runtime(Zero3Runtime):
         self._ready: dict[tuple[int, int], torch.Tensor] = {}  # bucket members' buffers, not yet asked for
         self._gathered_buckets: set[tuple[int, tuple[int, ...]]] = set()  # issued (or run alone) this run
         self._reduce_buckets: dict[tuple[int, tuple[int, ...]], _ReduceBucket] = {}
+        #: All-reduces (replicated parameters' gradients) this runtime has issued, over every run.
+        self.all_reduces = 0
 
     def reset(self) -> None:
         super().reset()
@@ -242,6 +272,29 @@ class DistributedZero3Runtime(Zero3Runtime):
     def _issued(self, graph_id: int) -> None:
         _ISSUED[0] += 1
         self.count_issued(graph_id)
+
+    # -- replicated parameters ----------------------------------------------
+    def allgather(self, shard, graph_id, ds_id, dtype):
+        if not self.plan.is_replicated(ds_id):
+            return super().allgather(shard, graph_id, ds_id, dtype)
+        # Whole on every rank: the "shard" is the flattened parameter; nothing is sent, no buffer is made.
+        full = shard.reshape(-1)[:self._numel(ds_id)].view(self._shape(ds_id))
+        full = full.to(dtype) if dtype is not None and dtype != full.dtype else full
+        self.gathered[(graph_id, ds_id)] = full
+        return full
+
+    def release(self, value, graph_id, ds_id, n_users):
+        if not self.plan.is_replicated(ds_id):
+            return super().release(value, graph_id, ds_id, n_users)
+        # The parameter itself (or a cast of it, left to Python to free): nothing to free or to hold.
+        key = (graph_id, ds_id)
+        count = self.release_counts.get(key, 0) + 1
+        if count >= n_users:
+            self.release_counts.pop(key, None)
+            self.gathered.pop(key, None)
+        else:
+            self.release_counts[key] = count
+        return value.view_as(value)
 
     # -- gathers -----------------------------------------------------------
     def _gather(self, shard, graph_id, ds_id, dtype):
@@ -320,19 +373,21 @@ class DistributedZero3Runtime(Zero3Runtime):
 
     # -- reduces -----------------------------------------------------------
     def reduce(self, grad, graph_id, ds_id):
+        whole = self.plan.is_replicated(ds_id)
         bucket_ids = self.plan.reduce_bucket_of(graph_id, ds_id)
         if bucket_ids is None:
-            return self._reduce_one(grad, graph_id)
+            return self._all_reduce_one(grad, graph_id) if whole else self._reduce_one(grad, graph_id)
         key = (graph_id, bucket_ids)
         bucket = self._reduce_buckets.get(key)
         if bucket is None:
-            sizes = [padded_numel(self._numel(m), self.world_size) // self.world_size for m in bucket_ids]
-            bucket = self._reduce_buckets[key] = _ReduceBucket(bucket_ids, sizes, grad, self.world_size)
+            # comm_plan splits mixed buckets: every member is replicated or none is
+            sizes = [self._numel(m) if whole else padded_numel(self._numel(m), self.world_size) // self.world_size
+                     for m in bucket_ids]
+            bucket = self._reduce_buckets[key] = _ReduceBucket(bucket_ids, sizes, grad, self.world_size, whole)
         if ds_id in bucket.arrived or (grad.dtype, grad.device) != (bucket.source.dtype, bucket.source.device):
             # Reduced twice in one graph, or in another dtype than the bucket's first member: alone.
-            return self._reduce_one(grad, graph_id)
-        pack_gradient(grad, bucket.slot(ds_id, self.world_size))
-        bucket.arrived.add(ds_id)
+            return self._all_reduce_one(grad, graph_id) if whole else self._reduce_one(grad, graph_id)
+        bucket.put(ds_id, grad, self.world_size)
         shard = bucket.shard(ds_id)
         if len(bucket.arrived) == len(bucket.ds_ids):
             del self._reduce_buckets[key]
@@ -340,7 +395,7 @@ class DistributedZero3Runtime(Zero3Runtime):
         return shard
 
     def _issue_reduce_bucket(self, graph_id: int, bucket: _ReduceBucket) -> None:
-        self._reduce_scatter_mean(bucket.output, bucket.source, graph_id)
+        self._mean(bucket.output, bucket.source, graph_id)
 
     def _reduce_one(self, grad, graph_id):
         flat = grad.reshape(-1)
@@ -348,33 +403,51 @@ class DistributedZero3Runtime(Zero3Runtime):
         if total != flat.numel():
             flat = torch.cat([flat, flat.new_zeros(total - flat.numel())])
         out = torch.empty(total // self.world_size, dtype=grad.dtype, device=grad.device)
-        return self._reduce_scatter_mean(out, flat.contiguous(), graph_id)
+        return self._mean(out, flat.contiguous(), graph_id)
 
-    def _reduce_scatter_mean(self, out, flat, graph_id: int):
-        """Reduce-scatter ``flat`` into ``out`` averaging over the ranks; ``out`` is ready after :meth:`finish`."""
+    def _all_reduce_one(self, grad, graph_id):
+        # A fresh buffer (the gradient may be read again, and the simulator frees it at its reduce, as a
+        # reduce-scatter's input), all-reduced in place.
+        flat = grad.reshape(-1).clone()
+        return self._mean(flat, flat, graph_id)
+
+    def _mean(self, out, flat, graph_id: int):
+        """Reduce ``flat`` into ``out`` averaging over the ranks; ``out`` is ready after :meth:`finish`.
+
+        A reduce-scatter, or an all-reduce in place where ``out`` is ``flat`` (replicated parameters). Both
+        average alike (AVG, or SUM then a division by W where the backend lacks AVG), so a replicated
+        parameter's gradient is, element for element, what the sharded path gives.
+        """
         if self._average_op:
             try:
-                return self._reduce_scatter(out, flat, dist.ReduceOp.AVG, graph_id, divide=False)
+                return self._reduce(out, flat, dist.ReduceOp.AVG, graph_id, divide=False)
             except (ValueError, RuntimeError):
                 self._average_op = False  # e.g. gloo builds without AVG
                 _ISSUED[0] -= 1  # not issued after all
                 self.issued[graph_id] -= 1
-        return self._reduce_scatter(out, flat, dist.ReduceOp.SUM, graph_id, divide=True)
+        return self._reduce(out, flat, dist.ReduceOp.SUM, graph_id, divide=True)
 
-    def _reduce_scatter(self, out, flat, op, graph_id: int, divide: bool):
+    def _reduce(self, out, flat, op, graph_id: int, divide: bool):
         self._issued(graph_id)
+        issue = dist.all_reduce if out is flat else reduce_scatter_tensor
+        args = (flat,) if out is flat else (out, flat)
         if self.async_reduce:
-            work = reduce_scatter_tensor(out, flat, op=op, group=self.group, async_op=True)
+            work = issue(*args, op=op, group=self.group, async_op=True)
+            self.all_reduces += out is flat
             self.reducing.append((work, out, flat, divide))
             while self.reduces_in_flight is not None and len(self.reducing) > self.reduces_in_flight:
                 self._wait_reduce(*self.reducing.pop(0))
             return out
-        reduce_scatter_tensor(out, flat, op=op, group=self.group)
+        issue(*args, op=op, group=self.group)
+        self.all_reduces += out is flat
         return out.div_(self.world_size) if divide else out
 
     def reduced_shard_like(self, grad, graph_id, ds_id):
+        if self.plan.is_replicated(ds_id):
+            return grad.new_empty(grad.numel())
         total = padded_numel(grad.numel(), self.world_size)
         return grad.new_empty(total // self.world_size)
+
 
     def gathered_like(self, shard, graph_id, ds_id, dtype):
         return shard.new_empty(self._shape(ds_id), dtype=dtype if dtype is not None else shard.dtype)

@@ -52,7 +52,7 @@ import linecache
 import math
 import re
 import traceback
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Collection, Iterator, Mapping, Sequence
 
 import torch
 import torch.fx
@@ -291,11 +291,12 @@ def make_state(bundle: Bundle, *, seed: int = DEFAULT_SEED, device: torch.device
                shard: Callable[[torch.Tensor], torch.Tensor] | None = None,
                values: Mapping[str, torch.Tensor] | None = None,
                params: Mapping[int, torch.Tensor] | None = None,
-               inputs: Sequence[torch.Tensor] | None = None) -> StepState:
+               inputs: Sequence[torch.Tensor] | None = None, whole: Collection[int] = ()) -> StepState:
     """Parameters and inputs from ``seed``, identical on every rank.
 
     ``shard`` cuts a full parameter to this rank's part (identity in one
-    process). Chosen tensors instead of random ones (e.g. a real model's
+    process); the parameters whose ds_id is in ``whole`` (a plan's replicated
+    ones) are given flattened and whole instead. Chosen tensors instead of random ones (e.g. a real model's
     weights): ``values`` by parameter or input name, ``params`` by ds_id
     (full parameters), ``inputs`` all of them in ``bundle.inputs`` order.
     """
@@ -316,6 +317,10 @@ def make_state(bundle: Bundle, *, seed: int = DEFAULT_SEED, device: torch.device
             made_inputs[k] = inputs[k].detach()
     if values:
         raise DcschedError(f"no parameter or input named {', '.join(sorted(values))} in the bundle")
+    if shard is not None and whole:
+        cut = shard
+        full_params = {d: value.reshape(-1) if d in whole else cut(value) for d, value in full_params.items()}
+        shard = None
     args = [_forward_arg(bundle, position, entry, full_params, made_inputs, shard)
             for position, entry in enumerate(bundle.forward_placeholders)]
     return StepState([value.to(device) for value in args], seed)

@@ -75,6 +75,25 @@ def bucket_time_ms(durations: Iterable[float], *, latency_ms: float = DEFAULT_LA
     return max(sum(times) - (len(times) - 1) * latency_ms, max(times))
 
 
+def all_reduce_time_ms(reduce_ms: float, latency_ms: float = DEFAULT_LATENCY_MS) -> float:
+    """The time (ms) of an all-reduce of the gradient a reduce-scatter taking ``reduce_ms`` reduces.
+
+    A ring all-reduce is a reduce-scatter followed by an all-gather of the
+    same bytes, so it moves twice the reduce-scatter's bytes over the
+    bandwidth, in one collective that pays the latency once:
+    ``2 * (reduce_ms - latency_ms) + latency_ms``. Never below ``reduce_ms``
+    (a figure below the latency, e.g. a measured one, is taken as it is).
+
+    Examples
+    --------
+    >>> all_reduce_time_ms(1.02, latency_ms=0.02)
+    2.02
+    >>> all_reduce_time_ms(0.01, latency_ms=0.02)
+    0.01
+    """
+    return max(2.0 * reduce_ms - latency_ms, reduce_ms)
+
+
 def latency_from_provenance(provenance: Mapping[str, Any] | None) -> float:
     """The per-collective latency (ms) a bundle's communication figures include.
 

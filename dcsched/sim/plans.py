@@ -5,16 +5,26 @@ graphs of a step: the forward keeps their gathered buffers past its end
 (``keep``), the backward finds them gathered from its start (``held``)
 (:meth:`dcsched.sim.simulate.CompiledGraph.simulate`). :func:`residency_roles`
 says which, by the graph's name; :func:`simulate_plan` runs the whole plan.
+``'replicated'`` parameters are the same in every graph (``replicated``):
+whole on every rank, no gather, resident for the whole step, their
+gradients all-reduced (:func:`replicated_fused`).
 
 >>> from dcsched.plan import Plan
 >>> plan = Plan(("x",), residency={3: "kept", 4: "sharded"})
 >>> residency_roles(plan, "forward"), residency_roles(plan, "backward"), residency_roles(plan, "graph")
 ({'keep': frozenset({3})}, {'held': frozenset({3})}, {})
+>>> residency_roles(Plan(("x",), residency={5: "replicated"}), "backward")
+{'replicated': frozenset({5})}
 """
 
 from __future__ import annotations
 
+import dataclasses
+
+from dcsched.graph.form import PLACEHOLDER, REDUCE
 from dcsched.plan import Plan
+from dcsched.sim.collectives import all_reduce_time_ms, bucket_time_ms
+from dcsched.sim.fused import Fused
 from dcsched.sim.result import SimResult
 from dcsched.sim.simulate import CompiledGraph
 
@@ -33,8 +43,19 @@ def kept_ids(plan: Plan) -> frozenset:
     return frozenset(d for d, where in plan.residency.items() if where == "kept")
 
 
+def replicated_ids(plan: Plan) -> frozenset:
+    """The ds_ids the plan holds whole on every rank.
+
+    Examples
+    --------
+    >>> sorted(replicated_ids(Plan((), residency={1: "kept", 2: "replicated"})))
+    [2]
+    """
+    return frozenset(d for d, where in plan.residency.items() if where == "replicated")
+
+
 def residency_roles(plan: Plan, graph: str) -> dict[str, frozenset]:
-    """The simulator's ``keep`` / ``held`` argument for ``plan``'s kept parameters in graph ``graph``.
+    """The simulator's ``keep`` / ``held`` / ``replicated`` arguments for ``plan``'s residency in graph ``graph``.
 
     Parameters
     ----------
@@ -46,7 +67,8 @@ def residency_roles(plan: Plan, graph: str) -> dict[str, frozenset]:
     Returns
     -------
     dict
-        ``{'keep': ids}`` for the forward, ``{'held': ids}`` for the backward, else (or with nothing kept) empty.
+        ``{'keep': ids}`` for the forward, ``{'held': ids}`` for the backward, else (or with nothing kept)
+        nothing; and ``{'replicated': ids}`` in any graph where the plan replicates some.
 
     Examples
     --------
@@ -55,7 +77,9 @@ def residency_roles(plan: Plan, graph: str) -> dict[str, frozenset]:
     """
     kept = kept_ids(plan)
     role = ROLE_OF_GRAPH.get(graph)
-    return {role: kept} if role and kept else {}
+    roles = {role: kept} if role and kept else {}
+    replicated = replicated_ids(plan)
+    return {**roles, "replicated": replicated} if replicated else roles
 
 
 def simulate_plan(compiled: CompiledGraph, plan: Plan, graph: str, *, detail: bool | str = True,
@@ -90,5 +114,62 @@ def simulate_plan(compiled: CompiledGraph, plan: Plan, graph: str, *, detail: bo
     True
     """
     order = list(plan.order) if plan.order else None  # a plan stored without its order runs the graph's own
-    return compiled.simulate(order, detail=detail, check=check, buckets=plan.buckets, async_reduce=async_reduce,
-                             **residency_roles(plan, graph))
+    roles = residency_roles(plan, graph)
+    replicated = roles.pop("replicated", frozenset())
+    if not replicated:
+        return compiled.simulate(order, detail=detail, check=check, buckets=plan.buckets,
+                                 async_reduce=async_reduce, **roles)
+    idx = compiled.order_indices(order, check=check)
+    fused = replicated_fused(compiled, compiled.bucket_indices(plan.buckets, idx), roles.get("held", frozenset()),
+                             roles.get("keep", frozenset()), replicated)
+    return compiled.simulate_with_frees(idx, detail=detail, fused=dataclasses.replace(
+        fused, async_reduce=async_reduce))[0]
+
+
+def replicated_fused(compiled: CompiledGraph, buckets: list[list[int]], held: frozenset, keep: frozenset,
+                     replicated: frozenset) -> Fused:
+    """The plan as one simulation reads it, with ``replicated`` parameters (ds_ids), whole on every rank.
+
+    Their all-gathers are as ``held`` ones (no collective, ready when
+    reached, the bytes resident from the graph's start) and their buffers
+    are never freed (as ``keep``) in either graph; each reduce of one is an
+    all-reduce (:func:`~dcsched.sim.collectives.all_reduce_time_ms`), a reduce
+    bucket split into its sharded members and its replicated ones, as
+    :func:`dcsched.runtime.commplan.comm_plan` splits it for the runtime.
+
+    Parameters
+    ----------
+    compiled : CompiledGraph
+        The graph.
+    buckets : list of list of int
+        The plan's buckets as node numbers (:meth:`CompiledGraph.bucket_indices`).
+    held, keep, replicated : frozenset of int
+        ds_ids: the backward's held kept parameters, the forward's kept ones, the replicated ones.
+
+    Returns
+    -------
+    Fused
+
+    Examples
+    --------
+    >>> from dcsched import replay
+    >>> from dcsched.sim.simulate import compile_view
+    >>> compiled = compile_view(replay.example_bundle().forward)
+    >>> replicated_fused(compiled, [], frozenset(), frozenset(), frozenset({1})).collectives  # 3 gathers less 1
+    2
+    """
+    ds_id, kind, dur, latency = compiled.ds_id, compiled.kind, compiled.duration, compiled.comm_latency_ms
+    whole = [[m for m in members if kind[m] == REDUCE and ds_id[m] in replicated] for members in buckets]
+    bucketed = {m for members in whole for m in members}
+    parts = [[m for m in members if m not in bucketed] for members in buckets] + whole
+    alone = [[i] for i in range(len(kind)) if kind[i] == REDUCE and ds_id[i] in replicated and i not in bucketed]
+    gathers = compiled._held_gathers(replicated)
+    fused = compiled._fused([p for p in parts if p] + alone, compiled._held_gathers(held) + gathers,
+                            keep | replicated)
+    for members in [w for w in whole if w] + alone:
+        fused.time[members[0]] = bucket_time_ms([all_reduce_time_ms(dur[m], latency) for m in members],
+                                                latency_ms=latency)
+    # The input a replicated gather reads is the whole parameter, which the gathered bytes (resident from the
+    # start) already count: its shard-sized placeholder holds nothing more.
+    shards = {p for i in gathers for p in compiled.preds[i] if kind[p] == PLACEHOLDER}
+    return dataclasses.replace(fused, held_bytes=fused.held_bytes - int(sum(compiled.size[p] for p in shards)))

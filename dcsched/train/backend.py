@@ -19,7 +19,9 @@ stand-ins :func:`dcsched.shard` installed) and calls the backend, which:
    ``analytic`` estimates them for ``gpu``) so the schedulers have costs;
 3. reorders both graphs with ``algo`` (``memory_budget`` for the schedulers
    that take one; by default the target device's memory less 10%, unlimited
-   where none is known);
+   where none is known); the parameters ``dcsched.shard(...,
+   replicate_below=N)`` left whole become ``'replicated'`` in every plan,
+   whatever the scheduler said of them;
 4. returns a :class:`~dcsched.train.program.ScheduledProgram`, which runs
    every later step: the scheduled graphs' aten ops one by one
    (``compute="eager"``, what the simulator models) or compiled by inductor
@@ -154,6 +156,8 @@ def compile_program(gm: torch.fx.GraphModule, example_inputs, sharding, options:
     # Both graphs at once: a step scheduler plans them together (what it keeps gathered spans the two).
     plans = run_step(options.algo, {name: profiled.form(name) for name in profiled.graph_names}, budget=budget,
                      comm_latency_ms=latency_from_provenance(profiled.provenance), **options.algo_options)
+    if sharding.replicated:  # whole on every rank since dcsched.shard: the plans must not gather them
+        plans = {name: plan.replicating(sharding.replicated) for name, plan in plans.items()}
     scheduled = profiled.reordered({name: list(plan.order) for name, plan in plans.items()}, plans=plans)
     scheduled.provenance["algo"] = options.algo
     # Agreed figures make equal plans; checked anyway before the first step's collectives, since a plan that

@@ -9,8 +9,10 @@ it, each writing its own shards. The state dict it saves is flat:
   its padded 1-D shard, which is exactly ``torch.chunk``'s split, so the
   checkpoint carries no padding and does not depend on the world size it was
   written at. Without a process group (world size 1) the same tensor is
-  stored plain. Buffers (BatchNorm statistics), frozen and unsharded
-  parameters are stored whole, as replicated tensors (written once);
+  stored plain. Buffers (BatchNorm statistics), frozen, unsharded and
+  replicated parameters (``replicate_below``) are stored whole, as
+  replicated tensors (written once; a replicated one as the flattened
+  parameter, shape ``(numel,)`` as a sharded one's);
 - ``optim.state.<name>.<key>``: the optimizer state of each parameter
   (AdamW's ``exp_avg``, ``exp_avg_sq``, ``step``), a tensor the shape of the
   shard stored like its parameter, anything else whole;
@@ -98,7 +100,10 @@ class _Layout:
             self.mesh = DeviceMesh.from_group(group, specs[0].param.device.type)
 
     def stored(self, local: torch.Tensor, spec) -> torch.Tensor:
-        """What the checkpoint holds for a padded 1-D shard ``local`` of ``spec``'s parameter."""
+        """What the checkpoint holds for a padded 1-D shard ``local`` of ``spec``'s parameter (the whole flattened
+        parameter, plain, for a replicated one)."""
+        if spec.replicated:
+            return local.detach()
         chunk = local.numel()
         rank = self.sharding.rank if self.sharding is not None else 0
         valid = max(0, min(chunk, spec.numel - rank * chunk))

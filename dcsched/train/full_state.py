@@ -18,6 +18,10 @@ Code outside dcsched that reads the parameters whole gets, through the hooks
   ``set_model_state_dict``): each full parameter is cut to this rank's shard,
   with no communication; a shard of the right size loads as it is.
 
+A replicated parameter (``dcsched.shard(..., replicate_below=N)``) is whole
+on every rank already: its state-dict entry is it, reshaped, with no gather,
+and a full tensor loads into it flattened.
+
 Gradient norms over the shards are :mod:`dcsched.train.grad_norm`'s.
 
 dcsched's own checkpoints store the shards themselves (no gather): they read
@@ -90,7 +94,7 @@ def full_parameter(sharding, spec, group=None) -> torch.Tensor:
     """``spec``'s parameter in its full shape: the ranks' shards gathered over ``group`` (a collective) or the
     one shard."""
     shard = spec.param.detach()
-    if sharding.world_size == 1:
+    if sharding.world_size == 1 or spec.replicated:  # whole here already: no gather (every rank skips it alike)
         return shard[:spec.numel].view(spec.shape).clone()
     from dcsched.runtime.distributed import all_gather_into_tensor
     local = shard.to("cpu").contiguous()  # the state-dict group is gloo's, whatever the device
@@ -141,8 +145,9 @@ def install(sharding) -> None:
             value = state_dict.get(prefix + name)
             if isinstance(value, torch.Tensor) and tuple(value.shape) == spec.shape and \
                     tuple(value.shape) != tuple(spec.param.shape):
-                state_dict[prefix + name] = shard_of(value.detach().to(spec.param.device), sharding.rank,
-                                                     sharding.world_size)
+                value = value.detach().to(spec.param.device)
+                state_dict[prefix + name] = value.reshape(-1) if spec.replicated else \
+                    shard_of(value, sharding.rank, sharding.world_size)
 
     sharding.module._register_state_dict_hook(gather_full)
     sharding.module._register_load_state_dict_pre_hook(cut_to_shard)

@@ -10,7 +10,9 @@ combine the shards: for the gradients of dcsched's shards, each rank's norm
 of its shards is raised to the power p, summed over the shard's process group
 (a collective; the maximum for the infinity norm) and the root taken. Every
 other tensor goes through torch's own function, so code that never touches a
-dcsched shard sees no change.
+dcsched shard sees no change; so do the gradients of replicated parameters
+(``dcsched.shard(..., replicate_below=N)``): whole and equal on every rank,
+each counts once, not once per rank.
 
 Call the norm on every rank (as every training loop does): it is a collective
 wherever a dcsched shard's gradient is among the tensors.
@@ -32,13 +34,16 @@ _TORCH: dict[str, Callable] = {}  # torch's own functions, once replaced
 
 
 def _shard_groups() -> dict[int, object]:
-    """id(gradient) -> process group, for the current gradient of every shard over more than one rank."""
+    """id(gradient) -> process group, for the current gradient of every shard over more than one rank.
+
+    Replicated parameters are left out: their gradients are whole on every rank, so the local norm is theirs.
+    """
     from dcsched.train.full_state import shardings
     groups = {}
     for sharding in shardings():
         if sharding.world_size > 1:
             for spec in sharding.specs:
-                if spec.param.grad is not None:
+                if spec.param.grad is not None and not spec.replicated:
                     groups[id(spec.param.grad)] = sharding.group
     return groups
 

@@ -195,11 +195,15 @@ class ScriptOptions:
     timeout_s : float
         Seconds: the process-group timeout under torchrun, and how long a rank may miss heartbeats before
         the others stop, naming it. Between 0.1 and 604800 (a week).
+    replicate_below : int
+        Trainable parameters of fewer elements stay whole on every rank (``dcsched.shard(...,
+        replicate_below=N)``): no all-gather, their gradients all-reduced. 0 (default): every one sharded.
 
     Raises
     ------
     OptionError
-        From :meth:`check`: ``timeout_s`` out of range, or :meth:`TrainOptions.check`'s.
+        From :meth:`check`: ``timeout_s`` out of range, a negative ``replicate_below``, or
+        :meth:`TrainOptions.check`'s.
 
     Examples
     --------
@@ -213,6 +217,9 @@ class ScriptOptions:
     measure: bool = _field(False, "Time every step and track the first one's peak memory, for a report.")
     timeout_s: float = _field(DEFAULT_TIMEOUT_S, "Seconds: the process-group timeout under torchrun, and how long "
                                                  "a rank may miss heartbeats before the others stop, naming it.")
+    replicate_below: int = _field(0, "Keep every trainable parameter of fewer elements whole on every rank (no "
+                                     "all-gather; its gradient all-reduced), as DeepSpeed's "
+                                     "stage3_param_persistence_threshold does; 0: shard every one.")
 
     def check(self) -> None:
         """Refuse options no run can use (:meth:`TrainOptions.check`, then ``timeout_s``)."""
@@ -221,3 +228,7 @@ class ScriptOptions:
         if not low <= self.timeout_s <= high:  # nan fails both comparisons
             raise OptionError("timeout_s", f"must be between {low:g} and {high:g} seconds (a week), not "
                                            f"{self.timeout_s:g}")
+        if isinstance(self.replicate_below, bool) or not isinstance(self.replicate_below, int) \
+                or self.replicate_below < 0:
+            raise OptionError("replicate_below", f"must be a whole number of elements, 0 or more, not "
+                                                 f"{self.replicate_below!r}")

@@ -158,7 +158,7 @@ class _Interceptor:
             # reduce-scatters the gradients itself, so the inner module is compiled and DDP's forward never runs:
             # its reducer then never expects a gradient, and its all-reduce hooks stay idle.
             model = module = module.module
-        sharding = shard(module)
+        sharding = shard(module, replicate_below=self.options.replicate_below)
         self.sharded.update({id(spec.param): spec.name for spec in sharding.specs})
         backend = _RecordingBackend(self.options.train, type(module).__name__, self.options.measure, self.compiling)
         self.backends.append(backend)

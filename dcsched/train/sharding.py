@@ -5,6 +5,13 @@ Each trainable parameter (a tied one once, under its first name) keeps its
 objects; its ``.data`` becomes this rank's slice of the flattened parameter,
 zero-padded to ``ceil(numel / W)`` elements (:func:`dcsched.runtime.distributed.shard_of`).
 Buffers (BatchNorm statistics) and frozen parameters stay whole on every rank.
+So do, with ``replicate_below=N`` over more than one rank, the trainable
+parameters of fewer than N elements (DeepSpeed's
+``stage3_param_persistence_threshold``): their ``.data`` is the whole
+flattened parameter, their :class:`ShardSpec` says ``replicated``, and the
+backend runs them as the plan's ``'replicated'`` residency (no gather, the
+gradient all-reduced); they keep a ds_id, a stand-in and their ZeRO-3 ops
+in the captured graph, so the planner sees them.
 
 TorchDynamo must still trace the module with full-size parameters. So each
 sharded parameter gets a *stand-in*: a tensor of the full shape whose storage
@@ -46,7 +53,11 @@ class ShardingError(DcschedError):
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class ShardSpec:
-    """One sharded parameter: its name, ds_id, full shape and dtype, the shard and the stand-in."""
+    """One sharded parameter: its name, ds_id, full shape and dtype, the shard and the stand-in.
+
+    ``replicated``: whole on every rank (``shard(..., replicate_below=N)``):
+    ``param`` holds the whole flattened parameter rather than a shard.
+    """
 
     name: str
     ds_id: int
@@ -56,6 +67,7 @@ class ShardSpec:
     param: nn.Parameter
     #: Full shape, no storage: what the traced graph takes in the parameter's place.
     stand_in: torch.Tensor
+    replicated: bool = False
 
     @property
     def numel(self) -> int:
@@ -98,7 +110,13 @@ class Sharding:
                                     "before torch.compile, or shard and compile the changed module anew")
 
     def shard_numel(self, spec: ShardSpec) -> int:
-        return padded_numel(spec.numel, self.world_size) // self.world_size
+        """Elements ``spec``'s parameter holds on this rank (the whole for a replicated one)."""
+        return spec.numel if spec.replicated else padded_numel(spec.numel, self.world_size) // self.world_size
+
+    @property
+    def replicated(self) -> frozenset[int]:
+        """The ds_ids of the parameters whole on every rank (``replicate_below``)."""
+        return frozenset(spec.ds_id for spec in self.specs if spec.replicated)
 
 
 #: The module attribute holding its Sharding.
@@ -161,7 +179,7 @@ def _install_forward(module: nn.Module, specs: list[ShardSpec]) -> None:
     module.forward = forward
 
 
-def shard(module: nn.Module, group=None) -> Sharding:
+def shard(module: nn.Module, group=None, replicate_below: int = 0) -> Sharding:
     """Shard ``module``'s trainable parameters over ``group`` (default: the default process group) in place.
 
     Call it before the optimizer takes its first step (the optimizer then sees
@@ -175,6 +193,10 @@ def shard(module: nn.Module, group=None) -> Sharding:
         The module whose trainable parameters become this rank's 1-D shards (a tied parameter once).
     group : torch.distributed.ProcessGroup, optional
         The ranks to shard over; by default the default process group, or none (world size 1).
+    replicate_below : int, optional
+        Over more than one rank, a trainable parameter of fewer elements stays whole (flattened) on every
+        rank: no all-gather, its gradient all-reduced (the plan's ``'replicated'`` residency), as DeepSpeed's
+        ``stage3_param_persistence_threshold`` keeps small parameters. Default 0: every one sharded.
 
     Returns
     -------
@@ -184,19 +206,21 @@ def shard(module: nn.Module, group=None) -> Sharding:
     Raises
     ------
     ShardingError
-        Not a module, a module compiled already (an instance-level ``forward``), or one with no trainable
-        parameter.
+        Not a module, a module compiled already (an instance-level ``forward``), one with no trainable
+        parameter, or a negative ``replicate_below``.
 
     Examples
     --------
     >>> import torch, dcsched
     >>> model = torch.nn.Linear(4, 2)
-    >>> sharding = dcsched.shard(model)
-    >>> sharding.world_size, [tuple(p.shape) for p in model.parameters()]
-    (1, [(8,), (2,)])
+    >>> sharding = dcsched.shard(model, replicate_below=3)
+    >>> sharding.world_size, [tuple(p.shape) for p in model.parameters()], sorted(sharding.replicated)
+    (1, [(8,), (2,)], [])
     """
     if not isinstance(module, nn.Module):
         raise ShardingError(f"dcsched.shard takes an nn.Module, not {type(module).__name__}")
+    if isinstance(replicate_below, bool) or not isinstance(replicate_below, int) or replicate_below < 0:
+        raise ShardingError(f"replicate_below must be a whole number of elements, 0 or more, not {replicate_below!r}")
     existing = sharding_of(module)
     if existing is not None:
         return existing
@@ -210,13 +234,15 @@ def shard(module: nn.Module, group=None) -> Sharding:
             continue
         full = param.detach()
         shape = tuple(full.shape)
+        # At world size 1 every shard is whole already: nothing to replicate, the plans stay as they were.
+        whole = world_size > 1 and full.numel() < replicate_below
         stand_in = _stand_in(shape, full.dtype, full.device)
         grad, param.grad = param.grad, None  # a gradient accumulated eagerly before: sharded alike
         with torch.no_grad():
-            param.data = shard_of(full, rank, world_size)
+            param.data = full.reshape(-1).clone() if whole else shard_of(full, rank, world_size)
             if grad is not None:
-                param.grad = shard_of(grad, rank, world_size)
-        specs.append(ShardSpec(name, len(specs), shape, full.dtype, param, stand_in))
+                param.grad = grad.reshape(-1).clone() if whole else shard_of(grad, rank, world_size)
+        specs.append(ShardSpec(name, len(specs), shape, full.dtype, param, stand_in, whole))
     if not specs:
         raise ShardingError(f"{type(module).__name__} has no trainable parameters to shard")
     sharding = Sharding(module, specs, rank, world_size, group)
