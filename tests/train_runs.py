@@ -140,7 +140,8 @@ def train_dcsched(name: str, algo: str, steps: int, batch: int, rank: int = 0, w
                    "kept": len(kept_ids(program.bundle.plans["forward"])) if program.bundle.plans else 0,
                    "all_reduces": getattr(program.runtime, "all_reduces", 0),
                    "planned_all_reduces": planned_all_reduces(program.bundle.graphs, program.runtime.plan),
-                   "replicated": len(program.runtime.plan.replicated)}
+                   "replicated": len(program.runtime.plan.replicated),
+                   "async_reduce": bool(program.runtime.async_reduce)}
     result = {"losses": losses, "memory": memory, "plan": plan, "collectives": collectives, "norms": norms}
     if full_state:
         result["state"] = {key: value.clone() for key, value in model.state_dict().items()}

@@ -130,16 +130,29 @@ def _rng_devices(sharding) -> list:
     return [device] if device.type == "cuda" else []
 
 
-def _async_reduce(budget: Budget | None, sharding) -> bool:
-    """Whether the step's reduce-scatters run asynchronously (one in flight).
+def _async_reduce(budget: Budget | None, scheduled) -> bool:
+    """Whether the step's reduce-scatters run asynchronously (one in flight), on NCCL and gloo alike.
 
-    Always on CUDA (NCCL's own stream) and on gloo without a finite budget. Under a finite budget on gloo they
-    stay synchronous: an asynchronous reduce keeps its gradient until the next is issued, while the schedulers
-    plan within the budget freeing it at its reduce (the simulator models both, ``async_reduce``), and a
-    budget is a promise.
+    An asynchronous reduce keeps its gradient until the next one is issued, while the schedulers plan within
+    a budget freeing it at its reduce; a budget is a promise, so under a finite one they run asynchronously
+    only where the simulator (``async_reduce=True``, which models exactly that) keeps every graph of the
+    scheduled plan within it, and synchronously otherwise.
     """
-    on_cuda = sharding.specs[0].param.device.type == "cuda"
-    return on_cuda or budget is None or not math.isfinite(budget.bytes)
+    if budget is None or not math.isfinite(budget.bytes):
+        return True
+    from dcsched.plan import Plan
+    from dcsched.sim.plans import simulate_plan
+    from dcsched.sim.simulate import compile_view
+
+    latency = latency_from_provenance(scheduled.provenance)
+    for name in scheduled.graph_names:
+        plan = scheduled.plans.get(name) or Plan(())
+        result = simulate_plan(compile_view(scheduled.graphs[name], comm_latency_ms=latency), plan, name,
+                               detail=False, check=False, async_reduce=True)
+        peak = result.peak_bytes if budget.scope == "all" else result.gathered_peak_bytes
+        if peak > budget.bytes:
+            return False
+    return True
 
 
 def compile_program(gm: torch.fx.GraphModule, example_inputs, sharding, options: TrainOptions) -> ScheduledProgram:
@@ -152,7 +165,6 @@ def compile_program(gm: torch.fx.GraphModule, example_inputs, sharding, options:
         profiled = profile_bundle(captured.bundle, options.profile_options(sharding.world_size),
                                   inputs=captured.inputs)
     budget = options.budget(profiled)
-    async_reduce = _async_reduce(budget, sharding)
     # Both graphs at once: a step scheduler plans them together (what it keeps gathered spans the two).
     plans = run_step(options.algo, {name: profiled.form(name) for name in profiled.graph_names}, budget=budget,
                      comm_latency_ms=latency_from_provenance(profiled.provenance), **options.algo_options)
@@ -163,6 +175,7 @@ def compile_program(gm: torch.fx.GraphModule, example_inputs, sharding, options:
     # Agreed figures make equal plans; checked anyway before the first step's collectives, since a plan that
     # differed would pair one rank's gathers with another's parameters.
     check_same(plan_fingerprints(scheduled), "scheduled", group=sharding.group)
+    async_reduce = _async_reduce(budget, scheduled)
     figures, _note = simulated_figures(scheduled, async_reduce=async_reduce and sharding.world_size > 1)
     return ScheduledProgram(sharding, scheduled, profiled, captured.mutated_inputs, options.algo, figures,
                             compute=options.compute, async_reduce=async_reduce)
