@@ -246,3 +246,24 @@ def test_asynchronous_reduces_keep_a_gradient_until_the_next_is_issued():
     largest = max(backward.size[backward.preds[i][0]] for i in range(len(backward)) if backward.kind[i] == REDUCE)
     assert all(0 <= a - s <= largest for a, s in zip(in_flight.memory, sync.memory))
     assert any(a > s for a, s in zip(in_flight.memory, sync.memory))
+
+
+def test_training_reduces_asynchronously_under_a_budget_only_where_the_simulator_fits_them():
+    from dcsched.bundle.core import load
+    from dcsched.train.backend import _async_reduce
+
+    bundle = load(SAMPLES / "convnet.pt")  # its peak is where a gradient is in flight
+    latency = latency_from_provenance(bundle.provenance)
+    forms = {graph: bundle.form(graph) for graph in bundle.graph_names}
+    plans = run_step("fast-free", forms, comm_latency_ms=latency)
+    scheduled = bundle.reordered({name: list(plan.order) for name, plan in plans.items()}, plans=plans)
+
+    def peak(async_reduce: bool) -> int:
+        return max(simulate_plan(CompiledGraph(forms[name], comm_latency_ms=latency), plans[name], name,
+                                 async_reduce=async_reduce).peak_bytes for name in forms)
+
+    synchronous, in_flight = peak(False), peak(True)
+    assert in_flight > synchronous
+    assert _async_reduce(None, scheduled) and _async_reduce(Budget(math.inf, "all"), scheduled)
+    assert _async_reduce(Budget(in_flight, "all"), scheduled)
+    assert not _async_reduce(Budget(in_flight - 1, "all"), scheduled)

@@ -82,9 +82,8 @@ def test_overlap_under_a_memory_budget_stays_within_it_in_real_training(two_rank
             assert max(measured, simulated) <= runs.OVERLAP_BUDGET, (rank, graph, measured, simulated)
         # The budget binds: unlimited overlap gathers ahead past it in the backward.
         assert unlimited["memory"]["backward"][1] > runs.OVERLAP_BUDGET >= budgeted["memory"]["backward"][1]
-        # Reduce-scatters asynchronous without a budget; under it, as the simulator (run so) says they fit.
+        # Reduce-scatters asynchronous without a budget (under it: where the simulator, run so, fits them in).
         assert unlimited["collectives"]["async_reduce"]
-        print(rank, "budgeted async", budgeted["collectives"]["async_reduce"])
 
 
 def test_three_ranks_with_parameters_that_do_not_divide(tmp_path):
