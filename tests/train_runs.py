@@ -141,7 +141,7 @@ def train_dcsched(name: str, algo: str, steps: int, batch: int, rank: int = 0, w
                    "all_reduces": getattr(program.runtime, "all_reduces", 0),
                    "planned_all_reduces": planned_all_reduces(program.bundle.graphs, program.runtime.plan),
                    "replicated": len(program.runtime.plan.replicated),
-                   "async_reduce": bool(program.runtime.async_reduce)}
+                   "async_reduce": bool(getattr(program.runtime, "async_reduce", False))}
     result = {"losses": losses, "memory": memory, "plan": plan, "collectives": collectives, "norms": norms}
     if full_state:
         result["state"] = {key: value.clone() for key, value in model.state_dict().items()}

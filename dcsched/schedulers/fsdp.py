@@ -159,7 +159,7 @@ class Blocks:
     root: frozenset = frozenset()
 
 
-def step_blocks(forms: Mapping[str, GraphForm], *, join_root: bool = False) -> dict[str, Blocks]:
+def step_blocks(forms: Mapping[str, GraphForm], *, root_mode: str = "unit") -> dict[str, Blocks]:
     """Every graph's blocks, as FSDP2's units: found in the forward, the same parameters in every graph.
 
     The forward's all-gathers (input order: the order parameters are needed) are cut into the root and the
@@ -170,10 +170,13 @@ def step_blocks(forms: Mapping[str, GraphForm], *, join_root: bool = False) -> d
     gradient of the unit is ready). A parameter the forward does not gather joins the block before it. A
     step without a forward (a graph on its own) finds its units in each graph itself.
 
-    ``join_root``: the root's gradients are not one reduce but join the reduce of the blocks they are
-    ready beside (:func:`_joined`): the head's gradient, ready first, with the last block's, the
-    embedding's, ready last, with the first block's. One collective fewer than FSDP2's, and no gradient
-    waits for the backward's end (``overlap-plan``'s reduces; ``fsdp`` keeps FSDP2's).
+    ``root_mode``: ``'unit'`` (FSDP2's, the default); ``'joined'``: the root is no unit of its own, its
+    parameters travel with the blocks they are needed beside, in every graph and both ways
+    (:func:`_joined`): the embeddings with the first block, the final norm and head with the last, so no
+    parameter is gathered long before its use or its gradient held to the backward's end, and the step
+    issues fewer collectives; ``'split'``: as ``'joined'``, except that in the forward what the root holds
+    before the blocks and after them are two units of their own (a first bucket no larger than the
+    embeddings). ``overlap-plan`` plans with the last two.
 
     Examples
     --------
@@ -191,13 +194,18 @@ def step_blocks(forms: Mapping[str, GraphForm], *, join_root: bool = False) -> d
         found["forward"], unit = _own_blocks(forward)
         root = found["forward"].root
     for name, form in forms.items():
-        if name == "forward":
-            continue
-        if unit is None:
-            found[name] = _own_blocks(form)[0]
+        if name != "forward":
+            found[name], own = (_own_blocks(form) if unit is None else
+                                (Blocks(_grouped(form, ALLGATHER, unit, last=False),
+                                        _grouped(form, REDUCE, unit, last=True), root), unit))
         else:
-            reduces = _joined(form, unit, root) if join_root and root else _grouped(form, REDUCE, unit, last=True)
-            found[name] = Blocks(_grouped(form, ALLGATHER, unit, last=False), reduces, root)
+            own = unit or {}
+        if root_mode != "unit" and found[name].root:
+            loose = found[name].root
+            if root_mode == "split" and name == "forward":
+                found[name] = Blocks(_split_root(form, found[name].gathers), [], loose)
+            else:
+                found[name] = Blocks(_joined(form, ALLGATHER, own, loose), _joined(form, REDUCE, own, loose), loose)
     return found
 
 
@@ -230,14 +238,25 @@ def _grouped(form: GraphForm, kind: int, unit: Mapping[int, int], *, last: bool)
     return sorted(groups.values(), key=lambda g: where[g[-1]])
 
 
-def _joined(form: GraphForm, unit: Mapping[int, int], loose: frozenset) -> list[list[int]]:
-    """The reduces in input order, cut where the unit changes; a ``loose`` (root) or unknown ds_id's reduce
-    joins the group before it (the first group, where it comes before any)."""
+def _split_root(form: GraphForm, gathers: list[list[int]]) -> list[list[int]]:
+    """The forward's units with the root's (the first) split into what is needed before the blocks and after."""
+    if len(gathers) < 2:
+        return gathers
+    position = {v: p for p, v in enumerate(form.topo)}
+    start = position[gathers[1][0]]
+    before = [m for m in gathers[0] if position[m] < start]
+    after = [m for m in gathers[0] if position[m] >= start]
+    return [group for group in (before, *gathers[1:], after) if group]
+
+
+def _joined(form: GraphForm, kind: int, unit: Mapping[int, int], loose: frozenset) -> list[list[int]]:
+    """The nodes of ``kind`` in input order, cut where the unit changes; a ``loose`` (root) or unknown ds_id's
+    node joins the group before it (the first group, where it comes before any)."""
     groups: list[list[int]] = []
     pending: list[int] = []
     current = None
     for i in form.topo:
-        if form.kind[i] != REDUCE:
+        if form.kind[i] != kind:
             continue
         block = None if form.ds_id[i] in loose else unit.get(form.ds_id[i])
         if block is None:

@@ -6,11 +6,15 @@ collectives run as one (buckets) and which parameters stay gathered from the
 forward to the backward (``'kept'`` residency), and picks each graph's order,
 by the simulator, within ``budget_bytes`` of ``budget_scope``:
 
-1. **Blocks.** Each graph's all-gathers are cut into blocks as ``fsdp`` cuts
-   them (:func:`dcsched.schedulers.fsdp.blocks`: the period of the parameter
-   sizes, one block per transformer layer), and its reduces follow the blocks
-   of the parameters they reduce. A block is one all-gather bucket (and one
-   reduce bucket): the step issues no more collectives than FSDP2's policy.
+1. **Blocks.** ``fsdp``'s blocks (:func:`dcsched.schedulers.fsdp.step_blocks`:
+   the period of the forward's parameter sizes, one block per transformer
+   layer, the same parameters in the backward). A block is one all-gather
+   bucket (and one reduce bucket). The root (embeddings, final norm, head) is
+   no unit of its own: its parameters travel with the blocks beside them
+   (``root_mode='joined'``), or in the forward as two units of their own
+   (``'split'``); the step is planned both ways and the faster plan within
+   the cap kept. The step issues no more collectives than ``fsdp``'s plan
+   (FSDP2's count).
 2. **Orders.** Candidates per graph, each with the block buckets
    (:func:`dcsched.schedulers.fsdp.bucketed`: a bucket's all-gathers move to where its first one
    stands, its reduces to where its last one stands): ``fsdp``'s order
@@ -20,7 +24,8 @@ by the simulator, within ``budget_bytes`` of ``budget_scope``:
    (time and a collective) and costs its bytes from its forward release to
    its backward one. The parameters needed last in the forward (first in
    the backward) cost least, so the candidates keep the last ``j`` forward
-   blocks, for ``j`` in 0, 1, 2, 4, ... and all of them.
+   blocks, for ``j`` in 0, 1, 2, 4, ... and all of them, and the root alone
+   (what FSDP2 keeps).
 4. **Choice.** Every candidate is simulated with its buckets and residency
    (:meth:`dcsched.sim.simulate.CompiledGraph.simulate`); for each ``j`` each
    graph takes its fastest order within the budget, and the ``j`` with the
@@ -354,43 +359,58 @@ def overlap_plan(forms: Mapping[str, GraphForm], *, budget_bytes: float = UNLIMI
     ({'allgather'}, {})
     """
     check_scope(budget_scope)
-    found = step_blocks(forms, join_root=True)
-    planners = {name: _GraphPlanner(form, found[name], comm_latency_ms, budget_scope, budget_bytes, name)
-                for name, form in forms.items()}
+    fsdp_units = step_blocks(forms)
+    root = kept_root(forms, fsdp_units)
+    best: tuple | None = None
+    cap = None
+    # The root's parameters travel with the blocks beside them; in the forward, alone or with them: the
+    # better of the two depends on the budget (a first bucket of the embeddings alone, or fewer collectives).
+    for mode in ("joined", "split") if root else ("joined",):
+        planners = {name: _GraphPlanner(form, found, comm_latency_ms, budget_scope, budget_bytes, name)
+                    for (name, form), found in zip(forms.items(), step_blocks(forms, root_mode=mode).values())}
+        if cap is None:
+            cap = _fsdp_collectives(planners, fsdp_units, root)
+        planned = _plan_units(planners, budget_bytes, root, cap)
+        if planned is not None:
+            chosen = planned[0]
+            figures = (sum(c.collectives for c in chosen.values()) > cap, sum(c.step_ms for c in chosen.values()),
+                       sum(c.collectives for c in chosen.values()))
+            if best is None or figures < best[0]:
+                best = (figures, planners, *planned)
+    if best is None:  # no bucketed order fits: overlap's own plan
+        return {name: planner.plan(planner.fallback(budget_bytes), (), frozenset())
+                for name, planner in planners.items()}
+    _figures, planners, chosen, kept = best
+    backward = planners.get("backward")
+    return {name: planner.plan(chosen[name], sorted(kept), kept if planner is backward else frozenset())
+            for name, planner in planners.items()}
+
+
+def _plan_units(planners: dict[str, _GraphPlanner], budget: float, root: frozenset, cap: int
+                ) -> tuple[dict[str, Candidate], frozenset] | None:
+    """Each graph's candidate and the kept parameters, planned on the planners' units (steps 3 to 5 of the
+    module docstring), or None where no bucketed order fits ``budget``."""
     forward, backward = planners.get("forward"), planners.get("backward")
     choices: list[tuple[tuple, dict[str, list[Candidate]], frozenset]] = []
-    keepable: list[list[int]] = []
-    root = kept_root(forms, found)
+    kept_sets: list[frozenset] = [frozenset()]
     if forward is not None and backward is not None:
         shared = backward.gathered_ids()
-        if root:  # FSDP2 keeps it: the first to try
-            keepable.append(sorted(root))
-        for group in reversed(forward.gathers):  # needed last in the forward: first in the backward
-            ids = sorted({forward.form.ds_id[m] for m in group} & shared - root)
-            if ids:
-                keepable.append(ids)
-    for j in _keep_counts(len(keepable)):
-        kept = frozenset(d for ids in keepable[:j] for d in ids)
-        picked = _fitting_step(planners, budget_bytes, kept)
+        keepable = [ids for ids in ({forward.form.ds_id[m] for m in group} & shared
+                                    for group in reversed(forward.gathers))
+                    if ids]  # needed last in the forward: first in the backward
+        kept_sets = [frozenset().union(*keepable[:j]) for j in _keep_counts(len(keepable))]
+        if root and root not in kept_sets:  # FSDP2's: the root alone
+            kept_sets.append(root)
+    for kept in kept_sets:
+        picked = _fitting_step(planners, budget, kept)
         if picked is not None:
             firsts = [c[0] for c in picked.values()]
             key = (sum(c.step_ms for c in firsts), sum(c.collectives for c in firsts), max(c.peak or 0 for c in firsts))
             choices.append((key, picked, kept))
-    if not choices:  # no bucketed order fits: overlap's own plan
-        return {name: planner.plan(planner.fallback(budget_bytes), (), frozenset())
-                for name, planner in planners.items()}
-    cap = _fsdp_collectives(planners, step_blocks(forms), root)
-    best: tuple | None = None
-    # The kept sets that come out fastest before their cuts need not after them: the REFINED fastest are cut.
-    for _key, picked, kept in sorted(choices, key=lambda choice: choice[0])[:REFINED]:
-        chosen = _refine(planners, picked, kept, cap - sum(c[0].collectives for c in picked.values()), budget_bytes)
-        figures = (sum(c.step_ms for c in chosen.values()), sum(c.collectives for c in chosen.values()))
-        if best is None or figures < best[0]:
-            best = (figures, chosen, kept)
-    assert best is not None
-    _figures, chosen, kept = best
-    return {name: planner.plan(chosen[name], sorted(kept), kept if planner is backward else frozenset())
-            for name, planner in planners.items()}
+    if not choices:
+        return None
+    _key, picked, kept = min(choices, key=lambda choice: choice[0])
+    return _refine(planners, picked, kept, cap - sum(c[0].collectives for c in picked.values()), budget), kept
 
 
 def _fsdp_collectives(planners: dict[str, _GraphPlanner], found: Mapping[str, Blocks], root: frozenset) -> int:
