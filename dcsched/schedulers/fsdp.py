@@ -194,12 +194,17 @@ def step_blocks(forms: Mapping[str, GraphForm], *, root_mode: str = "unit") -> d
         found["forward"], unit = _own_blocks(forward)
         root = found["forward"].root
     for name, form in forms.items():
-        if name != "forward":
-            found[name], own = (_own_blocks(form) if unit is None else
-                                (Blocks(_grouped(form, ALLGATHER, unit, last=False),
-                                        _grouped(form, REDUCE, unit, last=True), root), unit))
-        else:
+        if name == "forward":
             own = unit or {}
+        elif unit is None or (root_mode != "unit" and not root):
+            # no forward, or (for the planner) a step without a root: the graph's own units, its reduces in
+            # consecutive runs of a unit (a late gradient then does not hold back those ready long before)
+            found[name], own = _own_blocks(form)
+            if root_mode != "unit":
+                found[name] = Blocks(found[name].gathers, _joined(form, REDUCE, own, frozenset()))
+        else:
+            found[name], own = Blocks(_grouped(form, ALLGATHER, unit, last=False),
+                                      _grouped(form, REDUCE, unit, last=True), root), unit
         if root_mode != "unit" and found[name].root:
             loose = found[name].root
             if root_mode == "split" and name == "forward":
