@@ -76,9 +76,14 @@ def test_two_gathers_bucketed_run_as_one_collective():
     pos = order.index("ag0")
     assert (fused.start_ms[pos], fused.end_ms[pos]) == (0.0, 4.5)
     assert fused.end_ms[order.index("ag1")] == 4.5
-    # Memory at ag0: both gathered buffers (100 + 200) on top of the shards (25 + 50).
-    assert fused.memory[pos] == 75 + 300 and plain.memory[pos] == 75 + 100
-    assert fused.gathered_memory[pos] == 300 and fused.gathered_peak_bytes == 300
+    # Memory at ag0: both gathered buffers (100 + 200) on top of the shards (25 + 50), and the bucket's flat
+    # input, a copy of the shards (75), until the first wait; there, for the copy-out, the flat output (300) too.
+    assert fused.memory[pos] == 75 + 300 + 75 and plain.memory[pos] == 75 + 100
+    assert fused.gathered_memory[pos] == 300
+    wait = order.index("wait0")
+    assert fused.memory[wait] == 75 + 300 + 75 + 300 and fused.gathered_memory[wait] == 600
+    assert fused.memory[wait + 1] == plain.memory[wait + 1] + 200  # then only ag1's buffer, gathered early
+    assert fused.gathered_peak_bytes == 600
     assert fused.exposed_comm_ms == pytest.approx(4.5)
     assert fused.lower_bound_ms <= fused.step_ms and fused.tight_lower_bound_ms <= fused.step_ms + EPS
     # Names or node numbers, Bucket or plain sequences: the same; an empty list of buckets: no bucket at all.

@@ -133,6 +133,7 @@ class _GatherBucket:
             return
         self.work.wait()
         for _ds_id, padded, offset, size in self.members:
+            padded.untyped_storage().resize_(padded.numel() * padded.element_size())
             unpack_gathered(self.output, world_size, offset, size, padded.view(world_size, size))
         self.work = self.source = self.output = None
         self.members = []
@@ -193,6 +194,24 @@ class DistributedZero3Runtime(Zero3Runtime):
     #: the oldest, so its input (the gradient) is freed near its reduce rather than every gradient living to
     #: the backward's end. One, as FSDP2 keeps the previous one in flight.
     reduces_in_flight: int | None = 1
+    #: a bucket's flat tensors at its latest copy-out (:meth:`transient_bytes`)
+    _transient: int = 0
+
+    def transient_bytes(self) -> int:
+        """:meth:`Zero3Runtime.transient_bytes`: a bucket's flat tensors at its copy-out."""
+        transient = self._transient
+        self._transient = 0
+        return transient
+
+    def buffers(self) -> list[torch.Tensor]:
+        """The flat tensors of the buckets being filled or in flight, and bucket members' buffers not yet asked
+        for (:meth:`Zero3Runtime.buffers`)."""
+        held: list = [t for bucket in self._reduce_buckets.values() for t in (bucket.source, bucket.output)]
+        held += [t for entry in self.reducing for t in entry[1:3]]
+        held += [t for pending in self.pending.values() if isinstance(pending, _GatherBucket)
+                 for t in (pending.source, pending.output)]
+        held += list(self._ready.values())
+        return [t for t in held if isinstance(t, torch.Tensor)]
 
     def __init__(self, params: Iterable[ParamInfo], group=None) -> None:
         super().__init__()
@@ -340,8 +359,10 @@ class DistributedZero3Runtime(Zero3Runtime):
         placed, fulls = [], {}
         for (member, _s), offset, size in zip(members, offsets(sizes), sizes):
             padded = source.new_empty(size * self.world_size)
-            placed.append((member, padded, offset, size))
             fulls[member] = padded[:self._numel(member)].view(self._shape(member))
+            # no bytes until the copy-out (as FSDP2's unsharded parameters): the flat output holds them till then
+            padded.untyped_storage().resize_(0)
+            placed.append((member, padded, offset, size))
         pending = _GatherBucket(work, source, output, placed)
         for member, full in fulls.items():
             self.pending[(graph_id, member)] = pending
@@ -366,6 +387,9 @@ class DistributedZero3Runtime(Zero3Runtime):
         if isinstance(pending, _GatherBucket):  # the bucket's first wait fills every member's buffer
             for member, *_rest in pending.members:
                 self.pending.pop((graph_id, member), None)
+            # the flat tensors live beside the members' new buffers until the copy-out ends
+            self._transient = sum(t.untyped_storage().nbytes() for t in (pending.source, pending.output)
+                                  if isinstance(t, torch.Tensor))
             pending.complete(self.world_size)
         elif pending is not None:
             pending[0].wait()

@@ -9,7 +9,10 @@ A storage can also shrink without being freed: ZeRO-3's ``release_param``
 frees an all-gathered buffer with ``untyped_storage().resize_(0)`` while views
 of it are still referenced, and that call is no dispatched op. So after every
 op that can resize storages (the ZeRO-3 comm ops and ``aten.resize_``/``set_``)
-the tracker re-reads the size of the storages it holds. What it cannot see is
+the tracker re-reads the size of the storages it holds, and counts the buffers
+the runtime made inside the op, which no op returned and this mode (off while
+its own handler runs) did not see: a bucket's flat input and output
+(:meth:`dcsched.runtime.ops.Zero3Runtime.buffers`). What it cannot see is
 scratch memory an op allocates and frees inside its kernel, and allocator
 overheads: the figure is the sum of live tensor storages, as the simulator
 models memory.
@@ -111,6 +114,12 @@ class LiveBytes(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         if _changes_storage_sizes(func):
             self.resync()
+            if role_of_target("call_function", func) in COMM_ROLES:
+                # what the runtime allocated inside the op (this mode is off there): a bucket's flat tensors,
+                # those it still holds and those it held for a moment (its copy-out)
+                from dcsched.runtime import ops
+                self.track(ops.RUNTIME.buffers())
+                self.peak = max(self.peak, self.live + ops.RUNTIME.transient_bytes())
         self.track(out)
         return out
 

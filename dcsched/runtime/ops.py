@@ -186,6 +186,17 @@ class Zero3Runtime:
     def reduce(self, grad: torch.Tensor, graph_id: int, ds_id: int) -> torch.Tensor:
         return grad.clone()
 
+    def transient_bytes(self) -> int:
+        """Bytes the latest op held for a moment beyond what it left behind and :meth:`buffers` gives (a
+        bucket's flat tensors while its members are copied out of them), then forgotten: a memory tracker
+        adds them to what is live after the op for its peak."""
+        return 0
+
+    def buffers(self) -> list[torch.Tensor]:
+        """Tensors the runtime allocated itself and still holds, which no op returned (a bucket's flat input
+        in flight): a memory tracker that sees op outputs only counts these too (:mod:`dcsched.runtime.memtrack`)."""
+        return []
+
     # -- shapes for fake tensors -------------------------------------------
     def gathered_like(self, shard: torch.Tensor, graph_id: int, ds_id: int, dtype) -> torch.Tensor:
         return torch.empty_like(shard, dtype=dtype if dtype is not None else shard.dtype)

@@ -10,7 +10,7 @@ import itertools
 import operator
 from typing import Sequence
 
-from dcsched.graph.form import ALLGATHER, REDUCE
+from dcsched.graph.form import ALLGATHER, REDUCE, WAIT
 from dcsched.sim.fused import HELD, Fused
 
 
@@ -26,6 +26,9 @@ class MemoryModel:
     owned: list
     part_of: list
     reads: list
+    preds: list
+    succs: list
+    size: list
     readers_of: list
     is_input: list
     alloc: list
@@ -173,7 +176,7 @@ class MemoryModel:
                               itertools.accumulate(free_all, initial=0)))
             gathered = list(map(operator.sub, itertools.islice(itertools.accumulate(gallocs, initial=gstart), 1, None),
                                 itertools.accumulate(free_gathered, initial=0)))
-            return memory, gathered
+            return self._with_bucket_buffers(idx, memory, gathered, fused)
         memory, gathered = [], []
         mem, gmem = start, gstart
         for a, ga, f, gf in zip(allocs, gallocs, free_all, free_gathered):
@@ -186,4 +189,42 @@ class MemoryModel:
             if f:
                 mem -= f
                 gmem -= gf
+        return self._with_bucket_buffers(idx, memory, gathered, fused)
+
+    def _with_bucket_buffers(self, idx: list[int], memory: list, gathered: list, fused: Fused | None
+                             ) -> tuple[list, list]:
+        """``memory`` and ``gathered`` with the flat buffers the runtime holds beside the nodes' own while a
+        bucket runs (:mod:`dcsched.runtime.distributed`), in place:
+
+        * an all-gather bucket copies its members' shards into one flat input when it is issued and gathers
+          into one flat output, which holds the members' bytes (what the nodes own) until its first wait
+          allocates each member's own buffer, copies it out (FSDP2's copy-out) and drops both flat tensors:
+          the shards' bytes more from the issue to that wait, and the members' full bytes more at that wait;
+        * a reduce bucket copies each member's gradient into one flat input (the gradients' bytes), allocated
+          when its first member runs, while the gradients not yet copied are still alive: their bytes more
+          at that member (less after, as each copied gradient is freed).
+        """
+        if fused is None or not fused.time:
+            return memory, gathered
+        kind, lead, preds, succs, size, owned = self.kind, fused.lead, self.preds, self.succs, self.size, self.owned
+        position = {i: p for p, i in enumerate(idx)}
+        groups: dict[int, list[int]] = {}
+        for i in idx:
+            if lead[i] >= 0:
+                groups.setdefault(lead[i], []).append(i)
+        for first, members in groups.items():
+            if len(members) < 2:  # one member left (the rest held or replicated): the runtime runs it alone
+                continue
+            start = position[first]
+            if kind[first] == REDUCE:
+                memory[start] += sum(size[preds[m][0]] for m in members)
+                continue
+            shards = sum(size[preds[m][0]] for m in members)
+            full = sum(owned[m] for m in members)
+            waits = [position[w] for m in members for w in succs[m] if kind[w] == WAIT and w in position]
+            wait = min(waits, default=start)
+            for p in range(start, wait):
+                memory[p] += shards
+            memory[wait] += shards + full
+            gathered[wait] += full
         return memory, gathered
