@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 #: Widest node name shown in a row; longer ones are shortened.
 NODE_WIDTH = 18
 #: DeepCompile's node-name prefixes and their short forms, tried in this order.
-PREFIXES = (("wait_allgather_ds_param__", "wait:"), ("allgather_ds_param_", "ag:"), ("release_ds_param_", "rel:"),
+PREFIXES = (("wait_allgather_ds_param__", "w:"), ("allgather_ds_param_", "ag:"), ("release_ds_param_", "rel:"),
             ("reduce_ds_param_", "rg:"))
 
 #: A cell: (before, this order's result, its scheduler seconds or None for before) -> text
