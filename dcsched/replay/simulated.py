@@ -16,6 +16,19 @@ def _meta_bytes(nodes: Iterable[torch.fx.Node]) -> int:
     return sum(node_bytes(node) for node in nodes)
 
 
+def simulate_graph(bundle: Bundle, name: str, *, async_reduce: bool = False):
+    """Graph ``name`` of ``bundle`` simulated as its plan runs it (buckets, kept parameters), or in its own
+    order without one, at the bundle's latency (``async_reduce``: :func:`dcsched.sim.plans.simulate_plan`'s)."""
+    from dcsched.plan import Plan
+    from dcsched.sim.collectives import latency_from_provenance
+    from dcsched.sim.plans import simulate_plan
+    from dcsched.sim.simulate import compile_view
+
+    compiled = compile_view(bundle.graphs[name], comm_latency_ms=latency_from_provenance(bundle.provenance))
+    return simulate_plan(compiled, bundle.plans.get(name) or Plan(()), name, detail=False, check=False,
+                         async_reduce=async_reduce)
+
+
 def simulated_figures(bundle: Bundle, world_size: int | None = None, *,
                       async_reduce: bool = False) -> tuple[dict | None, str]:
     """The simulator's step figures for ``bundle``'s own order, and a note on how they were made.
@@ -33,25 +46,16 @@ def simulated_figures(bundle: Bundle, world_size: int | None = None, *,
     and the backward's peak plus what the real step holds across it (the
     forward's inputs and user outputs that the backward does not take).
     """
-    from dcsched.plan import Plan
     from dcsched.profile.measure import resharded
-    from dcsched.sim.collectives import latency_from_provenance
-    from dcsched.sim.plans import simulate_plan
-    from dcsched.sim.simulate import compile_view
-
-    def run(name: str):
-        """The graph as its plan runs it (buckets, kept parameters), or in its own order without one."""
-        compiled = compile_view(bundle.graphs[name], comm_latency_ms=latency_from_provenance(bundle.provenance))
-        return simulate_plan(compiled, bundle.plans.get(name) or Plan(()), name, detail=False, check=False,
-                             async_reduce=async_reduce)
 
     profiled_for = bundle.provenance.get("world_size")
     resized = world_size is not None and isinstance(profiled_for, int) and profiled_for != world_size
     if resized and world_size is not None:
         bundle = resharded(bundle, world_size)
     try:
-        forward = run("forward")
-        backward = run("backward") if bundle.backward is not None else None
+        forward = simulate_graph(bundle, "forward", async_reduce=async_reduce)
+        backward = simulate_graph(bundle, "backward", async_reduce=async_reduce) if bundle.backward is not None \
+            else None
     except DcschedError as exc:
         return None, f"not simulated: {exc}"
     peak = forward.peak_bytes

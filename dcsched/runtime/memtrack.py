@@ -39,14 +39,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from dcsched.graph.roles import COMM_ROLES, role_of_target
+from dcsched.runtime import ops
 
 #: aten ops that change the size of an existing storage.
 _RESIZING_OPS = ("resize_", "set_", "resize_as_")
 
 
-def _changes_storage_sizes(func) -> bool:
-    if role_of_target("call_function", func) in COMM_ROLES:
-        return True
+def _resizes(func) -> bool:
+    """An aten op that changes the size of an existing storage."""
     name = getattr(func, "_opname", None) or getattr(getattr(func, "_schema", None), "name", "")
     return name in _RESIZING_OPS
 
@@ -112,14 +112,14 @@ class LiveBytes(TorchDispatchMode):
     # -- the mode ----------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if _changes_storage_sizes(func):
+        if role_of_target("call_function", func) in COMM_ROLES:  # a ZeRO-3 op: it may resize storages
             self.resync()
-            if role_of_target("call_function", func) in COMM_ROLES:
-                # what the runtime allocated inside the op (this mode is off there): a bucket's flat tensors,
-                # those it still holds and those it held for a moment (its copy-out)
-                from dcsched.runtime import ops
-                self.track(ops.RUNTIME.buffers())
-                self.peak = max(self.peak, self.live + ops.RUNTIME.transient_bytes())
+            # what the runtime allocated inside the op (this mode is off there): a bucket's flat tensors,
+            # those it still holds and those it held for a moment (its copy-out)
+            self.track(ops.RUNTIME.buffers())
+            self.peak = max(self.peak, self.live + ops.RUNTIME.transient_bytes())
+        elif _resizes(func):
+            self.resync()
         self.track(out)
         return out
 

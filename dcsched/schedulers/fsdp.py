@@ -360,9 +360,12 @@ def kept_root(forms: Mapping[str, GraphForm], found: Mapping[str, Blocks]) -> fr
     """
     if "forward" not in found or "backward" not in forms:
         return frozenset()
-    backward = forms["backward"]
-    gathered = {backward.ds_id[m] for group in found["backward"].gathers for m in group}
-    return found["forward"].root & gathered
+    return found["forward"].root & gathered_ids(forms["backward"], found["backward"])
+
+
+def gathered_ids(form: GraphForm, blocks: Blocks) -> set[int]:
+    """The ds_ids ``form`` gathers in ``blocks``' all-gather blocks."""
+    return {form.ds_id[m] for group in blocks.gathers for m in group}
 
 
 def plan_of(form: GraphForm, order: Sequence[int], buckets: Sequence[Sequence[int]], kept: Iterable[int],

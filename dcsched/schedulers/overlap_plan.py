@@ -59,7 +59,7 @@ from dcsched.errors import BudgetError
 from dcsched.graph.form import GraphForm
 from dcsched.plan import Plan
 from dcsched.schedulers.fast_free import fast_free
-from dcsched.schedulers.fsdp import Blocks, bucketed, kept_root, plan_of, step_blocks
+from dcsched.schedulers.fsdp import Blocks, bucketed, gathered_ids, kept_root, plan_of, step_blocks
 from dcsched.schedulers.overlap.planner import UNLIMITED, check_scope
 from dcsched.schedulers.overlap.scheduler import Overlap
 from dcsched.schedulers.registry import register
@@ -109,44 +109,25 @@ class Candidate:
         return (self.step_ms, self.collectives)
 
 
-class _GraphPlanner:
-    """One graph's blocks and candidate orders; :meth:`best` simulates them with a residency."""
+class _GraphOrders:
+    """One graph's compiled form and the orders that do not depend on its blocks (each computed once, then
+    shared by the planners of every unit layout :func:`overlap_plan` tries)."""
 
-    def __init__(self, form: GraphForm, blocks: Blocks, latency_ms: float, scope: str, budget: float,
-                 graph: str = "") -> None:
-        self.form, self.scope, self.budget = form, scope, budget
-        #: How the step's kept parameters reach this graph: kept past its end (forward), held from its start
-        #: (backward), or not at all.
-        self.residency_role = {"forward": "keep", "backward": "held"}.get(graph)
+    def __init__(self, form: GraphForm, latency_ms: float, scope: str) -> None:
+        self.form, self.scope = form, scope
         self.compiled = CompiledGraph(form, assume_zero=True, comm_latency_ms=latency_ms)
-        self.gathers, self.reduces = blocks.gathers, blocks.reduces
         self._bases: dict[str, list[int]] = {}
-        self._fsdp: dict[str, tuple[list[int], list[list[int]]]] = {}
         self._overlap: Overlap | None = None
         self._overlap_orders: dict[float, list[int] | BudgetError] = {}
 
-    def role(self, kept: frozenset) -> dict[str, frozenset]:
-        """The simulator's ``keep`` / ``held`` argument for the step's ``kept`` parameters."""
-        return {self.residency_role: kept} if self.residency_role and kept else {}
-
-    def gathered_ids(self) -> set[int]:
-        return {self.form.ds_id[m] for group in self.gathers for m in group}
-
-    def fsdp_orders(self) -> dict[str, tuple[list[int], list[list[int]]]]:
-        """FSDP2-style orders and buckets, prefetching :data:`AHEAD` blocks ahead (computed once)."""
-        if not self._fsdp:
-            self._fsdp = {f"fsdp-{k}": bucketed(self.form, list(self.form.topo), self.gathers, self.reduces, ahead=k)
-                          for k in AHEAD}
-        return self._fsdp
-
-    def _fixed_bases(self) -> dict[str, list[int]]:
-        """The orders to bucket that do not depend on the budget (computed once)."""
+    def fixed_bases(self) -> dict[str, list[int]]:
+        """The orders to bucket that do not depend on the budget."""
         if not self._bases:
             index = self.form.index
             self._bases = {"fast-free": [index[n] for n in fast_free(self.form).order], "input": list(self.form.topo)}
         return self._bases
 
-    def _overlap_order(self, budget: float) -> list[int] | BudgetError:
+    def overlap_order(self, budget: float) -> list[int] | BudgetError:
         """``overlap``'s order under ``budget`` (node numbers), or its error where it refuses the budget."""
         if budget not in self._overlap_orders:
             if self._overlap is None:
@@ -158,6 +139,33 @@ class _GraphPlanner:
                 self._overlap_orders[budget] = exc
         return self._overlap_orders[budget]
 
+
+class _GraphPlanner:
+    """One graph's blocks and candidate orders; :meth:`best` simulates them with a residency."""
+
+    def __init__(self, orders: _GraphOrders, blocks: Blocks, budget: float, graph: str = "") -> None:
+        self.orders, self.form, self.scope, self.budget = orders, orders.form, orders.scope, budget
+        #: How the step's kept parameters reach this graph: kept past its end (forward), held from its start
+        #: (backward), or not at all.
+        self.residency_role = {"forward": "keep", "backward": "held"}.get(graph)
+        self.compiled = orders.compiled
+        self.blocks, self.gathers, self.reduces = blocks, blocks.gathers, blocks.reduces
+        self._fsdp: dict[str, tuple[list[int], list[list[int]]]] = {}
+
+    def role(self, kept: frozenset) -> dict[str, frozenset]:
+        """The simulator's ``keep`` / ``held`` argument for the step's ``kept`` parameters."""
+        return {self.residency_role: kept} if self.residency_role and kept else {}
+
+    def gathered_ids(self) -> set[int]:
+        return gathered_ids(self.form, self.blocks)
+
+    def fsdp_orders(self) -> dict[str, tuple[list[int], list[list[int]]]]:
+        """FSDP2-style orders and buckets, prefetching :data:`AHEAD` blocks ahead (computed once)."""
+        if not self._fsdp:
+            self._fsdp = {f"fsdp-{k}": bucketed(self.form, list(self.form.topo), self.gathers, self.reduces, ahead=k)
+                          for k in AHEAD}
+        return self._fsdp
+
     def candidates(self, budget: float, reserved: float, role: dict, pieces: int = 1,
                    tight: bool = False) -> Iterable[Candidate]:
         """Every candidate order, bucketed and simulated (``reserved``: the kept parameters' bytes), each
@@ -166,9 +174,9 @@ class _GraphPlanner:
         if pieces == 1:  # FSDP2's own orders, whole blocks only
             for source, (order, buckets) in self.fsdp_orders().items():
                 yield self.simulated(source, order, buckets, **role)
-        bases = dict(self._fixed_bases())
+        bases = dict(self.orders.fixed_bases())
         # overlap under what the kept parameters leave of the budget
-        overlap_order = self._overlap_order(budget - reserved if math.isfinite(budget) else budget)
+        overlap_order = self.orders.overlap_order(budget - reserved if math.isfinite(budget) else budget)
         if not isinstance(overlap_order, BudgetError):
             bases["overlap"] = overlap_order
             if tight:  # a tight budget: overlap's own order, every collective alone
@@ -278,7 +286,7 @@ class _GraphPlanner:
 
     def fallback(self, budget: float) -> Candidate:
         """``overlap``'s own order, every collective alone (raises :class:`BudgetError` where it does)."""
-        order = self._overlap_order(budget)
+        order = self.orders.overlap_order(budget)
         if isinstance(order, BudgetError):
             raise order
         return self.simulated("overlap (no buckets)", order, [])
@@ -365,9 +373,10 @@ def overlap_plan(forms: Mapping[str, GraphForm], *, budget_bytes: float = UNLIMI
     cap = None
     # The root's parameters travel with the blocks beside them; in the forward, alone or with them: the
     # better of the two depends on the budget (a first bucket of the embeddings alone, or fewer collectives).
+    orders = {name: _GraphOrders(form, comm_latency_ms, budget_scope) for name, form in forms.items()}
     for mode in ("joined", "split") if root else ("joined",):
-        planners = {name: _GraphPlanner(form, found, comm_latency_ms, budget_scope, budget_bytes, name)
-                    for (name, form), found in zip(forms.items(), step_blocks(forms, root_mode=mode).values())}
+        units = step_blocks(forms, root_mode=mode)
+        planners = {name: _GraphPlanner(orders[name], units[name], budget_bytes, name) for name in forms}
         if cap is None:
             cap = _fsdp_collectives(planners, fsdp_units, root)
         planned = _plan_units(planners, budget_bytes, root, cap)

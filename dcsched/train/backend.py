@@ -140,15 +140,10 @@ def _async_reduce(budget: Budget | None, scheduled) -> bool:
     """
     if budget is None or not math.isfinite(budget.bytes):
         return True
-    from dcsched.plan import Plan
-    from dcsched.sim.plans import simulate_plan
-    from dcsched.sim.simulate import compile_view
+    from dcsched.replay.simulated import simulate_graph
 
-    latency = latency_from_provenance(scheduled.provenance)
     for name in scheduled.graph_names:
-        plan = scheduled.plans.get(name) or Plan(())
-        result = simulate_plan(compile_view(scheduled.graphs[name], comm_latency_ms=latency), plan, name,
-                               detail=False, check=False, async_reduce=True)
+        result = simulate_graph(scheduled, name, async_reduce=True)
         peak = result.peak_bytes if budget.scope == "all" else result.gathered_peak_bytes
         if peak > budget.bytes:
             return False
