@@ -135,6 +135,10 @@ class _GatherBucket:
         for _ds_id, padded, offset, size in self.members:
             padded.untyped_storage().resize_(padded.numel() * padded.element_size())
             unpack_gathered(self.output, world_size, offset, size, padded.view(world_size, size))
+        for flat in (self.source, self.output):
+            # freed here, not whenever the process group's own reference to them goes (a gloo thread's, late
+            # under load): where the simulator frees them, and what a memory tracker then sees
+            flat.untyped_storage().resize_(0)
         self.work = self.source = self.output = None
         self.members = []
 
@@ -222,7 +226,7 @@ class DistributedZero3Runtime(Zero3Runtime):
         #: Gathers in flight by (graph_id, ds_id): (work, input) alone, or a bucket's :class:`_GatherBucket`.
         self.pending: dict[tuple[int, int], object] = {}
         self._average_op = True  # falls back to SUM then divide where the backend lacks AVG
-        self.reducing: list[tuple] = []  # (work, output, input, divide): referenced until waited on
+        self.reducing: list[tuple] = []  # (work, output, input, divide, owned): referenced until waited on
         self._ready: dict[tuple[int, int], torch.Tensor] = {}  # bucket members' buffers, not yet asked for
         self._gathered_buckets: set[tuple[int, tuple[int, ...]]] = set()  # issued (or run alone) this run
         self._reduce_buckets: dict[tuple[int, tuple[int, ...]], _ReduceBucket] = {}
@@ -270,10 +274,12 @@ class DistributedZero3Runtime(Zero3Runtime):
         for pending in reducing:
             self._wait_reduce(*pending)
 
-    def _wait_reduce(self, work, out, _source, divide: bool) -> None:
+    def _wait_reduce(self, work, out, source, divide: bool, owned: bool) -> None:
         work.wait()
         if divide:
             out.div_(self.world_size)
+        if owned:  # the runtime's own input buffer: freed now, as _GatherBucket.complete frees its flat tensors
+            source.untyped_storage().resize_(0)
 
     def shard(self, full: torch.Tensor) -> torch.Tensor:
         return shard_of(full, self.rank, self.world_size)
@@ -419,7 +425,8 @@ class DistributedZero3Runtime(Zero3Runtime):
         return shard
 
     def _issue_reduce_bucket(self, graph_id: int, bucket: _ReduceBucket) -> None:
-        self._mean(bucket.output, bucket.source, graph_id)
+        # a reduce-scatter's flat input is the runtime's own; an all-reduce's is its output, the members' results
+        self._mean(bucket.output, bucket.source, graph_id, owned=not bucket.whole)
 
     def _reduce_one(self, grad, graph_id):
         flat = grad.reshape(-1)
@@ -427,7 +434,10 @@ class DistributedZero3Runtime(Zero3Runtime):
         if total != flat.numel():
             flat = torch.cat([flat, flat.new_zeros(total - flat.numel())])
         out = torch.empty(total // self.world_size, dtype=grad.dtype, device=grad.device)
-        return self._mean(out, flat.contiguous(), graph_id)
+        flat = flat.contiguous()
+        # a padded or contiguous copy is the runtime's own; a view of the gradient is the graph's
+        owned = flat.untyped_storage().data_ptr() != grad.untyped_storage().data_ptr()
+        return self._mean(out, flat, graph_id, owned=owned)
 
     def _all_reduce_one(self, grad, graph_id):
         # A fresh buffer (the gradient may be read again, and the simulator frees it at its reduce, as a
@@ -435,35 +445,38 @@ class DistributedZero3Runtime(Zero3Runtime):
         flat = grad.reshape(-1).clone()
         return self._mean(flat, flat, graph_id)
 
-    def _mean(self, out, flat, graph_id: int):
+    def _mean(self, out, flat, graph_id: int, owned: bool = False):
         """Reduce ``flat`` into ``out`` averaging over the ranks; ``out`` is ready after :meth:`finish`.
 
         A reduce-scatter, or an all-reduce in place where ``out`` is ``flat`` (replicated parameters). Both
         average alike (AVG, or SUM then a division by W where the backend lacks AVG), so a replicated
-        parameter's gradient is, element for element, what the sharded path gives.
+        parameter's gradient is, element for element, what the sharded path gives. ``owned``: ``flat`` is the
+        runtime's own buffer, freed once the collective is done.
         """
         if self._average_op:
             try:
-                return self._reduce(out, flat, dist.ReduceOp.AVG, graph_id, divide=False)
+                return self._reduce(out, flat, dist.ReduceOp.AVG, graph_id, divide=False, owned=owned)
             except (ValueError, RuntimeError):
                 self._average_op = False  # e.g. gloo builds without AVG
                 _ISSUED[0] -= 1  # not issued after all
                 self.issued[graph_id] -= 1
-        return self._reduce(out, flat, dist.ReduceOp.SUM, graph_id, divide=True)
+        return self._reduce(out, flat, dist.ReduceOp.SUM, graph_id, divide=True, owned=owned)
 
-    def _reduce(self, out, flat, op, graph_id: int, divide: bool):
+    def _reduce(self, out, flat, op, graph_id: int, divide: bool, owned: bool):
         self._issued(graph_id)
         issue = dist.all_reduce if out is flat else reduce_scatter_tensor
         args = (flat,) if out is flat else (out, flat)
         if self.async_reduce:
             work = issue(*args, op=op, group=self.group, async_op=True)
             self.all_reduces += out is flat
-            self.reducing.append((work, out, flat, divide))
+            self.reducing.append((work, out, flat, divide, owned))
             while self.reduces_in_flight is not None and len(self.reducing) > self.reduces_in_flight:
                 self._wait_reduce(*self.reducing.pop(0))
             return out
         issue(*args, op=op, group=self.group)
         self.all_reduces += out is flat
+        if owned:
+            flat.untyped_storage().resize_(0)
         return out.div_(self.world_size) if divide else out
 
     def reduced_shard_like(self, grad, graph_id, ds_id):
