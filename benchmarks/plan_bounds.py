@@ -6,14 +6,15 @@ and streams the first layer's parameters in as its compute starts. This script a
 planner's shape reaches ``overlap``'s step within that count, by exhausting a family wider than the planner
 searches (no budget, every parameter kept: the fewest collectives):
 
-* forward: the first layer's all-gathers cut into 1 to 4 consecutive buckets at every cut point, the second
-  layer's into 1 or 2 (cut every third parameter), each bucketed on the input order, ``fast-free``'s and
-  ``overlap``'s, 0, 1 or 2 blocks ahead (``dcsched.schedulers.fsdp.bucketed``);
+* forward: every all-gather, in the order the parameters are needed, cut into 1 to 4 consecutive buckets
+  (a bucket may hold the end of one layer and the start of the next): at every point among the first 16
+  parameters, every third after them; each bucketed on the input order, ``fast-free``'s and ``overlap``'s,
+  0, 1 or 2 blocks ahead (``dcsched.schedulers.fsdp.bucketed``);
 * backward: the reduces in their blocks, the last block whole or cut at every point, on the same orders.
 
 It prints the fastest forward and backward for each collective count and the fastest step within the cap.
 
-    .venv/bin/python benchmarks/plan_bounds.py            # moe-2 (about a minute)
+    .venv/bin/python benchmarks/plan_bounds.py            # moe-2 (about three minutes)
     .venv/bin/python benchmarks/plan_bounds.py --json
 """
 
@@ -28,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dcsched.graph.form import ALLGATHER, GraphForm  # noqa: E402
+from dcsched.graph.form import GraphForm  # noqa: E402
 from dcsched.schedulers import run_step  # noqa: E402
 from dcsched.schedulers.fast_free import fast_free  # noqa: E402
 from dcsched.schedulers.fsdp import bucketed, step_blocks  # noqa: E402
@@ -46,9 +47,10 @@ def bases(form: GraphForm) -> dict[str, list[int]]:
             "overlap": [index[n] for n in Overlap(form).order(math.inf, "all")]}
 
 
-def splits(members: list[int], most: int, stride: int = 1):
-    """``members`` cut into 1 to ``most`` consecutive pieces, at every ``stride``-th point."""
-    points = range(stride, len(members), stride)
+def splits(members: list[int], most: int, dense: int = 16, stride: int = 3):
+    """``members`` cut into 1 to ``most`` consecutive pieces: at every point among the first ``dense``,
+    every ``stride``-th after them."""
+    points = sorted({*range(1, min(dense, len(members))), *range(dense, len(members), stride)})
     for count in range(most):
         for cuts in itertools.combinations(points, count):
             edges = (0, *cuts, len(members))
@@ -75,19 +77,17 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     forms = {kind: GraphForm(moe_graph(0, kind=kind, n_layers=2)) for kind in ("forward", "backward")}
     compiled = {k: CompiledGraph(f, comm_latency_ms=DEFAULT_LATENCY_MS) for k, f in forms.items()}
-    found = step_blocks(forms, join_root=True)
+    found = step_blocks(forms, root_mode="joined")
     forward, backward = found["forward"], found["backward"]
     kept = frozenset(forms["forward"].ds_id[m] for g in forward.gathers for m in g)
     first, second = forward.gathers
 
     def forward_groupings():
-        for head in splits(first, 4):
-            for tail in splits(second, 2 if len(head) < 4 else 1, stride=3):
-                yield head + tail, []
+        yield from ((pieces, []) for pieces in splits(first + second, 4))
 
     def backward_groupings():
         *inner, last = backward.reduces
-        for tail in splits(last, 2):
+        for tail in splits(last, 2, dense=len(last)):
             yield [g for g in backward.gathers if any(forms["backward"].ds_id[m] not in kept for m in g)], \
                 inner + tail
 

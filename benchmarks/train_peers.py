@@ -89,6 +89,9 @@ def arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=N",
                         help=f"the model's size, default {SIZE}")
     parser.add_argument("--timeout", type=float, default=600.0, help="process-group timeout, seconds")
+    parser.add_argument("--memory-budget", default=None, metavar="SIZE",
+                        help="dcsched's --memory-budget for its configurations (e.g. 40MiB; default: none, the "
+                             "device's memory less 10%%)")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = parser.parse_args(argv)
     if min(args.steps, args.runs, args.batch, args.world_size) < 1 or args.warmup < 0:
@@ -138,7 +141,9 @@ class Config:
             algo = algo.removesuffix("-inductor")
             dcsched.shard(model)
             self.optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
-            self.run = torch.compile(model, backend=dcsched.backend(algo=algo, compute=compute), dynamic=False)
+            options = {"memory_budget": self.args.memory_budget} if self.args.memory_budget else {}
+            self.run = torch.compile(model, backend=dcsched.backend(algo=algo, compute=compute, **options),
+                                     dynamic=False)
         elif name.startswith("fsdp2"):
             from torch.distributed.fsdp import fully_shard
             for block in _blocks(model):

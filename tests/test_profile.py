@@ -230,3 +230,6 @@ def test_collectives_are_measured_under_torchrun(tmp_path):
     assert bundle.provenance["world_size"] == 2 and bundle.provenance["comm_time"].startswith("measured")
     gathers = [n for n in bundle.forward.nodes if role_of(n) is Role.ALLGATHER]
     assert gathers and all(n.meta["time_source"] == "measured" and n.meta["device_time"] > 0 for n in gathers)
+    # the latency is measured too (a bucket saves it per member), and no collective takes less
+    latency = bundle.provenance["comm_latency_ms"]
+    assert latency is not None and 0 < latency <= 2 * min(n.meta["device_time"] for n in gathers)

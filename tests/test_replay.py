@@ -247,6 +247,27 @@ def test_peak_counts_gathered_parameters_that_are_not_released(mlp):
     assert kept.peak_bytes > freed.peak_bytes
 
 
+def test_a_copy_out_before_the_tracker_watched_is_not_counted(mlp):
+    """A bucket's copy-out bytes count at the op that made them; one made while no tracker watched (an
+    unmeasured step's) must not land on the first op the next tracker sees."""
+    class CopiedOutEarlier(ops.Zero3Runtime):
+        pending = 10 ** 9
+
+        def transient_bytes(self):
+            made, self.pending = self.pending, 0
+            return made
+
+    runtime = CopiedOutEarlier()
+    with rp.installed(runtime):
+        step, state = rp.build_step(mlp), rp.make_state(mlp)
+        with LiveBytes() as tracker:
+            tracker.track(state.forward_args)
+            rp.run_step(step, state)
+    assert tracker.peak < 10 ** 9
+    plain = rp.replay(mlp, iters=1, warmup=0).measurement
+    assert tracker.peak == plain.peak_bytes
+
+
 def test_measurement_figures(mlp):
     m = rp.replay(mlp, iters=3, warmup=2).measurement
     assert m.iters == 3 and m.warmup == 2 and m.timer == "perf_counter_ns"

@@ -82,7 +82,7 @@ def corpus() -> list[dict]:
 
 def build(entry: dict):
     """The FX graph an entry describes (dcsched's op namespace)."""
-    from dcsched import bundle
+    from dcsched.bundle import core as bundle
     from dcsched.synthetic import layered_stack, random_graph
 
     if entry["source"] == "random":
@@ -101,7 +101,7 @@ def entry_id(entry: dict) -> str:
 
 def make_bundles() -> None:
     import dcsched
-    from dcsched.capture import capture
+    from dcsched.profile.capture import capture
     from dcsched.costmodels.options import ProfileOptions
     from dcsched.profile.measure import profile_bundle
     from dcsched.examples import build as build_model
@@ -129,7 +129,7 @@ def make_bundles() -> None:
 # ---------------------------------------------------------------------------
 
 def record() -> None:
-    from dcsched.nxview import check_order, to_networkx
+    from dcsched.graph.nxview import check_order, to_networkx
     from dcsched.errors import GraphError
     from dcsched.synthetic import graph_digest
 
@@ -230,13 +230,18 @@ def record_prefetch() -> None:
 
     import torch
 
-    from dcsched.nxview import check_order, to_networkx
-    from dcsched.errors import GraphError
+    from dcsched.graph.nxview import check_order, to_networkx
     from dcsched.schedulers.deepcompile import profiled_inputs
-    from dcsched.simulate import ALLGATHER, compile_view
+    from dcsched.graph.form import ALLGATHER
+    from dcsched.sim.simulate import compile_view
     from dcsched.synthetic import graph_digest
 
-    list_schedule, _ = _prepare_deepspeed()
+    from dcsched.deepspeed import reference_list_schedule, to_deepspeed_graph
+
+    try:
+        list_schedule, _ = reference_list_schedule()
+    except RuntimeError as exc:
+        raise SystemExit(str(exc)) from None
     import deepspeed
 
     total_memory = [0.0]
@@ -274,7 +279,7 @@ def record_prefetch() -> None:
             profile = types.SimpleNamespace(fwd_graph=None, bwd_graph=None, fwd_mem_complete=True,
                                             bwd_mem_complete=True, fwd_mem=mem, bwd_mem=mem, fwd_time=[],
                                             bwd_time=[], fwd_tensor_sizes=sizes, bwd_tensor_sizes=sizes)
-            prefetch.create_predictor = lambda: comm_time
+            prefetch.create_predictor = lambda comm_time=comm_time: comm_time  # this graph's, when the pass calls it
             module = types.SimpleNamespace(graph=to_deepspeed_graph_from(ff_graph))
             run = {"budget": budget}
             try:

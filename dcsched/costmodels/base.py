@@ -109,6 +109,13 @@ class CostModel(abc.ABC):
                        bandwidth_gbps=options.bandwidth_gbps)
 
 
+    def comm_latency_ms(self, options: ProfileOptions, run: ProfileRun) -> float | None:
+        """The per-collective latency (ms) the communication figures include, what a bucket saves per
+        member after its first: the modelled link's, or None where collectives were measured and this
+        model measured no latency (readers then take the default)."""
+        return None if run.distributed else self.comm_link(options).latency_us / 1e3
+
+
 class StaticCostModel(CostModel):
     """A model that runs nothing: each compute node's time is a function of its recorded shapes."""
 

@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 #: The interconnect row for a CUDA GPU the table does not list (and no ``gpu`` named): the slowest GPU row, so
 #: that communication is not made to look cheaper than it likely is.
 UNLISTED_GPU_KIND = "a100"
+#: The fewest timed runs of the collective that measures the latency under a process group.
+LATENCY_ITERS = 20
 
 
 def default_device() -> torch.device:
@@ -83,14 +85,27 @@ class Timer:
 def measure_collective(node: torch.fx.Node, world_size: int, device, timer: Timer, iters: int,
                        warmup: int) -> float:
     """Median ms of a real all-gather / reduce-scatter of ``node``'s size, the slowest rank's."""
+    (shape, dtype), = node_specs(node)[:1]
+    return _time_collective(role_of(node) is Role.ALLGATHER, shard_numel(math.prod(shape), world_size), dtype,
+                            world_size, device, timer, iters, warmup)
+
+
+def measure_latency(world_size: int, device, timer: Timer, iters: int, warmup: int) -> float:
+    """Median ms of a real all-gather of one float per rank, the slowest rank's: the latency every collective
+    pays once, whatever its bytes (what a bucket of collectives saves per member after its first)."""
+    return _time_collective(True, 1, torch.float32, world_size, device, timer, iters, warmup)
+
+
+def _time_collective(gather: bool, shard: int, dtype: torch.dtype, world_size: int, device, timer: Timer,
+                     iters: int, warmup: int) -> float:
+    """Median ms of an all-gather (``gather``) or reduce-scatter of ``shard`` elements a rank, the slowest
+    rank's (every rank gets the same figure)."""
     import torch.distributed as dist
 
     from dcsched.runtime.distributed import all_gather_into_tensor, reduce_scatter_tensor
-    (shape, dtype), = node_specs(node)[:1]
-    shard = shard_numel(math.prod(shape), world_size)
     full = torch.empty(shard * world_size, dtype=dtype, device=device)
     part = torch.empty(shard, dtype=dtype, device=device)
-    if role_of(node) is Role.ALLGATHER:
+    if gather:
         def call():
             all_gather_into_tensor(full, part)
     else:
@@ -111,6 +126,8 @@ class MeasuredCostModel(CostModel):
     def __init__(self, device: torch.device, iters: int, warmup: int) -> None:
         self.device, self.iters, self.warmup = device, iters, warmup
         self.timer = Timer(device)
+        #: the latency measured under a process group (:meth:`annotate`), None before or in one process
+        self.measured_latency_ms: float | None = None
 
     @classmethod
     def from_options(cls, options: ProfileOptions) -> MeasuredCostModel:
@@ -146,9 +163,17 @@ class MeasuredCostModel(CostModel):
             node.meta.update(device_time=modelled_comm_time(node, options, link), time_source="modelled")
         return call()  # once: a release frees the gathered buffer at its last call
 
+    def comm_latency_ms(self, options: ProfileOptions, run: ProfileRun) -> float | None:
+        """Under a process group, the latency :meth:`annotate` measured (the collectives' figures are
+        measured, latency included); in one process the modelled link's."""
+        return self.measured_latency_ms if run.distributed else super().comm_latency_ms(options, run)
+
     def annotate(self, bundle: Bundle, options: ProfileOptions, run: ProfileRun) -> str:
         description = describe_device(self.device)
         link = self.comm_link(options)
+        if run.distributed:  # a tiny collective's median is cheap: more runs than a node's, for a steady figure
+            self.measured_latency_ms = measure_latency(run.world_size, self.device, self.timer,
+                                                       max(self.iters, LATENCY_ITERS), max(self.warmup, 2))
         by_name = {name: {n.name: n for n in graph.nodes} for name, graph in bundle.graphs.items()}
         with progress_bar(options.progress) as progress:
             calls = sum(n.op == "call_function" for graph in bundle.graphs.values() for n in graph.nodes)
@@ -172,6 +197,10 @@ class MeasuredCostModel(CostModel):
             for node in graph.nodes:
                 if node.op in FREE_OPS:
                     node.meta.update(device_time=0.0, time_source="none")
+        if self.measured_latency_ms is not None:  # no collective pays more latency than it takes in all
+            self.measured_latency_ms = min([self.measured_latency_ms] + [
+                node.meta["device_time"] for graph in bundle.graphs.values() for node in graph.nodes
+                if role_of(node) in (Role.ALLGATHER, Role.REDUCE) and node.meta["device_time"] > 0])
         return description
 
     def target_memory(self, options: ProfileOptions) -> int | None:

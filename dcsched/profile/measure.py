@@ -150,8 +150,9 @@ def _provenance(model: CostModel, options: ProfileOptions, run: ProfileRun,
                 device: str) -> dict:
     target_gpu = model.target_gpu(options)
     how = model.provenance(options)
-    # Measured collectives include no figure of the model: None, and readers take the default latency.
+    # Measured collectives include no figure of the link: None; their latency is measured (the measured model's).
     link = None if run.distributed else model.comm_link(options)
+    latency_ms = model.comm_latency_ms(options, run)
     return {
         "cost_model": model.name,
         "device_time": how["device_time"],
@@ -163,10 +164,11 @@ def _provenance(model: CostModel, options: ProfileOptions, run: ProfileRun,
         "target_memory_bytes": model.target_memory(options),
         "torch": str(torch.__version__),
         "world_size": run.world_size,
-        # The latency every modelled collective's figure includes: what a bucket of them saves per extra member
-        # (dcsched.sim.collectives). Recorded once, in ms like every time of the bundle; the older keys
-        # latency_us / bandwidth_GBps held the same figures and are no longer written.
-        "comm_latency_ms": None if link is None else link.latency_us / 1e3,
+        # The latency every collective's figure includes, what a bucket of them saves per extra member
+        # (dcsched.sim.collectives): the modelled link's, or under a process group the measured model's own
+        # measurement (an all-gather of one float a rank). Recorded once, in ms like every time of the bundle;
+        # the older keys latency_us / bandwidth_GBps held the same figures and are no longer written.
+        "comm_latency_ms": latency_ms,
         "comm_bandwidth_GBps": None if link is None else link.bandwidth_gbps,
         "comm_link": None if link is None else link.name,
         "iters": how["iters"],

@@ -110,6 +110,12 @@ class LiveBytes(TorchDispatchMode):
         self._storages.clear()
 
     # -- the mode ----------------------------------------------------------
+    def __enter__(self):
+        # A copy-out the runtime made before this tracker watched (an unmeasured step's) is none of its
+        # figures: left standing, it would be added to the first op seen here.
+        ops.RUNTIME.transient_bytes()
+        return super().__enter__()
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if role_of_target("call_function", func) in COMM_ROLES:  # a ZeRO-3 op: it may resize storages

@@ -31,6 +31,10 @@ by the simulator, within ``budget_bytes`` of ``budget_scope``:
    graph takes its fastest order within the budget, and the ``j`` with the
    shortest step (forward plus backward) wins; ties go to fewer collectives,
    then to the lower peak.
+5. **Cuts.** The collectives ``fsdp``'s plan would issue and this one does
+   not are spent where they shorten the step (:func:`_refine`): single cuts of
+   the first and last blocks, and a graph's head (its first buckets) cut again
+   into the pieces :func:`~dcsched.schedulers.head_pieces.head_pieces` finds.
 
 When no bucketed order fits the budget (a budget near what gathering one
 parameter at a time needs), the graph falls back to ``overlap``'s own plan,
@@ -59,6 +63,7 @@ from dcsched.errors import BudgetError
 from dcsched.graph.form import GraphForm
 from dcsched.plan import Plan
 from dcsched.schedulers.fast_free import fast_free
+from dcsched.schedulers.head_pieces import head_pieces
 from dcsched.schedulers.fsdp import Blocks, bucketed, gathered_ids, kept_root, plan_of, step_blocks
 from dcsched.schedulers.overlap.planner import UNLIMITED, check_scope
 from dcsched.schedulers.overlap.scheduler import Overlap
@@ -78,6 +83,12 @@ CUT_BLOCKS = {0: (0, 1, -1), 1: (-2, -1)}
 REFINED = 3
 #: The most blocks :func:`_refine` cuts in a step.
 MAX_CUTS = 16
+#: How many of a candidate's first all-gather buckets :meth:`_GraphPlanner.head_cuts` cuts again, as one (each
+#: tried: the model of the wait is closest over the buckets the compute waits on, which may be pieces of one
+#: block already or several blocks).
+HEAD_GROUPS = (1, 2, 3, 4)
+#: The most collectives :meth:`_GraphPlanner.head_cuts` adds to a graph's head.
+HEAD_MORE = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +125,7 @@ class _GraphOrders:
     shared by the planners of every unit layout :func:`overlap_plan` tries)."""
 
     def __init__(self, form: GraphForm, latency_ms: float, scope: str) -> None:
-        self.form, self.scope = form, scope
+        self.form, self.scope, self.latency_ms = form, scope, latency_ms
         self.compiled = CompiledGraph(form, assume_zero=True, comm_latency_ms=latency_ms)
         self._bases: dict[str, list[int]] = {}
         self._overlap: Overlap | None = None
@@ -262,6 +273,29 @@ class _GraphPlanner:
                         cut_blocks.sort(key=lambda block: min(position[m] for m in block))
                     groups = (cut_blocks, candidate.groups[1]) if which == 0 else (candidate.groups[0], cut_blocks)
                     yield self.rebucketed(candidate.source, candidate.base, groups, role, candidate.ahead)
+
+    def head_cuts(self, candidate: Candidate, kept: frozenset, most: int) -> Iterable[Candidate]:
+        """The candidate with its first :data:`HEAD_GROUPS` all-gather buckets cut again, into 1 to ``most``
+        more collectives than they take now (at most :data:`HEAD_MORE`), as
+        :func:`~dcsched.schedulers.head_pieces.head_pieces` finds the compute waits least (a held
+        parameter's gather, which issues nothing, goes in the first piece)."""
+        if candidate.base is None or candidate.groups is None:
+            return
+        held = self.role(kept).get("held", frozenset())
+        groups, reduces = candidate.groups
+        for count in HEAD_GROUPS:
+            if count > len(groups):
+                break
+            members = [m for group in groups[:count] for m in group if self.form.ds_id[m] not in held]
+            if len(members) < 2:
+                continue
+            now = sum(1 for group in groups[:count] if any(self.form.ds_id[m] not in held for m in group))
+            resting = [m for group in groups[:count] for m in group if self.form.ds_id[m] in held]
+            for pieces in head_pieces(self.form, candidate.order, members, now + min(most, HEAD_MORE),
+                                      self.orders.latency_ms).values():
+                pieces[0] = resting + pieces[0]
+                yield self.rebucketed(candidate.source, candidate.base, (pieces + groups[count:], reduces),
+                                      self.role(kept), candidate.ahead)
 
     def merged(self, candidate: Candidate, kept: frozenset, budget: float) -> tuple[Candidate, int]:
         """The candidate with neighbouring inner blocks merged wherever that costs no time and fits ``budget``
@@ -461,10 +495,27 @@ def _refine(planners: dict[str, _GraphPlanner], fitting: dict[str, list[Candidat
     ``budget``). When the spare collectives run out, neighbouring blocks
     whose merging costs no time are merged (:meth:`_GraphPlanner.merged`),
     and what that frees is spent on cuts again. At most :data:`MAX_CUTS`
-    cuts in all.
+    cuts in all. A graph's head may be cut again (:func:`_cut_heads`), which
+    takes several collectives at once: before the single cuts or after them,
+    whichever makes the shorter step.
     """
-    best = {name: candidates[0] for name, candidates in fitting.items()}
-    current = {name: [c for c in candidates if c.base is not None][:REFINED] for name, candidates in fitting.items()}
+    tried = []
+    for heads_first in (False, True):
+        best = {name: candidates[0] for name, candidates in fitting.items()}
+        current = {name: [c for c in candidates if c.base is not None][:REFINED]
+                   for name, candidates in fitting.items()}
+        left = spare - _cut_heads(planners, best, current, kept, spare) if heads_first else spare
+        left -= _single_cuts(planners, best, current, kept, left, budget)
+        if not heads_first:
+            _cut_heads(planners, best, current, kept, left)
+        tried.append((sum(c.step_ms for c in best.values()), sum(c.collectives for c in best.values()), best))
+    return min(tried, key=lambda t: t[:2])[2]
+
+
+def _single_cuts(planners: dict[str, _GraphPlanner], best: dict[str, Candidate], current: dict[str, list[Candidate]],
+                 kept: frozenset, spare: int, budget: float) -> int:
+    """:func:`_refine`'s cuts and merges, in place; how many more collectives ``best`` issues after them."""
+    start = sum(c.collectives for c in best.values())
     cuts = _cut(planners, best, current, kept, min(max(0, spare), MAX_CUTS), budget)
     if cuts < MAX_CUTS:
         freed = 0
@@ -474,7 +525,41 @@ def _refine(planners: dict[str, _GraphPlanner], fitting: dict[str, list[Candidat
                 if current[name][k].key() <= best[name].key():
                     best[name], freed = current[name][k], freed + made
         _cut(planners, best, current, kept, min(max(0, spare - cuts) + freed, MAX_CUTS - cuts), budget)
-    return best
+    return sum(c.collectives for c in best.values()) - start
+
+
+def _cut_heads(planners: dict[str, _GraphPlanner], best: dict[str, Candidate], current: dict[str, list[Candidate]],
+               kept: frozenset, spare: int) -> int:
+    """Cut each graph's head again (:meth:`_GraphPlanner.head_cuts`) where that shortens ``best``, within
+    ``spare`` more collectives in the step, in place (each new best leads its graph's ``current``, so later
+    cuts start from it): the graph whose cut saves most first. Returns how many more collectives
+    ``best`` issues."""
+    done: set[str] = set()
+    added = 0
+    while len(done) < len(planners):
+        offers = []
+        for name, planner in planners.items():
+            if name in done:
+                continue
+            candidates = current[name] + ([best[name]] if best[name] not in current[name] else [])
+            room = spare - added
+            trials = (t for c in candidates for t in planner.head_cuts(c, kept, room)
+                      if t.collectives - best[name].collectives <= room and t.step_ms < best[name].step_ms - 1e-12)
+            for trial in sorted(trials, key=Candidate.key):
+                fitted = planner.fitted(trial)
+                if fitted is not None:
+                    offers.append((best[name].step_ms - fitted.step_ms, name, fitted))
+                    break
+            else:
+                done.add(name)
+        if not offers:
+            break
+        _saved, name, trial = max(offers, key=lambda offer: offer[0])
+        added += trial.collectives - best[name].collectives
+        best[name] = trial
+        current[name] = [trial] + current[name][:REFINED - 1]
+        done.add(name)
+    return added
 
 
 def _cut(planners: dict[str, _GraphPlanner], best: dict[str, Candidate], current: dict[str, list[Candidate]],

@@ -10,6 +10,10 @@ import torch
 import torch.fx
 
 from dcsched.runtime import ops
+#: The ranks a stack's parameter shards are cut for (:meth:`GraphBuilder.param`): the sample bundles' world.
+SHARD_WORLD = 8
+
+
 def _comm_ops(namespace: str):
     if namespace == ops.DEEPSPEED_NAMESPACE:
         ops.ensure_deepspeed_ops()
@@ -39,6 +43,8 @@ class GraphBuilder:
         self.param_ph: dict[str, torch.fx.Node] = {}
         self.ds_id: dict[str, int] = {}
         self.releases: dict[str, list[torch.fx.Node]] = {}
+        #: each parameter's gathered bytes, where :meth:`param` was told them
+        self.full_bytes: dict[str, int] = {}
 
     # -- costs -------------------------------------------------------------
     def _time(self, low: float, high: float) -> float:
@@ -60,8 +66,14 @@ class GraphBuilder:
         node = self.graph.placeholder(name)
         return self._meta(node, 0.0, self._size())
 
-    def param(self, name: str, ds_id: int) -> torch.fx.Node:
-        node = self.placeholder(name)
+    def param(self, name: str, ds_id: int, full_bytes: int | None = None) -> torch.fx.Node:
+        """A parameter's shard placeholder; with ``full_bytes`` (the gathered parameter's), the shard holds
+        its rank's part of them at :data:`SHARD_WORLD` ranks, as a captured graph's does (otherwise its size
+        is drawn like any placeholder's, unrelated to the parameter's)."""
+        node = self.placeholder(name)  # drawn even where replaced, so every later draw is what it was
+        if full_bytes is not None:
+            node.meta["tensor_size"] = -(-full_bytes // SHARD_WORLD)
+            self.full_bytes[name] = full_bytes
         self.param_ph[name] = node
         self.ds_id[name] = ds_id
         return node
@@ -108,6 +120,10 @@ class GraphBuilder:
         return (value, node) if getitem else value
 
     def grad_reduce(self, grad: torch.fx.Node, ph: str, param_name: str) -> torch.fx.Node:
+        """The reduce of ``grad``, the gradient of parameter ``ph``: of the parameter's size, where it is
+        known (a reduce bucket's flat input holds its members' gradients)."""
+        if ph in self.full_bytes:
+            grad.meta["tensor_size"] = self.full_bytes[ph]
         node = self.graph.create_node("call_function", self.reduce, (grad, self.graph_id, self.ds_id[ph]),
                                       name=f"reduce_ds_param_{param_name}")
         return self._meta(node, self._time(0.01, 0.5), 0)

@@ -53,7 +53,7 @@ class _MoeStack:
                 size[f"l{i}_{p}"] = 1024 if "norm" in p or p == "router" else expert if p.startswith("e") else attn
         self.ph = {p: f"primals_{k + 1}" for k, p in enumerate(params)}
         for k, p in enumerate(params):
-            b.param(self.ph[p], k)
+            b.param(self.ph[p], k, size[p])
         self.acts = [b.placeholder(f"{'saved' if kind == 'backward' else 'input'}_{k}") for k in range(3)]
         for p in params:
             b.gather(self.ph[p], size[p])

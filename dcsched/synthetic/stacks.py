@@ -63,7 +63,7 @@ class _StackParams:
     def declare(self, b: GraphBuilder) -> None:
         """The parameter placeholders, in ds-id order (call before the other placeholders' gathers)."""
         for ds_id, p in enumerate(self.names):
-            b.param(self.placeholder[p], ds_id)
+            b.param(self.placeholder[p], ds_id, self.size[p])
 
     def gather_all(self, b: GraphBuilder) -> dict[str, torch.fx.Node]:
         """Gathers every parameter; returns each one's wait node by parameter name."""

@@ -1,0 +1,124 @@
+"""How to cut a graph's first all-gathers into buckets, so its compute starts as early as it can.
+
+A graph waits on its first bucket before any compute that reads a parameter,
+and every bucket pays the collective's latency once. One bucket for the
+first block makes the compute wait for all of it; one collective per
+parameter pays every latency. Between them lie the pieces that arrive just
+as the compute reaches them. :func:`head_pieces` finds, for each number of
+pieces, the consecutive pieces (members in the order the compute needs them)
+whose total wait is least, by dynamic programming over this model:
+
+* the pieces are issued one after another where the first member's
+  all-gather stands (after ``issue`` ms of compute) and run back to back:
+  piece ``p`` (from 1) ending at member ``j`` arrives at
+  ``issue + p * latency + C[j]``, where ``C[j]`` is the members' transfer time
+  (``device_time`` less the latency) up to ``j``;
+* the compute needs member ``m`` after ``need[m]`` ms of the compute before
+  its wait in ``order``, plus every wait so far; a piece is waited on where its
+  first member is needed, then nothing waits until the next piece.
+
+So the total wait after piece ``p`` ending at ``j`` and starting at ``i`` is
+``E[p][j] = min_i max(E[p-1][i-1], issue + p * latency + C[j] - need[i])``. The model
+leaves out what else the communication stream carries and the blocks after
+these; the planner simulates each answer (:mod:`dcsched.schedulers.overlap_plan`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Sequence
+
+from dcsched.graph.form import COMPUTE, WAIT, GraphForm
+
+
+def need_times(form: GraphForm, order: Sequence[int], members: Sequence[int]) -> dict[int, float]:
+    """For each all-gather of ``members``, the compute time (ms) ``order`` runs before its first wait; and
+    under key -1, before the first of them is issued.
+
+    Examples
+    --------
+    >>> from dcsched.synthetic import layered_stack
+    >>> form = GraphForm(layered_stack(1).forward)
+    >>> from dcsched.graph.form import ALLGATHER
+    >>> gathers = [i for i in form.topo if form.kind[i] == ALLGATHER]
+    >>> times = need_times(form, form.topo, gathers)
+    >>> min(times.values()), times[-1], len(times) == len(gathers) + 1
+    (0.0, 0.0, True)
+    """
+    wanted = set(members)
+    wait_of = {w: m for m in wanted for w in form.succs[m] if form.kind[w] == WAIT}
+    need: dict[int, float] = {}
+    clock = 0.0
+    for v in order:
+        if v in wanted and -1 not in need:
+            need[-1] = clock
+        m = wait_of.get(v)
+        if m is not None and m not in need:
+            need[m] = clock
+        if form.kind[v] == COMPUTE:
+            clock += form.time[v]
+    for m in (wanted | {-1}) - need.keys():  # not in order, or never read: needed last
+        need[m] = clock
+    return need
+
+
+def head_pieces(form: GraphForm, order: Sequence[int], members: Sequence[int], most: int,
+                latency_ms: float) -> dict[int, list[list[int]]]:
+    """The least-waiting cut of ``members`` into 1 to ``most`` consecutive buckets (module docstring).
+
+    Parameters
+    ----------
+    form : GraphForm
+        The graph.
+    order : sequence of int
+        The order the graph runs in (node numbers), which says when the compute needs each member.
+    members : sequence of int
+        All-gathers (node numbers), issued first in the graph.
+    most : int
+        The most pieces to cut them into.
+    latency_ms : float
+        The latency each collective pays once (included in each member's ``device_time``).
+
+    Returns
+    -------
+    dict of int to list of list of int
+        For each number of pieces ``k`` (1 to ``most``, at most one piece per member), the pieces, in
+        the order they are needed.
+
+    Examples
+    --------
+    The first layer's parameters of a two-layer stack, in two buckets: the first piece small, so the
+    compute starts early.
+
+    >>> from dcsched.synthetic import layered_stack
+    >>> from dcsched.graph.form import ALLGATHER
+    >>> stack = GraphForm(layered_stack(2).forward)
+    >>> first = [i for i in stack.topo if stack.kind[i] == ALLGATHER][:17]
+    >>> one, two = head_pieces(stack, stack.topo, first, 2, latency_ms=0.02).values()
+    >>> len(one), [len(piece) for piece in two]
+    (1, [1, 16])
+    """
+    need = need_times(form, order, members)
+    issue = need.pop(-1)
+    ranked = sorted(members, key=lambda m: need[m])
+    n = len(ranked)
+    transfer = list(itertools.accumulate(max(0.0, form.time[m] - latency_ms) for m in ranked))
+    inf = float("inf")
+    # waits[p][j]: the least total wait with members 0..j in p pieces; start[p][j]: where the last one starts
+    waits = [[inf] * n for _ in range(min(most, n) + 1)]  # row 0 unused: pieces count from 1
+    start = [[0] * n for _ in waits]
+    found: dict[int, list[list[int]]] = {}
+    for p in range(1, len(waits)):
+        for j in range(p - 1, n):
+            arrives = issue + p * latency_ms + transfer[j]
+            for i in (0,) if p == 1 else range(p - 1, j + 1):  # the first piece starts at the first member
+                wait = max(waits[p - 1][i - 1] if p > 1 else 0.0, arrives - need[ranked[i]])
+                if wait < waits[p][j]:
+                    waits[p][j], start[p][j] = wait, i
+        pieces, end = [], n - 1
+        for q in range(p, 0, -1):
+            begin = start[q][end]
+            pieces.append(ranked[begin:end + 1])
+            end = begin - 1
+        found[p] = pieces[::-1]
+    return found
