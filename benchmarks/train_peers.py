@@ -365,6 +365,8 @@ def worker(rank: int, world_size: int, port: int, family: str, args, out_dir: st
                     result["cpu_ms"].append(statistics.median(cpu))
                 except Exception as exc:  # noqa: BLE001 (a failed configuration is a row, the rest go on)
                     traceback.print_exc()
+                    while exc.__cause__ is not None:  # torch.compile wraps the backend's own error
+                        exc = exc.__cause__
                     result["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
     finally:
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
