@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dcsched.budget import default_budget
+from dcsched.budget import Budget, default_budget
 from dcsched.bundle.core import load
 from dcsched.graph.form import ALLGATHER, REDUCE, GraphForm
 from dcsched.schedulers import run_step
@@ -71,20 +71,38 @@ def test_each_count_of_pieces_waits_least_by_the_model(kind):
         assert _modelled_wait(form, pieces, need) == pytest.approx(best, abs=1e-12)
 
 
-def test_the_plan_starts_the_stacked_llama_no_later_than_overlap():
-    """The 8-copy Llama step waits on its first buckets: no single cut helps, several together do."""
+@pytest.fixture(scope="module")
+def stacked_llama():
     bundle = load(SAMPLES / "llama.pt")
-    latency = latency_from_provenance(bundle.provenance)
     forms = {name: GraphForm(stack_copies(bundle.graphs[name], 8)) for name in bundle.graph_names}
-    budget = default_budget(bundle)
-    steps = {}
-    for algo in ("overlap", "overlap-plan", "fsdp"):
-        plans = run_step(algo, forms, budget=budget, comm_latency_ms=latency)
-        results = [simulate_plan(CompiledGraph(form, comm_latency_ms=latency), plans[name], name, detail=False)
-                   for name, form in forms.items()]
-        steps[algo] = (sum(r.step_ms for r in results), sum(r.collectives for r in results))
-    assert steps["overlap-plan"][0] <= steps["overlap"][0]
-    assert steps["overlap-plan"][1] <= steps["fsdp"][1]
+    return forms, latency_from_provenance(bundle.provenance), default_budget(bundle)
+
+
+def _step(forms, latency, algo, budget):
+    """The step's simulated time (ms), collectives and peak (bytes) under ``algo``'s plans."""
+    plans = run_step(algo, forms, budget=budget, comm_latency_ms=latency)
+    results = [simulate_plan(CompiledGraph(form, comm_latency_ms=latency), plans[name], name, detail=False)
+               for name, form in forms.items()]
+    return (sum(r.step_ms for r in results), sum(r.collectives for r in results),
+            max(r.peak_bytes for r in results))
+
+
+def test_the_plan_starts_the_stacked_llama_no_later_than_overlap(stacked_llama):
+    """The 8-copy Llama step waits on its first buckets: no single cut helps, several together do."""
+    forms, latency, budget = stacked_llama
+    plan, overlap, fsdp = (_step(forms, latency, algo, budget) for algo in ("overlap-plan", "overlap", "fsdp"))
+    assert plan[0] <= overlap[0]
+    assert plan[1] <= fsdp[1]
+
+
+def test_at_overlaps_own_peak_merges_pay_for_the_head_cuts(stacked_llama):
+    """Given exactly ``overlap``'s peak nothing can be kept, and the plain blocks take all of ``fsdp``'s
+    collectives: merging blocks where that costs nothing frees the ones the forward's head needs."""
+    forms, latency, budget = stacked_llama
+    overlap = _step(forms, latency, "overlap", budget)
+    plan = _step(forms, latency, "overlap-plan", Budget(overlap[2], "all"))
+    assert plan[2] <= overlap[2] and plan[0] <= overlap[0]
+    assert plan[1] <= _step(forms, latency, "fsdp", budget)[1]
 
 
 @pytest.mark.parametrize("kind", ["forward", "backward"])

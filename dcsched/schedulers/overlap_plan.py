@@ -496,17 +496,20 @@ def _refine(planners: dict[str, _GraphPlanner], fitting: dict[str, list[Candidat
     whose merging costs no time are merged (:meth:`_GraphPlanner.merged`),
     and what that frees is spent on cuts again. At most :data:`MAX_CUTS`
     cuts in all. A graph's head may be cut again (:func:`_cut_heads`), which
-    takes several collectives at once: before the single cuts or after them,
-    whichever makes the shorter step.
+    takes several collectives at once: after the single cuts, or before them
+    with what the merges free first, whichever makes the shorter step.
     """
     tried = []
     for heads_first in (False, True):
         best = {name: candidates[0] for name, candidates in fitting.items()}
         current = {name: [c for c in candidates if c.base is not None][:REFINED]
                    for name, candidates in fitting.items()}
-        left = spare - _cut_heads(planners, best, current, kept, spare) if heads_first else spare
-        left -= _single_cuts(planners, best, current, kept, left, budget)
-        if not heads_first:
+        if heads_first:  # what merges that cost no time free goes to the heads first
+            left = spare + _merge(planners, best, current, kept, budget)
+            left -= _cut_heads(planners, best, current, kept, left)
+            _single_cuts(planners, best, current, kept, left, budget)
+        else:
+            left = spare - _single_cuts(planners, best, current, kept, spare, budget)
             _cut_heads(planners, best, current, kept, left)
         tried.append((sum(c.step_ms for c in best.values()), sum(c.collectives for c in best.values()), best))
     return min(tried, key=lambda t: t[:2])[2]
@@ -518,14 +521,23 @@ def _single_cuts(planners: dict[str, _GraphPlanner], best: dict[str, Candidate],
     start = sum(c.collectives for c in best.values())
     cuts = _cut(planners, best, current, kept, min(max(0, spare), MAX_CUTS), budget)
     if cuts < MAX_CUTS:
-        freed = 0
-        for name, planner in planners.items():  # collectives that cost no time, to spend where they do
-            for k, candidate in enumerate(current[name]):
-                current[name][k], made = planner.merged(candidate, kept, budget)
-                if current[name][k].key() <= best[name].key():
-                    best[name], freed = current[name][k], freed + made
+        freed = _merge(planners, best, current, kept, budget)
         _cut(planners, best, current, kept, min(max(0, spare - cuts) + freed, MAX_CUTS - cuts), budget)
     return sum(c.collectives for c in best.values()) - start
+
+
+def _merge(planners: dict[str, _GraphPlanner], best: dict[str, Candidate], current: dict[str, list[Candidate]],
+           kept: frozenset, budget: float) -> int:
+    """Neighbouring blocks merged where that costs no time (:meth:`_GraphPlanner.merged`), in ``current`` and,
+    where no slower, in ``best``, in place; how many fewer collectives ``best`` issues, to spend where they
+    shorten the step."""
+    start = sum(c.collectives for c in best.values())
+    for name, planner in planners.items():
+        for k, candidate in enumerate(current[name]):
+            current[name][k], _made = planner.merged(candidate, kept, budget)
+            if current[name][k].key() <= best[name].key():
+                best[name] = current[name][k]
+    return start - sum(c.collectives for c in best.values())
 
 
 def _cut_heads(planners: dict[str, _GraphPlanner], best: dict[str, Candidate], current: dict[str, list[Candidate]],
