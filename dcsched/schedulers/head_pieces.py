@@ -31,9 +31,9 @@ from typing import Sequence
 from dcsched.graph.form import COMPUTE, WAIT, GraphForm
 
 
-def need_times(form: GraphForm, order: Sequence[int], members: Sequence[int]) -> dict[int, float]:
+def need_times(form: GraphForm, order: Sequence[int], members: Sequence[int]) -> tuple[dict[int, float], float]:
     """For each all-gather of ``members``, the compute time (ms) ``order`` runs before its first wait; and
-    under key -1, before the first of them is issued.
+    the compute time before the first of them is issued.
 
     Examples
     --------
@@ -41,25 +41,25 @@ def need_times(form: GraphForm, order: Sequence[int], members: Sequence[int]) ->
     >>> form = GraphForm(layered_stack(1).forward)
     >>> from dcsched.graph.form import ALLGATHER
     >>> gathers = [i for i in form.topo if form.kind[i] == ALLGATHER]
-    >>> times = need_times(form, form.topo, gathers)
-    >>> min(times.values()), times[-1], len(times) == len(gathers) + 1
+    >>> times, issue = need_times(form, form.topo, gathers)
+    >>> min(times.values()), issue, len(times) == len(gathers)
     (0.0, 0.0, True)
     """
     wanted = set(members)
     wait_of = {w: m for m in wanted for w in form.succs[m] if form.kind[w] == WAIT}
     need: dict[int, float] = {}
-    clock = 0.0
+    clock, issue = 0.0, None
     for v in order:
-        if v in wanted and -1 not in need:
-            need[-1] = clock
+        if issue is None and v in wanted:
+            issue = clock
         m = wait_of.get(v)
         if m is not None and m not in need:
             need[m] = clock
         if form.kind[v] == COMPUTE:
             clock += form.time[v]
-    for m in (wanted | {-1}) - need.keys():  # not in order, or never read: needed last
+    for m in wanted - need.keys():  # not in order, or never read: needed last
         need[m] = clock
-    return need
+    return need, clock if issue is None else issue
 
 
 def head_pieces(form: GraphForm, order: Sequence[int], members: Sequence[int], most: int,
@@ -98,8 +98,7 @@ def head_pieces(form: GraphForm, order: Sequence[int], members: Sequence[int], m
     >>> len(one), [len(piece) for piece in two]
     (1, [1, 16])
     """
-    need = need_times(form, order, members)
-    issue = need.pop(-1)
+    need, issue = need_times(form, order, members)
     ranked = sorted(members, key=lambda m: need[m])
     n = len(ranked)
     transfer = list(itertools.accumulate(max(0.0, form.time[m] - latency_ms) for m in ranked))

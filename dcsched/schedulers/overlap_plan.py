@@ -281,29 +281,31 @@ class _GraphPlanner:
         parameter's gather, which issues nothing, goes in the first piece)."""
         if candidate.base is None or candidate.groups is None:
             return
-        held = self.role(kept).get("held", frozenset())
+        role = self.role(kept)
+        held = role.get("held", frozenset())
         groups, reduces = candidate.groups
         for count in HEAD_GROUPS:
             if count > len(groups):
                 break
-            members = [m for group in groups[:count] for m in group if self.form.ds_id[m] not in held]
+            # a held parameter's gather issues nothing: it rides in the first piece, and no piece is its own
+            issuing = [[m for m in group if self.form.ds_id[m] not in held] for group in groups[:count]]
+            members = [m for group in issuing for m in group]
             if len(members) < 2:
                 continue
-            now = sum(1 for group in groups[:count] if any(self.form.ds_id[m] not in held for m in group))
             resting = [m for group in groups[:count] for m in group if self.form.ds_id[m] in held]
+            now = sum(1 for group in issuing if group)
             for pieces in head_pieces(self.form, candidate.order, members, now + min(most, HEAD_MORE),
                                       self.orders.latency_ms).values():
                 pieces[0] = resting + pieces[0]
-                yield self.rebucketed(candidate.source, candidate.base, (pieces + groups[count:], reduces),
-                                      self.role(kept), candidate.ahead)
+                yield self.rebucketed(candidate.source, candidate.base, (pieces + groups[count:], reduces), role,
+                                      candidate.ahead)
 
-    def merged(self, candidate: Candidate, kept: frozenset, budget: float) -> tuple[Candidate, int]:
+    def merged(self, candidate: Candidate, kept: frozenset, budget: float) -> Candidate:
         """The candidate with neighbouring inner blocks merged wherever that costs no time and fits ``budget``
-        (one pass over each kind, first and last blocks left alone), and how many merges were made."""
+        (one pass over each kind, first and last blocks left alone)."""
         if candidate.base is None or candidate.groups is None:
-            return candidate, 0
+            return candidate
         role = self.role(kept)
-        made = 0
         for which in (0, 1):
             k = 1
             while candidate.groups is not None and k < len(candidate.groups[which]) - 2:
@@ -314,9 +316,9 @@ class _GraphPlanner:
                 if trial.step_ms <= candidate.step_ms and trial.collectives < candidate.collectives:
                     fitted = self.fitted(trial)
                     if fitted is not None:
-                        candidate, made = fitted, made + 1
+                        candidate = fitted
                 k += 1
-        return candidate, made
+        return candidate
 
     def fallback(self, budget: float) -> Candidate:
         """``overlap``'s own order, every collective alone (raises :class:`BudgetError` where it does)."""
@@ -511,19 +513,19 @@ def _refine(planners: dict[str, _GraphPlanner], fitting: dict[str, list[Candidat
         else:
             left = spare - _single_cuts(planners, best, current, kept, spare, budget)
             _cut_heads(planners, best, current, kept, left)
-        tried.append((sum(c.step_ms for c in best.values()), sum(c.collectives for c in best.values()), best))
+        tried.append((sum(c.step_ms for c in best.values()), _collectives(best), best))
     return min(tried, key=lambda t: t[:2])[2]
 
 
 def _single_cuts(planners: dict[str, _GraphPlanner], best: dict[str, Candidate], current: dict[str, list[Candidate]],
                  kept: frozenset, spare: int, budget: float) -> int:
     """:func:`_refine`'s cuts and merges, in place; how many more collectives ``best`` issues after them."""
-    start = sum(c.collectives for c in best.values())
+    start = _collectives(best)
     cuts = _cut(planners, best, current, kept, min(max(0, spare), MAX_CUTS), budget)
     if cuts < MAX_CUTS:
         freed = _merge(planners, best, current, kept, budget)
         _cut(planners, best, current, kept, min(max(0, spare - cuts) + freed, MAX_CUTS - cuts), budget)
-    return sum(c.collectives for c in best.values()) - start
+    return _collectives(best) - start
 
 
 def _merge(planners: dict[str, _GraphPlanner], best: dict[str, Candidate], current: dict[str, list[Candidate]],
@@ -531,13 +533,18 @@ def _merge(planners: dict[str, _GraphPlanner], best: dict[str, Candidate], curre
     """Neighbouring blocks merged where that costs no time (:meth:`_GraphPlanner.merged`), in ``current`` and,
     where no slower, in ``best``, in place; how many fewer collectives ``best`` issues, to spend where they
     shorten the step."""
-    start = sum(c.collectives for c in best.values())
+    start = _collectives(best)
     for name, planner in planners.items():
         for k, candidate in enumerate(current[name]):
-            current[name][k], _made = planner.merged(candidate, kept, budget)
+            current[name][k] = planner.merged(candidate, kept, budget)
             if current[name][k].key() <= best[name].key():
                 best[name] = current[name][k]
-    return start - sum(c.collectives for c in best.values())
+    return start - _collectives(best)
+
+
+def _collectives(best: Mapping[str, Candidate]) -> int:
+    """The step's collectives: every graph's plan's."""
+    return sum(c.collectives for c in best.values())
 
 
 def _cut_heads(planners: dict[str, _GraphPlanner], best: dict[str, Candidate], current: dict[str, list[Candidate]],
@@ -553,7 +560,7 @@ def _cut_heads(planners: dict[str, _GraphPlanner], best: dict[str, Candidate], c
         for name, planner in planners.items():
             if name in done:
                 continue
-            candidates = current[name] + ([best[name]] if best[name] not in current[name] else [])
+            candidates = current[name] + ([] if any(c is best[name] for c in current[name]) else [best[name]])
             room = spare - added
             trials = (t for c in candidates for t in planner.head_cuts(c, kept, room)
                       if t.collectives - best[name].collectives <= room and t.step_ms < best[name].step_ms - 1e-12)

@@ -10,6 +10,7 @@ import torch
 import torch.fx
 
 from dcsched.runtime import ops
+
 #: The ranks a stack's parameter shards are cut for (:meth:`GraphBuilder.param`): the sample bundles' world.
 SHARD_WORLD = 8
 
