@@ -171,3 +171,27 @@ def test_fsdp_on_sample_bundles(name):
     for cmp in report.graphs.values():
         assert cmp.after["fsdp"].collectives <= cmp.after["none"].collectives
         assert cmp.to_dict()["after"]["fsdp"]["collectives"] == cmp.after["fsdp"].collectives
+
+
+@pytest.mark.parametrize("name", ["gpt", "llama"])
+def test_fsdp_backward_holds_two_blocks_as_fsdp2_does(name):
+    """FSDP2 holds the block it runs and the one it prefetched, the backward's last block first. The captured
+    graphs issue every all-gather near their top, so bucketing the input order as it stood gathered every
+    block at the backward's start (all 12.5 MiB of the 2-rank GPT's parameters beside its activations)."""
+    from dcsched.schedulers.fsdp import fsdp, step_blocks
+    from dcsched.sim.plans import simulate_plan
+
+    bundle = load(ROOT / "sample_graphs" / f"{name}.pt")
+    forms = {g: GraphForm(bundle.form(g)) for g in ("forward", "backward")}
+    plans, found = fsdp(forms), step_blocks(forms)
+    backward, blocks = forms["backward"], found["backward"].gathers
+    sizes = sorted((sum(backward.size[m] for m in group) for group in blocks), reverse=True)
+    root = sum(backward.size[m] for group in blocks for m in group if backward.ds_id[m] in found["backward"].root)
+    result = simulate_plan(compile_view(backward), plans["backward"], "backward")
+    # two blocks, and a block's flat all-gather output beside its members copied out of it (FSDP2's too)
+    assert result.gathered_peak_bytes <= root + sizes[0] + sizes[1] + sizes[0]
+    # the blocks in the order the backward reads them: the forward's last block first
+    forward_blocks = [{forms["forward"].ds_id[m] for m in group} for group in found["forward"].gathers]
+    read = [next(k for k, ids in enumerate(forward_blocks) if backward.ds_id[group[0]] in ids) for group in blocks]
+    assert read[0] == 0  # the root (forward unit 0): its final norm and head are read first
+    assert read[1:] == sorted(read[1:], reverse=True) and len(read) == 5

@@ -15,8 +15,8 @@ backward's end. This module gives that policy as a step's
 **Finding the units.** A :class:`~dcsched.graph.form.GraphForm` knows each
 parameter's ``ds_id`` and sizes, not its module name, so units are found from
 the forward's structure (:func:`blocks`): the all-gathers are taken in the
-input order (where DeepCompile puts each right before its first use, so this
-is the order the parameters are needed) and their byte sizes searched for the
+order the parameters are first read (:func:`need_positions`) and their byte
+sizes searched for the
 period ``p`` (2 to :data:`MAX_BLOCK_PARAMS`) at which most of the sizes (at
 least :data:`PERIOD_MATCH`) repeat ``p`` places later: a stack of identical
 blocks. The periodic stretch is cut into blocks of ``p`` all-gathers; what
@@ -24,13 +24,18 @@ comes before and after it is the root (:func:`root_and_blocks`). With no
 period, buckets of about ``sqrt(n)`` consecutive all-gathers stand in for
 blocks, and there is no root. The backward gathers and reduces each unit's
 parameters as the forward's units say, matched by ``ds_id``
-(:func:`step_blocks`).
+(:func:`step_blocks`), the blocks in the order that graph first reads them
+(the backward needs the last block first).
 
-**The order.** The input order, with each all-gather bucket moved (its members
-one after another) to where the previous bucket's first member stood: bucket
-k+1 is issued when block k's parameters are first needed. The first two
-buckets go before the first use. Waits stay where they are, so a block's
-compute waits for its bucket. Each reduce bucket moves to where its last
+**The order.** The input order with every all-gather and its wait moved to
+just before the first node that reads the gathered parameter
+(:func:`just_in_time`: DeepCompile's graphs issue every all-gather near the
+top, which would hold the whole model gathered beside the backward's
+activations), then each all-gather bucket moved (its members one after
+another) to where the previous bucket's first member stands: bucket k+1 is
+issued when block k's parameters are first needed. The first two buckets go
+before the first use. Waits stay where they are, so a block's compute waits
+for its bucket. Each reduce bucket moves to where its last
 member stood (every gradient of the block is ready there); the output comes
 last. A member whose inputs would not have run at its bucket's place (none in
 DeepCompile graphs) stays alone at its own place.
@@ -50,7 +55,7 @@ import dataclasses
 import math
 from typing import Hashable, Iterable, Mapping, Sequence
 
-from dcsched.graph.form import ALLGATHER, REDUCE, GraphForm, output_last_indices, paused_gc
+from dcsched.graph.form import ALLGATHER, REDUCE, WAIT, GraphForm, output_last_indices, paused_gc
 from dcsched.plan import Bucket, Plan
 from dcsched.schedulers.registry import register
 
@@ -149,6 +154,67 @@ def root_and_blocks(keys: Sequence[Hashable]) -> tuple[list[int], list[list[int]
     return root, periodic
 
 
+def need_positions(form: GraphForm, order: Sequence[int] | None = None) -> dict[int, int]:
+    """Each all-gather's need: the position in ``order`` (default the input order) of the first node that
+    reads what its wait returns (the wait's own position where nothing reads it).
+
+    Examples
+    --------
+    >>> from dcsched.synthetic import layered_stack
+    >>> form = GraphForm(layered_stack(2).backward)
+    >>> need = need_positions(form)
+    >>> all(need[g] > form.topo.index(g) for g in need)  # read after the gather, never at it
+    True
+    """
+    order = form.topo if order is None else order
+    pos = {v: p for p, v in enumerate(order)}
+    need = {}
+    for g in order:
+        if form.kind[g] == ALLGATHER:
+            waits = [w for w in form.succs[g] if form.kind[w] == WAIT]
+            need[g] = min((pos[r] for w in waits for r in form.succs[w]), default=min(map(pos.__getitem__, waits),
+                                                                                        default=pos[g]))
+    return need
+
+
+def just_in_time(form: GraphForm, order: Sequence[int]) -> list[int]:
+    """``order`` (node numbers) with each all-gather and its wait moved to just before the first node that reads
+    the wait: every parameter gathered when it is first needed and no sooner. Still topological: a gather's and
+    its wait's inputs come before their old places, and nothing but the wait's readers depend on them.
+
+    Examples
+    --------
+    >>> from dcsched.synthetic import layered_stack
+    >>> form = GraphForm(layered_stack(2).backward)
+    >>> order = just_in_time(form, list(form.topo))
+    >>> form.check_order(form.order_names(order))
+    >>> need = need_positions(form, order)
+    >>> between = [order[order.index(g):need[g]] for g in need]  # from each gather to its first reader
+    >>> all(form.kind[v] in (ALLGATHER, WAIT) for nodes in between for v in nodes)
+    True
+    """
+    kind, succs = form.kind, form.succs
+    pos = {v: p for p, v in enumerate(order)}
+    moved: dict[int, list[int]] = {}  # first reader -> the gathers and waits issued right before it
+    for g in order:
+        if kind[g] != ALLGATHER:
+            continue
+        waits = [w for w in succs[g] if kind[w] == WAIT]
+        readers = [r for w in waits for r in succs[w]]
+        if not waits or not readers:
+            continue
+        first = min(readers, key=pos.__getitem__)
+        moved.setdefault(first, []).extend([g, *waits])
+    placed = {v for chain in moved.values() for v in chain}
+    result: list[int] = []
+    for v in order:
+        if v in placed:
+            continue
+        result.extend(moved.get(v, ()))
+        result.append(v)
+    return result
+
+
 @dataclasses.dataclass(frozen=True)
 class Blocks:
     """One graph's blocks (node numbers): all-gather blocks in the order they are needed, reduce blocks in
@@ -216,7 +282,8 @@ def step_blocks(forms: Mapping[str, GraphForm], *, root_mode: str = "unit") -> d
 
 def _own_blocks(form: GraphForm) -> tuple[Blocks, dict[int, int]]:
     """A graph's blocks found in its own all-gathers, and each gathered ds_id's block."""
-    nodes = [i for i in form.topo if form.kind[i] == ALLGATHER]
+    need = need_positions(form)
+    nodes = sorted(need, key=need.__getitem__)  # the order the parameters are needed
     if not nodes:  # nothing gathered (a backward alone): reduces in blocks of their sizes
         reduces = [i for i in form.topo if form.kind[i] == REDUCE]
         return Blocks([], [reduces[s:e] for s, e in blocks([form.size[i] for i in reduces])]), {}
@@ -229,7 +296,8 @@ def _own_blocks(form: GraphForm) -> tuple[Blocks, dict[int, int]]:
 
 def _grouped(form: GraphForm, kind: int, unit: Mapping[int, int], *, last: bool) -> list[list[int]]:
     """The nodes of ``kind`` in input order, grouped by ``unit[ds_id]`` (unknown ds_ids: the group before),
-    the groups ordered by their first member's place (``last``: their last member's)."""
+    the groups ordered by where their parameters are first needed (:func:`need_positions`; ``last``: by their
+    last member's place, where every gradient of the unit is ready)."""
     groups: dict[int, list[int]] = {}
     current = -1
     for i in form.topo:
@@ -238,7 +306,8 @@ def _grouped(form: GraphForm, kind: int, unit: Mapping[int, int], *, last: bool)
         current = unit.get(form.ds_id[i], current)
         groups.setdefault(current, []).append(i)
     if not last:
-        return list(groups.values())  # made in the order of their first members
+        need = need_positions(form)
+        return sorted(groups.values(), key=lambda g: min(need[m] for m in g))
     where = {m: p for p, m in enumerate(form.topo)}
     return sorted(groups.values(), key=lambda g: where[g[-1]])
 
@@ -247,22 +316,26 @@ def _split_root(form: GraphForm, gathers: list[list[int]]) -> list[list[int]]:
     """The forward's units with the root's (the first) split into what is needed before the blocks and after."""
     if len(gathers) < 2:
         return gathers
-    position = {v: p for p, v in enumerate(form.topo)}
-    start = position[gathers[1][0]]
+    position = need_positions(form)
+    start = min(position[m] for m in gathers[1])
     before = [m for m in gathers[0] if position[m] < start]
     after = [m for m in gathers[0] if position[m] >= start]
     return [group for group in (before, *gathers[1:], after) if group]
 
 
 def _joined(form: GraphForm, kind: int, unit: Mapping[int, int], loose: frozenset) -> list[list[int]]:
-    """The nodes of ``kind`` in input order, cut where the unit changes; a ``loose`` (root) or unknown ds_id's
-    node joins the group before it (the first group, where it comes before any)."""
+    """The nodes of ``kind`` in input order (all-gathers: in the order they are needed, :func:`need_positions`),
+    cut where the unit changes; a ``loose`` (root) or unknown ds_id's node joins the group before it (the first
+    group, where it comes before any)."""
     groups: list[list[int]] = []
     pending: list[int] = []
     current = None
-    for i in form.topo:
-        if form.kind[i] != kind:
-            continue
+    if kind == ALLGATHER:
+        need = need_positions(form)
+        nodes = sorted(need, key=need.__getitem__)
+    else:
+        nodes = [i for i in form.topo if form.kind[i] == kind]
+    for i in nodes:
         block = None if form.ds_id[i] in loose else unit.get(form.ds_id[i])
         if block is None:
             (groups[-1] if groups else pending).append(i)
@@ -411,6 +484,7 @@ def fsdp(forms: Mapping[str, GraphForm]) -> dict[str, Plan]:
         kept = kept_root(forms, found)
         plans = {}
         for name, form in forms.items():
-            order, buckets = bucketed(form, list(form.topo), found[name].gathers, found[name].reduces, ahead=1)
+            order, buckets = bucketed(form, just_in_time(form, list(form.topo)), found[name].gathers,
+                                      found[name].reduces, ahead=1)
             plans[name] = plan_of(form, order, buckets, kept, kept if name == "backward" else frozenset())
     return plans

@@ -64,7 +64,7 @@ from dcsched.graph.form import GraphForm
 from dcsched.plan import Plan
 from dcsched.schedulers.fast_free import fast_free
 from dcsched.schedulers.head_pieces import head_pieces
-from dcsched.schedulers.fsdp import Blocks, bucketed, gathered_ids, kept_root, plan_of, step_blocks
+from dcsched.schedulers.fsdp import Blocks, bucketed, gathered_ids, just_in_time, kept_root, plan_of, step_blocks
 from dcsched.schedulers.overlap.planner import UNLIMITED, check_scope
 from dcsched.schedulers.overlap.scheduler import Overlap
 from dcsched.schedulers.registry import register
@@ -128,6 +128,7 @@ class _GraphOrders:
         self.form, self.scope, self.latency_ms = form, scope, latency_ms
         self.compiled = CompiledGraph(form, assume_zero=True, comm_latency_ms=latency_ms)
         self._bases: dict[str, list[int]] = {}
+        self._jit: list[int] | None = None
         self._overlap: Overlap | None = None
         self._overlap_orders: dict[float, list[int] | BudgetError] = {}
 
@@ -137,6 +138,12 @@ class _GraphOrders:
             index = self.form.index
             self._bases = {"fast-free": [index[n] for n in fast_free(self.form).order], "input": list(self.form.topo)}
         return self._bases
+
+    def just_in_time(self) -> list[int]:
+        """The input order, every parameter gathered just before it is read: ``fsdp``'s base (computed once)."""
+        if self._jit is None:
+            self._jit = just_in_time(self.form, list(self.form.topo))
+        return self._jit
 
     def overlap_order(self, budget: float) -> list[int] | BudgetError:
         """``overlap``'s order under ``budget`` (node numbers), or its error where it refuses the budget."""
@@ -173,8 +180,8 @@ class _GraphPlanner:
     def fsdp_orders(self) -> dict[str, tuple[list[int], list[list[int]]]]:
         """FSDP2-style orders and buckets, prefetching :data:`AHEAD` blocks ahead (computed once)."""
         if not self._fsdp:
-            self._fsdp = {f"fsdp-{k}": bucketed(self.form, list(self.form.topo), self.gathers, self.reduces, ahead=k)
-                          for k in AHEAD}
+            base = self.orders.just_in_time()
+            self._fsdp = {f"fsdp-{k}": bucketed(self.form, base, self.gathers, self.reduces, ahead=k) for k in AHEAD}
         return self._fsdp
 
     def candidates(self, budget: float, reserved: float, role: dict, pieces: int = 1,
@@ -409,6 +416,7 @@ def overlap_plan(forms: Mapping[str, GraphForm], *, budget_bytes: float = UNLIMI
     cap = None
     # The root's parameters travel with the blocks beside them; in the forward, alone or with them: the
     # better of the two depends on the budget (a first bucket of the embeddings alone, or fewer collectives).
+    # FSDP2's own units compete too, so the plan is never slower than fsdp's within a budget fsdp fits.
     orders = {name: _GraphOrders(form, comm_latency_ms, budget_scope) for name, form in forms.items()}
     for mode in ("joined", "split") if root else ("joined",):
         units = step_blocks(forms, root_mode=mode)
@@ -462,8 +470,8 @@ def _fsdp_collectives(planners: dict[str, _GraphPlanner], found: Mapping[str, Bl
     """The collectives per step of ``fsdp``'s plan (its units ``found``, the ``root`` kept): the planner's cap."""
     total = 0
     for name, planner in planners.items():
-        order, buckets = bucketed(planner.form, list(planner.form.topo), found[name].gathers, found[name].reduces,
-                                  ahead=1)
+        order, buckets = bucketed(planner.form, planner.orders.just_in_time(), found[name].gathers,
+                                  found[name].reduces, ahead=1)
         total += planner.simulated("fsdp", order, buckets, **planner.role(root)).collectives
     return total
 
