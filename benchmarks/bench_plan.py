@@ -11,7 +11,8 @@ Budgets: the bundle's default (the recorded device's memory less 10%) and 1.1 x 
 does not fit a budget is marked ``over``.
 
 Verdicts per step and budget (``overlap-plan`` against each baseline that fits the budget):
-``faster``: its step no slower than each's; ``fewer``: its collectives at most ``fsdp``'s;
+``faster``: its step no slower than each's; ``fewer``: its collectives at most ``fsdp``'s (``n/a`` where
+``fsdp`` itself does not fit the budget);
 ``fits``: its peak within the budget; ``at-peak``: given exactly a baseline's own peak as its budget, it is
 still no slower than that baseline (no more memory, pairwise).
 
@@ -103,7 +104,10 @@ def bench_step(name: str, graphs: dict, latency: float, default: Budget) -> list
         verdict = {}
         if "error" not in plan:
             verdict["faster"] = all(plan["step_ms"] <= m["step_ms"] + EPS for a, m in fitting.items() if a != PLANNER)
-            verdict["fewer"] = plan["collectives"] <= measured["fsdp"]["collectives"]
+            fsdp = measured["fsdp"]
+            # FSDP2's count is the bar where FSDP2's policy runs within the budget; where it does not there
+            # is no FSDP2-style plan at that memory to count against (None: shown as n/a)
+            verdict["fewer"] = plan["collectives"] <= fsdp["collectives"] if "fsdp" in fitting else None
             verdict["fits"] = plan["peak_bytes"] <= budget.bytes
             at_peak = []
             for algo in BASELINES:
@@ -120,13 +124,18 @@ def bench_step(name: str, graphs: dict, latency: float, default: Budget) -> list
     return rows
 
 
+def _verdict(value, no: str = "NO") -> str:
+    """``yes``, ``no`` or, for a verdict with nothing to compare against, ``n/a``."""
+    return "n/a" if value is None else "yes" if value else no
+
+
 def _table(rows: list[dict]) -> str:
     keys = ("step", "nodes", "budget", "algo", "step_ms", "peak_MiB", "collectives", "kept", "sched_s", "note")
     cells = []
     for row in rows:
         note = row.get("error", "over budget" if row.get("over") else "")
         if row["algo"] == PLANNER and "faster" in row:
-            note = " ".join(f"{k}={'yes' if row[k] else 'NO'}" for k in ("faster", "fewer", "fits", "at-peak"))
+            note = " ".join(f"{k}={_verdict(row[k])}" for k in ("faster", "fewer", "fits", "at-peak"))
         cells.append([row["step"], str(row["nodes"]), row["budget"], row["algo"],
                       f"{row['step_ms']:.3f}" if "step_ms" in row else "-",
                       f"{row['peak_bytes'] / 2**20:.1f}" if "peak_bytes" in row else "-",
@@ -156,7 +165,7 @@ def _markdown(rows: list[dict]) -> str:
             text += f" ({r['kept']})" if algo == PLANNER else (" over" if r["over"] else "")
             cells.append(text)
         plan = by_algo[PLANNER]
-        verdicts = ["yes" if plan.get(k) else "**no**" for k in ("faster", "fewer", "fits", "at-peak")]
+        verdicts = [_verdict(plan.get(k), "**no**") for k in ("faster", "fewer", "fits", "at-peak")]
         lines.append(f"| {step} | {plan['nodes']} | {budget} | " + " | ".join(cells + verdicts) + " |")
     return "\n".join(lines)
 

@@ -184,11 +184,12 @@ class _GraphPlanner:
             self._fsdp = {f"fsdp-{k}": bucketed(self.form, base, self.gathers, self.reduces, ahead=k) for k in AHEAD}
         return self._fsdp
 
-    def candidates(self, budget: float, reserved: float, role: dict, pieces: int = 1,
-                   tight: bool = False) -> Iterable[Candidate]:
+    def candidates(self, budget: float, reserved: float, role: dict, pieces: int = 1) -> Iterable[Candidate]:
         """Every candidate order, bucketed and simulated (``reserved``: the kept parameters' bytes), each
-        block cut into ``pieces`` buckets (more than one: a budget whole blocks do not fit in); ``tight``
-        (a budget some graph of the step fits no whole blocks in): ``overlap``'s own order competes too."""
+        block cut into ``pieces`` buckets (more than one: a budget whole blocks do not fit in). ``overlap``'s
+        own order, every collective alone, is no candidate: it is the fallback where nothing bucketed fits,
+        since the plan issues no more collectives than ``fsdp`` wherever it can (one collective per parameter
+        costs far more CPU on gloo than the simulator's communication stream shows)."""
         if pieces == 1:  # FSDP2's own orders, whole blocks only
             for source, (order, buckets) in self.fsdp_orders().items():
                 yield self.simulated(source, order, buckets, **role)
@@ -197,8 +198,6 @@ class _GraphPlanner:
         overlap_order = self.orders.overlap_order(budget - reserved if math.isfinite(budget) else budget)
         if not isinstance(overlap_order, BudgetError):
             bases["overlap"] = overlap_order
-            if tight:  # a tight budget: overlap's own order, every collective alone
-                yield self.simulated("overlap (no buckets)", overlap_order, [], **role)
         groups = (_pieces(self.gathers, pieces), _pieces(self.reduces, pieces))
         label = f", blocks in {pieces}" if pieces > 1 else ""
         for source, base in bases.items():
@@ -226,19 +225,18 @@ class _GraphPlanner:
             candidate = dataclasses.replace(candidate, peak=peak)
         return candidate if candidate.peak is not None and candidate.peak <= self.budget else None
 
-    def fitting(self, budget: float, kept: frozenset, tight: bool = False) -> tuple[list[Candidate], int]:
+    def fitting(self, budget: float, kept: frozenset) -> list[Candidate]:
         """The candidates within ``budget`` with the step's ``kept`` parameters, fastest first; where none
-        with whole blocks fits, those with blocks cut in 2, 4, ... pieces (the fewest that fit), and that
-        number of pieces. ``tight``: as :meth:`candidates`."""
+        with whole blocks fits, those with blocks cut in 2, 4, ... pieces (the fewest that fit)."""
         role = self.role(kept)
         reserved = sum(self.form.size[m] for group in self.gathers for m in group if self.form.ds_id[m] in kept) \
             if role else 0
         largest = max((len(b) for b in (*self.gathers, *self.reduces)), default=1)
         pieces = 1
         while True:
-            found = self._fastest_fitting(self.candidates(budget, reserved, role, pieces, tight or pieces > 1))
+            found = self._fastest_fitting(self.candidates(budget, reserved, role, pieces))
             if found or pieces >= largest:
-                return found, pieces
+                return found
             pieces *= 2
 
     def _fastest_fitting(self, candidates: Iterable[Candidate]) -> list[Candidate]:
@@ -479,19 +477,13 @@ def _fsdp_collectives(planners: dict[str, _GraphPlanner], found: Mapping[str, Bl
 def _fitting_step(planners: dict[str, _GraphPlanner], budget: float, kept: frozenset
                   ) -> dict[str, list[Candidate]] | None:
     """Each graph's candidates within ``budget`` keeping ``kept`` (:meth:`_GraphPlanner.fitting`), None where
-    a graph has none. Where one graph fits no whole blocks, the step is tight: every graph's candidates
-    include ``overlap``'s own order, every collective alone (nothing else may be as fast within such a budget).
-    """
+    a graph has none."""
     picked: dict[str, list[Candidate]] = {}
-    tight = False
     for name, planner in planners.items():
-        found, pieces = planner.fitting(budget, kept)
+        found = planner.fitting(budget, kept)
         if not found:
             return None
         picked[name] = found
-        tight = tight or pieces > 1
-    if tight:
-        picked = {name: planner.fitting(budget, kept, tight=True)[0] for name, planner in planners.items()}
     return picked
 
 
