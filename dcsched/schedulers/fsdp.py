@@ -170,10 +170,10 @@ def need_positions(form: GraphForm, order: Sequence[int] | None = None) -> dict[
     pos = {v: p for p, v in enumerate(order)}
     need = {}
     for g in order:
-        if form.kind[g] == ALLGATHER:
-            waits = [w for w in form.succs[g] if form.kind[w] == WAIT]
-            need[g] = min((pos[r] for w in waits for r in form.succs[w]), default=min(map(pos.__getitem__, waits),
-                                                                                        default=pos[g]))
+        if form.kind[g] != ALLGATHER:
+            continue
+        waits, readers = _waits_and_readers(form, g)
+        need[g] = min(map(pos.__getitem__, readers or waits or [g]))
     return need
 
 
@@ -193,15 +193,13 @@ def just_in_time(form: GraphForm, order: Sequence[int]) -> list[int]:
     >>> all(form.kind[v] in (ALLGATHER, WAIT) for nodes in between for v in nodes)
     True
     """
-    kind, succs = form.kind, form.succs
     pos = {v: p for p, v in enumerate(order)}
     moved: dict[int, list[int]] = {}  # first reader -> the gathers and waits issued right before it
     for g in order:
-        if kind[g] != ALLGATHER:
+        if form.kind[g] != ALLGATHER:
             continue
-        waits = [w for w in succs[g] if kind[w] == WAIT]
-        readers = [r for w in waits for r in succs[w]]
-        if not waits or not readers:
+        waits, readers = _waits_and_readers(form, g)
+        if not readers:
             continue
         first = min(readers, key=pos.__getitem__)
         moved.setdefault(first, []).extend([g, *waits])
@@ -213,6 +211,12 @@ def just_in_time(form: GraphForm, order: Sequence[int]) -> list[int]:
         result.extend(moved.get(v, ()))
         result.append(v)
     return result
+
+
+def _waits_and_readers(form: GraphForm, gather: int) -> tuple[list[int], list[int]]:
+    """An all-gather's waits, and the nodes that read what they return."""
+    waits = [w for w in form.succs[gather] if form.kind[w] == WAIT]
+    return waits, [r for w in waits for r in form.succs[w]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -316,10 +320,10 @@ def _split_root(form: GraphForm, gathers: list[list[int]]) -> list[list[int]]:
     """The forward's units with the root's (the first) split into what is needed before the blocks and after."""
     if len(gathers) < 2:
         return gathers
-    position = need_positions(form)
-    start = min(position[m] for m in gathers[1])
-    before = [m for m in gathers[0] if position[m] < start]
-    after = [m for m in gathers[0] if position[m] >= start]
+    need = need_positions(form)
+    start = min(need[m] for m in gathers[1])
+    before = [m for m in gathers[0] if need[m] < start]
+    after = [m for m in gathers[0] if need[m] >= start]
     return [group for group in (before, *gathers[1:], after) if group]
 
 

@@ -414,7 +414,6 @@ def overlap_plan(forms: Mapping[str, GraphForm], *, budget_bytes: float = UNLIMI
     cap = None
     # The root's parameters travel with the blocks beside them; in the forward, alone or with them: the
     # better of the two depends on the budget (a first bucket of the embeddings alone, or fewer collectives).
-    # FSDP2's own units compete too, so the plan is never slower than fsdp's within a budget fsdp fits.
     orders = {name: _GraphOrders(form, comm_latency_ms, budget_scope) for name, form in forms.items()}
     for mode in ("joined", "split") if root else ("joined",):
         units = step_blocks(forms, root_mode=mode)
