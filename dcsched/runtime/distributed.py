@@ -358,8 +358,12 @@ class DistributedZero3Runtime(Zero3Runtime):
 
     def _gather_bucket(self, graph_id: int, ds_id: int, members: list[tuple[int, torch.Tensor]]) -> torch.Tensor:
         sizes = [source.numel() for _m, source in members]
-        source = torch.cat([s for _m, s in members])
-        output = source.new_empty(source.numel() * self.world_size)
+        total = sum(sizes)
+        output = members[0][1].new_empty(total * self.world_size)
+        # In place, as FSDP2 gathers: this rank's input is its own row of the output, so the bucket holds no
+        # flat input of its own (the shards are copied once, into the row, as a separate input would need).
+        source = output[self.rank * total:(self.rank + 1) * total]
+        torch.cat([s for _m, s in members], out=source)
         self._issued(graph_id)
         work = all_gather_into_tensor(output, source, group=self.group, async_op=True)
         placed, fulls = [], {}
@@ -394,8 +398,7 @@ class DistributedZero3Runtime(Zero3Runtime):
             for member, *_rest in pending.members:
                 self.pending.pop((graph_id, member), None)
             # the flat tensors live beside the members' new buffers until the copy-out ends
-            self._transient = sum(t.untyped_storage().nbytes() for t in (pending.source, pending.output)
-                                  if isinstance(t, torch.Tensor))
+            self._transient = pending.output.untyped_storage().nbytes()  # the input is a row of it
             pending.complete(self.world_size)
         elif pending is not None:
             pending[0].wait()

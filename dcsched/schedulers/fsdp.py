@@ -58,6 +58,7 @@ from typing import Hashable, Iterable, Mapping, Sequence
 from dcsched.graph.form import ALLGATHER, REDUCE, WAIT, GraphForm, output_last_indices, paused_gc
 from dcsched.plan import Bucket, Plan
 from dcsched.schedulers.registry import register
+from dcsched.schedulers.waits_first import waits_first
 
 #: The most parameters one block may hold (the longest period searched).
 MAX_BLOCK_PARAMS = 64
@@ -362,7 +363,10 @@ def bucketed(form: GraphForm, order: Sequence[int], gathers: Sequence[Sequence[i
     0 issues each bucket when its first parameter would have been gathered,
     1 when the block before is (FSDP2's prefetch). A block's reduces move to
     where its last one stands (every gradient of the block is ready there).
-    A member that cannot move (an all-gather whose input has not run by then,
+    A wait then goes before the buckets issued right before it
+    (:func:`~dcsched.schedulers.waits_first.waits_first`: the same step, less
+    memory), so a prefetch is issued once the block before has waited, as
+    FSDP2 issues it. A member that cannot move (an all-gather whose input has not run by then,
     a reduce read before the last one: neither occurs in DeepCompile graphs)
     stays alone.
 
@@ -426,7 +430,8 @@ def bucketed(form: GraphForm, order: Sequence[int], gathers: Sequence[Sequence[i
             append(v)
         if p in after:
             extend(after[p])
-    return output_last_indices(form.kind, result), [b for b in buckets if len(b) > 1]
+    buckets = [b for b in buckets if len(b) > 1]
+    return output_last_indices(form.kind, waits_first(form, result, buckets)), buckets
 
 
 def kept_root(forms: Mapping[str, GraphForm], found: Mapping[str, Blocks]) -> frozenset:

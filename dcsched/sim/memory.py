@@ -196,10 +196,10 @@ class MemoryModel:
         """``memory`` and ``gathered`` with the flat buffers the runtime holds beside the nodes' own while a
         bucket runs (:mod:`dcsched.runtime.distributed`), in place:
 
-        * an all-gather bucket copies its members' shards into one flat input when it is issued and gathers
-          into one flat output, which holds the members' bytes (what the nodes own) until its first wait
-          allocates each member's own buffer, copies it out (FSDP2's copy-out) and drops both flat tensors:
-          the shards' bytes more from the issue to that wait, and the members' full bytes more at that wait;
+        * an all-gather bucket gathers in place into one flat output (this rank's shards copied into its own
+          row of it, as FSDP2 does), which holds the members' bytes (what the nodes own) until its first wait
+          allocates each member's own buffer, copies it out (FSDP2's copy-out) and drops the flat output:
+          the members' full bytes more at that wait;
         * a reduce bucket copies each member's gradient into one flat input (the gradients' bytes), allocated
           when its first member runs, while the gradients not yet copied are still alive: their bytes more
           at that member (less after, as each copied gradient is freed).
@@ -219,12 +219,9 @@ class MemoryModel:
             if kind[first] == REDUCE:
                 memory[start] += sum(size[preds[m][0]] for m in members)
                 continue
-            shards = sum(size[preds[m][0]] for m in members)
             full = sum(owned[m] for m in members)
             waits = [position[w] for m in members for w in succs[m] if kind[w] == WAIT and w in position]
             wait = min(waits, default=start)
-            for p in range(start, wait):
-                memory[p] += shards
-            memory[wait] += shards + full
+            memory[wait] += full
             gathered[wait] += full
         return memory, gathered

@@ -1,0 +1,90 @@
+"""Waits before the all-gathers issued right before them: the same step, less memory.
+
+Where an order issues an all-gather and then, with no compute between,
+waits on a collective issued earlier, the new all-gather's buffers are alive
+through that wait for nothing. The collectives run one after another in issue
+order (one communication stream; one gloo process group), so the new one
+could not start before the earlier one ends, which is when the wait returns:
+issuing it just after the wait starts it no later. The memory is not the
+same: a bucket's wait is where its flat output and its members' own buffers
+are both alive (the copy-out), and the new bucket's buffers beside them made
+that moment the backward's peak on the 2-rank GPT. FSDP2 orders them this way:
+a block's prefetch is issued once the block's own unshard has waited.
+
+:func:`waits_first` is that pass over a bucketed order; the planners' bucketed
+orders (:func:`dcsched.schedulers.fsdp.bucketed`) run it.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from dcsched.graph.form import ALLGATHER, WAIT, GraphForm
+
+
+def waits_first(form: GraphForm, order: Sequence[int], buckets: Sequence[Sequence[int]] = ()) -> list[int]:
+    """``order`` with each wait moved before the all-gathers just before it that were issued after its own.
+
+    Only a run of all-gathers directly before the wait is passed (no other
+    node: a compute node between would make the move cost time), and only
+    those issued after the wait's collective (a bucket is issued at its first
+    member, so a wait never passes its own bucket's members). The waits keep
+    their order among themselves, and so do the all-gathers: the collectives
+    are issued in the same order, so they run as before.
+
+    Parameters
+    ----------
+    form : GraphForm
+        The graph.
+    order : sequence of int
+        A topological order (node numbers).
+    buckets : sequence of sequences of int, optional
+        The all-gather buckets (node numbers; others ignored): a member is issued where its bucket's first
+        member stands.
+
+    Returns
+    -------
+    list of int
+        The order, still topological, with the same nodes.
+
+    Examples
+    --------
+    >>> from dcsched.synthetic import layered_stack
+    >>> form = GraphForm(layered_stack(2).forward)
+    >>> gathers = [v for v in form.topo if form.kind[v] == ALLGATHER]
+    >>> first, second = gathers[:2]
+    >>> wait = next(w for w in form.succs[first] if form.kind[w] == WAIT)
+    >>> order = [v for v in form.topo if v not in (second, wait)]
+    >>> at = order.index(first) + 1
+    >>> order[at:at] = [second, wait]                    # the second issued, then the first waited on
+    >>> moved = waits_first(form, order)
+    >>> moved[moved.index(first):moved.index(first) + 3] == [first, wait, second]
+    True
+    """
+    kind, preds = form.kind, form.preds
+    position = {v: p for p, v in enumerate(order)}
+    issued = {v: position[v] for v in order if kind[v] == ALLGATHER}
+    for members in buckets:
+        if members and kind[members[0]] == ALLGATHER:
+            first = min(position[m] for m in members)
+            issued.update((m, first) for m in members)
+    result: list[int] = []
+    run: list[int] = []  # the all-gathers directly before the node being placed
+    for v in order:
+        if kind[v] == ALLGATHER:
+            run.append(v)
+            continue
+        if kind[v] == WAIT and run:
+            own = min((issued[p] for p in preds[v] if p in issued), default=len(order))  # no gather: stays
+            keep = len(run)
+            while keep and issued[run[keep - 1]] > own:
+                keep -= 1
+            result.extend(run[:keep])
+            result.append(v)
+            del run[:keep]
+            continue
+        result.extend(run)
+        run.clear()
+        result.append(v)
+    result.extend(run)
+    return result
