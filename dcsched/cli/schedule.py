@@ -199,16 +199,8 @@ def schedule(
     memory_budget, budget_scope, option = named_from_options(memory_budget, budget_scope, option)
     options, given_budget = scheduler_options(algorithms, memory_budget, budget_scope, option)
     report_files = {name: p for name, p in (("trace", trace), ("plot", plot)) if p is not None}
-    if sweep_budgets:
-        if algorithms != ["overlap"]:
-            raise DcschedError("--sweep traces the overlap scheduler's memory/time trade-off: use --algo overlap")
-        if memory_budget is not None:
-            raise DcschedError("--sweep chooses its own budgets, from the smallest workable to unlimited: "
-                               "drop --memory-budget")
-        files = {}
-    else:
-        outputs = output_paths(path, algorithms, output)
-        files = {(f"-o ({a})" if len(outputs) > 1 else "-o"): p for a, p in outputs.items()}
+    outputs = _bundles_to_write(path, algorithms, output, sweep_budgets, memory_budget)
+    files = {(f"-o ({a})" if len(outputs) > 1 else "-o"): p for a, p in outputs.items()}
     kind = formats.SweepReport.kind if sweep_budgets else formats.ScheduleReport.kind
     stdout_format = "json" if as_json else ("sweep" if sweep_budgets else "table")
     chosen = [formats.get(name) for name in (stdout_format, *report_files)]
@@ -246,6 +238,24 @@ def schedule(
     for target in written:
         progress(f"wrote {target}")
     formats.get(stdout_format)(report, console)
+    _note_if_planned(bundle)
+
+
+def _bundles_to_write(path: Path, algorithms: list[str], output: Path | None, sweep_budgets: bool,
+                      memory_budget: str | None) -> dict[str, Path]:
+    """Each algorithm's output bundle; none under ``--sweep``, whose flags are checked here."""
+    if not sweep_budgets:
+        return output_paths(path, algorithms, output)
+    if algorithms != ["overlap"]:
+        raise DcschedError("--sweep traces the overlap scheduler's memory/time trade-off: use --algo overlap")
+    if memory_budget is not None:
+        raise DcschedError("--sweep chooses its own budgets, from the smallest workable to unlimited: "
+                           "drop --memory-budget")
+    return {}
+
+
+def _note_if_planned(bundle) -> None:
+    """Say on stderr when the bundle's figures are a cost model's, planned from shapes (``profile --meta``)."""
     if bundle.provenance.get("planned"):
         prov = bundle.provenance
         err_console.print(f"[dim]planned, not measured: the figures are the {prov.get('cost_model')} cost model's "
