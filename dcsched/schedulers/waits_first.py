@@ -17,6 +17,7 @@ orders (:func:`dcsched.schedulers.fsdp.bucketed`) run it.
 
 from __future__ import annotations
 
+import re
 from typing import Sequence
 
 from dcsched.graph.form import ALLGATHER, WAIT, GraphForm
@@ -39,8 +40,9 @@ def waits_first(form: GraphForm, order: Sequence[int], buckets: Sequence[Sequenc
     order : sequence of int
         A topological order (node numbers).
     buckets : sequence of sequences of int, optional
-        The all-gather buckets (node numbers; others ignored): a member is issued where its bucket's first
-        member stands.
+        The all-gather buckets (node numbers; others ignored), each one's members standing one after another
+        in ``order`` (as :func:`~dcsched.schedulers.fsdp.bucketed` places them): issued as one, where the
+        first member stands.
 
     Returns
     -------
@@ -62,29 +64,41 @@ def waits_first(form: GraphForm, order: Sequence[int], buckets: Sequence[Sequenc
     True
     """
     kind, preds = form.kind, form.preds
-    position = {v: p for p, v in enumerate(order)}
-    issued = {v: position[v] for v in order if kind[v] == ALLGATHER}
-    for members in buckets:
-        if members and kind[members[0]] == ALLGATHER:
-            first = min(position[m] for m in members)
-            issued.update((m, first) for m in members)
+    kinds = bytes(map(kind.__getitem__, order))
+    segments = list(_SEGMENT.finditer(kinds))  # C speed: most of an order is never looked at in Python
+    if not segments:
+        return list(order)
+    bucket_of: dict[int, int] | None = None
     result: list[int] = []
-    run: list[int] = []  # the all-gathers directly before the node being placed
-    for v in order:
-        if kind[v] == ALLGATHER:
-            run.append(v)
-            continue
-        if kind[v] == WAIT and run:
-            own = min((issued[p] for p in preds[v] if p in issued), default=len(order))  # no gather: stays
-            keep = len(run)
-            while keep and issued[run[keep - 1]] > own:
-                keep -= 1
+    done = 0
+    for segment in segments:
+        start, end = segment.span()
+        result.extend(order[done:start])
+        run: list[int] = []  # the all-gathers directly before the node being placed, in issue order
+        for v in order[start:end]:
+            if kind[v] == ALLGATHER:
+                run.append(v)
+                continue
+            own = next((p for p in preds[v] if kind[p] == ALLGATHER), None)
+            if own is None:  # no collective of its own to wait for: it stays
+                keep = len(run)
+            elif own in run:  # issued in this run: the all-gathers of its own bucket stay before it
+                if bucket_of is None:
+                    bucket_of = {m: k for k, members in enumerate(buckets) for m in members}
+                keep = run.index(own) + 1
+                bucket = bucket_of.get(own)
+                while bucket is not None and keep < len(run) and bucket_of.get(run[keep]) == bucket:
+                    keep += 1
+            else:  # issued before every all-gather of the run
+                keep = 0
             result.extend(run[:keep])
             result.append(v)
             del run[:keep]
-            continue
         result.extend(run)
-        run.clear()
-        result.append(v)
-    result.extend(run)
+        done = end
+    result.extend(order[done:])
     return result
+
+
+#: A stretch of an order where the pass may move something: runs of all-gathers each followed by waits.
+_SEGMENT = re.compile(b"(?:" + re.escape(bytes([ALLGATHER])) + b"+" + re.escape(bytes([WAIT])) + b"+)+")
