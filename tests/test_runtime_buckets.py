@@ -209,6 +209,50 @@ def test_replay_under_every_plan_is_bit_identical_and_issues_the_planned_collect
         assert data["none"]["issued"] == 7
 
 
+def _in_place_ranks(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    from dcsched.runtime.distributed import DistributedZero3Runtime, shutdown
+
+    runs.init_gloo(rank, world_size, port)
+    try:
+        bundle = rp.example_bundle()
+        runtime = DistributedZero3Runtime(bundle.params)
+        runtime.set_plan(comm_plan({"forward": _plan(bundle.forward, gathers=[(0, 1)])}, GRAPH_IDS))
+        fulls = {p.ds_id: torch.arange(p.numel, dtype=torch.float32).reshape(p.shape) + 1000 * p.ds_id
+                 for p in bundle.params if p.ds_id in (0, 1)}
+        shards = {ds_id: runtime.shard(full) for ds_id, full in fulls.items()}
+        runtime.begin_graph(0, {ds_id: (shard, None) for ds_id, shard in shards.items()})
+        first = runtime.allgather(shards[0], 0, 0, None)
+        bucket = runtime.pending[(0, 0)]
+        # the runtime's own tensors with bytes (a member's buffer has none until the copy-out)
+        storages = {t.untyped_storage().data_ptr() for t in runtime.buffers() if t.untyped_storage().nbytes()}
+        output = bucket.output.untyped_storage()
+        out = {"input_is_a_row": bucket.source.untyped_storage().data_ptr() == output.data_ptr()
+               and bucket.source.data_ptr() == bucket.output.data_ptr() + rank * bucket.source.nbytes,
+               "storages": len(storages), "output_bytes": output.nbytes()}
+        second = runtime.allgather(shards[1], 0, 1, None)
+        runtime.wait(first, 0, 0)
+        out["transient"] = runtime.transient_bytes()
+        runtime.wait(second, 0, 1)
+        out["equal"] = torch.equal(first, fulls[0]) and torch.equal(second, fulls[1])
+        runtime.end_graph(0)
+        torch.save(out, Path(out_dir) / f"rank{rank}.pt")
+    finally:
+        shutdown()
+
+
+@on_gloo_ranks
+def test_a_bucket_gathers_in_place(tmp_path):
+    """As FSDP2 gathers: this rank's shards are copied into its own row of the flat output, the collective's
+    input, so a bucket in flight holds one flat tensor (a flat input of its own, as before, held the shards'
+    bytes again from the issue to the wait); the members still come out whole."""
+    world_size = 2
+    mp.spawn(_in_place_ranks, args=(world_size, runs.free_port(), str(tmp_path)), nprocs=world_size, join=True)
+    for rank in range(world_size):
+        out = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
+        assert out["input_is_a_row"] and out["equal"], (rank, out)
+        assert out["storages"] == 1 and out["transient"] == out["output_bytes"], (rank, out)
+
+
 # ---------------------------------------------------------------------------
 # Training the GPT example with FSDP's buckets
 # ---------------------------------------------------------------------------
