@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
+from dcsched.bundle.core import load
+
 from dcsched.graph.form import ALLGATHER, WAIT, GraphForm
-from dcsched.schedulers import run
+from dcsched.schedulers import run, run_step
 from dcsched.schedulers.fsdp import bucketed, just_in_time, step_blocks
 from dcsched.schedulers.waits_first import waits_first
 from dcsched.sim.simulate import CompiledGraph
 from dcsched.synthetic import layered_stack, moe_graph, random_graph
 
 EPS = 1e-9
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _prefetch_before_waits(form: GraphForm, rng: random.Random) -> list[int]:
@@ -84,3 +89,21 @@ def test_fsdp_prefetch_waits_for_the_block_before():
         waits = [min(pos[w] for m in group for w in form.succs[m] if form.kind[w] == WAIT) for group in blocks]
         issues = [min(pos[m] for m in group) for group in blocks]
         assert all(issues[k + 1] > waits[k] for k in range(len(blocks) - 1)), name
+
+
+@pytest.mark.parametrize("name", ["gpt", "llama"])
+def test_planned_orders_never_prefetch_beside_a_wait(name):
+    """fsdp's and overlap-plan's final orders are the pass's fixed points: no wait stands after an all-gather
+    issued later with nothing between them. (Each graph planned alone as well: a step's backward leaves its
+    kept parameters' all-gathers, which issue nothing, out of its buckets, so the plan no longer says which
+    bucket they stood in.)"""
+    bundle = load(ROOT / "sample_graphs" / f"{name}.pt")
+    forms = {graph: GraphForm(bundle.form(graph)) for graph in bundle.graph_names}
+    for algo in ("fsdp", "overlap-plan"):
+        planned = [("step", graph, plan) for graph, plan in run_step(algo, forms).items() if graph == "forward"]
+        planned += [("alone", graph, run(algo, form)) for graph, form in forms.items()]
+        for how, graph, plan in planned:
+            form = forms[graph]
+            order = [form.index[node] for node in plan.order]
+            buckets = [[form.index[node] for node in b.members] for b in plan.buckets if b.kind == "allgather"]
+            assert waits_first(form, order, buckets) == order, (algo, how, graph)

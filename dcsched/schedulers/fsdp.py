@@ -422,14 +422,15 @@ def bucketed(form: GraphForm, order: Sequence[int], gathers: Sequence[Sequence[i
         moved.update(later)
         buckets.append([order[at]] + later)  # as it runs: the last gradient's reduce, then the ones moved after it
     result: list[int] = []
-    extend, append = result.extend, result.append
-    for p, v in enumerate(order):
-        if p in before:
-            extend(before[p])
-        if v not in moved:
-            append(v)
-        if p in after:
-            extend(after[p])
+    done = 0  # the order up to here is placed: between the positions where something moves, it is copied whole
+    for p in sorted(before.keys() | after.keys() | {pos[m] for m in moved}):
+        result.extend(order[done:p])
+        result.extend(before.get(p, ()))
+        if order[p] not in moved:
+            result.append(order[p])
+        result.extend(after.get(p, ()))
+        done = p + 1
+    result.extend(order[done:])
     buckets = [b for b in buckets if len(b) > 1]
     return output_last_indices(form.kind, waits_first(form, result, buckets)), buckets
 
