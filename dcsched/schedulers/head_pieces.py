@@ -101,6 +101,7 @@ def head_pieces(form: GraphForm, order: Sequence[int], members: Sequence[int], m
     need, issue = need_times(form, order, members)
     ranked = sorted(members, key=lambda m: need[m])
     n = len(ranked)
+    needs = [need[m] for m in ranked]
     transfer = list(itertools.accumulate(max(0.0, form.time[m] - latency_ms) for m in ranked))
     inf = float("inf")
     # waits[p][j]: the least total wait with members 0..j in p pieces; start[p][j]: where the last one starts
@@ -108,12 +109,22 @@ def head_pieces(form: GraphForm, order: Sequence[int], members: Sequence[int], m
     start = [[0] * n for _ in waits]
     found: dict[int, list[list[int]]] = {}
     for p in range(1, len(waits)):
+        before, row, starts = waits[p - 1], waits[p], start[p]
         for j in range(p - 1, n):
             arrives = issue + p * latency_ms + transfer[j]
-            for i in (0,) if p == 1 else range(p - 1, j + 1):  # the first piece starts at the first member
-                wait = max(waits[p - 1][i - 1] if p > 1 else 0.0, arrives - need[ranked[i]])
-                if wait < waits[p][j]:
-                    waits[p][j], start[p][j] = wait, i
+            if p == 1:  # the first piece starts at the first member
+                late = arrives - needs[0]
+                row[j] = late if late > 0.0 else 0.0
+                continue
+            # the least over the last piece's first member i of the larger of the wait before it and its own
+            # (written out: this loop is most of the planner's time on a long head)
+            best, at = inf, 0
+            for i in range(p - 1, j + 1):
+                earlier, late = before[i - 1], arrives - needs[i]
+                wait = earlier if earlier >= late else late
+                if wait < best:
+                    best, at = wait, i
+            row[j], starts[j] = best, at
         pieces, end = [], n - 1
         for q in range(p, 0, -1):
             begin = start[q][end]
