@@ -120,7 +120,8 @@ def shard_of(full: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
 
 
 class _GatherBucket:
-    """One bucket's all-gather in flight: the work, its flat input and output, and where each member goes."""
+    """One bucket's all-gather in flight: the work, its flat output and input (this rank's row of the output:
+    the bucket gathers in place), and where each member goes."""
 
     def __init__(self, work, source: torch.Tensor, output: torch.Tensor,
                  members: list[tuple[int, torch.Tensor, int, int]]) -> None:
@@ -128,17 +129,16 @@ class _GatherBucket:
         self.members = members  # (ds_id, padded buffer, offset, shard size)
 
     def complete(self, world_size: int) -> None:
-        """Wait, copy each member's full parameter into its own buffer, then let the flat tensors go."""
+        """Wait, copy each member's full parameter into its own buffer, then let the flat output go."""
         if self.work is None:  # completed already
             return
         self.work.wait()
         for _ds_id, padded, offset, size in self.members:
             padded.untyped_storage().resize_(padded.numel() * padded.element_size())
             unpack_gathered(self.output, world_size, offset, size, padded.view(world_size, size))
-        for flat in (self.source, self.output):
-            # freed here, not whenever the process group's own reference to them goes (a gloo thread's, late
-            # under load): where the simulator frees them, and what a memory tracker then sees
-            flat.untyped_storage().resize_(0)
+        # freed here (the input with it: a row of it), not whenever the process group's own reference to it
+        # goes (a gloo thread's, late under load): where the simulator frees it, and what a memory tracker sees
+        self.output.untyped_storage().resize_(0)
         self.work = self.source = self.output = None
         self.members = []
 

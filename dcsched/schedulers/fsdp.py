@@ -366,9 +366,9 @@ def bucketed(form: GraphForm, order: Sequence[int], gathers: Sequence[Sequence[i
     A wait then goes before the buckets issued right before it
     (:func:`~dcsched.schedulers.waits_first.waits_first`: the same step, less
     memory), so a prefetch is issued once the block before has waited, as
-    FSDP2 issues it. A member that cannot move (an all-gather whose input has not run by then,
-    a reduce read before the last one: neither occurs in DeepCompile graphs)
-    stays alone.
+    FSDP2 issues it. A member that cannot move (an all-gather whose input
+    has not run by then, a reduce read before the last one: neither occurs
+    in DeepCompile graphs) stays alone.
 
     Parameters
     ----------
