@@ -34,6 +34,9 @@ BUCKET_KINDS = ("allgather", "reduce")
 RESIDENCIES = ("sharded", "kept", "replicated")
 #: A parameter not named in :attr:`Plan.residency`.
 DEFAULT_RESIDENCY = "sharded"
+#: The option by which a scheduler replicates parameters of its own accord (the largest, in gathered bytes; 0:
+#: none): training sets it to 0, since it shards the module before any plan.
+REPLICATE_OPTION = "replicate_max_bytes"
 #: :class:`Plan`'s default residency: none named (read-only, so one object can serve every plan).
 NO_RESIDENCY: Mapping[int, str] = types.MappingProxyType({})
 

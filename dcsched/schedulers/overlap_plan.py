@@ -36,6 +36,12 @@ by the simulator, within ``budget_bytes`` of ``budget_scope``:
    the first and last blocks, and a graph's head (its first buckets) cut again
    into the pieces :func:`~dcsched.schedulers.head_pieces.head_pieces` finds.
 
+6. **Replication.** The small parameters the forward's first collective
+   gathers may be kept whole on every rank (``'replicated'``: no gather,
+   their gradients all-reduced) where that shortens the step within the
+   budget and the cap (:func:`~dcsched.schedulers.plan_replicate.replicated_head`):
+   the forward's first compute then waits on less.
+
 When no bucketed order fits the budget (a budget near what gathering one
 parameter at a time needs), the graph falls back to ``overlap``'s own plan,
 every collective alone, which fits any budget ``overlap`` accepts.
@@ -58,11 +64,13 @@ from typing import Mapping
 
 from dcsched.budget import DEFAULT_SCOPE
 from dcsched.graph.form import GraphForm
-from dcsched.plan import Plan
+from dcsched.errors import OptionError
+from dcsched.plan import REPLICATE_OPTION, Plan
 from dcsched.schedulers.fsdp import Blocks, bucketed, kept_root, step_blocks
 from dcsched.schedulers.overlap.planner import UNLIMITED, check_scope
 from dcsched.schedulers.plan_candidates import Candidate, GraphOrders, GraphPlanner
 from dcsched.schedulers.plan_refine import refine
+from dcsched.schedulers.plan_replicate import REPLICATE_MAX_BYTES, replicated_head
 from dcsched.schedulers.registry import register
 from dcsched.sim.collectives import DEFAULT_LATENCY_MS
 
@@ -80,7 +88,8 @@ def _keep_counts(blocks: int) -> list[int]:
           description="one plan for the forward and backward: per-block bucketed collectives and parameters kept "
                       "gathered for the backward, chosen by simulation within memory_budget")
 def overlap_plan(forms: Mapping[str, GraphForm], *, budget_bytes: float = UNLIMITED,
-                 budget_scope: str = DEFAULT_SCOPE, comm_latency_ms: float = DEFAULT_LATENCY_MS) -> dict[str, Plan]:
+                 budget_scope: str = DEFAULT_SCOPE, comm_latency_ms: float = DEFAULT_LATENCY_MS,
+                 replicate_max_bytes: int = REPLICATE_MAX_BYTES) -> dict[str, Plan]:
     """The step's communication plan (module docstring).
 
     Parameters
@@ -93,6 +102,9 @@ def overlap_plan(forms: Mapping[str, GraphForm], *, budget_bytes: float = UNLIMI
         ``'all'`` (all tensors, the default) or ``'gathered'`` (gathered parameters).
     comm_latency_ms : float, optional
         The per-collective latency the figures include (what a bucket pays once).
+    replicate_max_bytes : int, optional
+        The largest parameter (gathered bytes) step 6 may make ``'replicated'``; 0: none (what ``dcsched train``
+        runs: it replicates only what ``--replicate-below`` made whole when the module was sharded).
 
     Returns
     -------
@@ -104,7 +116,7 @@ def overlap_plan(forms: Mapping[str, GraphForm], *, budget_bytes: float = UNLIMI
     BudgetError
         When even ``overlap`` finds no order within the budget.
     OptionError
-        For an unknown ``budget_scope``.
+        For an unknown ``budget_scope``, or a ``replicate_max_bytes`` that is no whole number of bytes.
 
     Examples
     --------
@@ -114,6 +126,9 @@ def overlap_plan(forms: Mapping[str, GraphForm], *, budget_bytes: float = UNLIMI
     ({'allgather'}, {})
     """
     check_scope(budget_scope)
+    if isinstance(replicate_max_bytes, bool) or not isinstance(replicate_max_bytes, int) or replicate_max_bytes < 0:
+        raise OptionError(REPLICATE_OPTION, f"must be a whole number of bytes, 0 or more (0: replicate nothing), "
+                                            f"not {replicate_max_bytes!r}")
     fsdp_units = step_blocks(forms)
     root = kept_root(forms, fsdp_units)
     best: tuple | None = None
@@ -132,13 +147,17 @@ def overlap_plan(forms: Mapping[str, GraphForm], *, budget_bytes: float = UNLIMI
             figures = (sum(c.collectives for c in chosen.values()) > cap, sum(c.step_ms for c in chosen.values()),
                        sum(c.collectives for c in chosen.values()))
             if best is None or figures < best[0]:
-                best = (figures, planners, *planned)
+                best = (figures, planners, *planned, cap)
     if best is None:  # no bucketed order fits: overlap's own plan
         return {name: planner.plan(planner.fallback(budget_bytes), (), frozenset())
                 for name, planner in planners.items()}
-    _figures, planners, chosen, kept = best
+    _figures, planners, chosen, kept, cap = best
+    replicated = replicated_head(planners, chosen, kept, budget_bytes, cap, replicate_max_bytes)
+    kept = kept - replicated
     backward = planners.get("backward")
-    return {name: planner.plan(chosen[name], sorted(kept), kept if planner is backward else frozenset())
+    # a held or replicated parameter's all-gather issues nothing: plan_of leaves it out of its bucket
+    return {name: planner.plan(chosen[name], sorted(kept), (kept if planner is backward else frozenset()) | replicated
+                               ).replicating(replicated)
             for name, planner in planners.items()}
 
 

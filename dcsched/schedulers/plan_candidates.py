@@ -13,12 +13,13 @@ import math
 from typing import Iterable, Sequence
 
 from dcsched.errors import BudgetError
-from dcsched.graph.form import GraphForm
+from dcsched.graph.form import ALLGATHER, GraphForm
 from dcsched.plan import Plan
 from dcsched.schedulers.fast_free import fast_free
 from dcsched.schedulers.head_pieces import head_pieces
 from dcsched.schedulers.fsdp import Blocks, bucketed, gathered_ids, just_in_time, plan_of
 from dcsched.schedulers.overlap.scheduler import Overlap
+from dcsched.sim.plans import replicated_fused
 from dcsched.sim.simulate import CompiledGraph
 
 #: How many blocks ahead the ``fsdp``-style candidates prefetch.
@@ -273,6 +274,25 @@ class GraphPlanner:
                         candidate = fitted
                 k += 1
         return candidate
+
+    def replicating(self, candidate: Candidate, kept: frozenset, replicated: frozenset) -> tuple[float, int, float]:
+        """Step (ms), collectives and peak (bytes of the budget's scope) of ``candidate`` with the step's
+        ``kept`` parameters and the ``replicated`` ones whole on every rank
+        (:func:`~dcsched.sim.plans.replicated_fused`: no all-gather, resident all step, gradients all-reduced)."""
+        role = self.role(kept - replicated)
+        fused = replicated_fused(self.compiled, candidate.buckets, role.get("held", frozenset()),
+                                 role.get("keep", frozenset()), replicated)
+        result = self.compiled.simulate_with_frees(candidate.order, detail=False, fused=fused)[0]
+        return result.step_ms, result.collectives, \
+            result.peak_bytes if self.scope == "all" else result.gathered_peak_bytes
+
+    def first_collective(self, candidate: Candidate) -> list[int]:
+        """The all-gathers (node numbers) of the first collective ``candidate`` issues: its first bucket, or
+        its first all-gather alone (none in a graph without one)."""
+        first = next((v for v in candidate.order if self.form.kind[v] == ALLGATHER), None)
+        if first is None:
+            return []
+        return next((list(members) for members in candidate.buckets if first in members), [first])
 
     def fallback(self, budget: float) -> Candidate:
         """``overlap``'s own order, every collective alone (raises :class:`BudgetError` where it does)."""

@@ -162,7 +162,7 @@ def compile_program(gm: torch.fx.GraphModule, example_inputs, sharding, options:
     budget = options.budget(profiled)
     # Both graphs at once: a step scheduler plans them together (what it keeps gathered spans the two).
     plans = run_step(options.algo, {name: profiled.form(name) for name in profiled.graph_names}, budget=budget,
-                     comm_latency_ms=latency_from_provenance(profiled.provenance), **options.algo_options)
+                     comm_latency_ms=latency_from_provenance(profiled.provenance), **options.scheduler_options())
     if sharding.replicated:  # whole on every rank since dcsched.shard: the plans must not gather them
         plans = {name: plan.replicating(sharding.replicated) for name, plan in plans.items()}
     scheduled = profiled.reordered({name: list(plan.order) for name, plan in plans.items()}, plans=plans)

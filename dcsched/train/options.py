@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from dcsched.budget import BUDGET_SCOPE_HELP, MEMORY_BUDGET_HELP
 from dcsched.costmodels.options import ProfileOptions
 from dcsched.errors import DcschedError, OptionError
+from dcsched.plan import REPLICATE_OPTION
 
 if TYPE_CHECKING:
     from dcsched.budget import Budget
@@ -126,11 +127,34 @@ class TrainOptions:
         for key in self.algo_options:
             if key in ("memory_budget", "budget_scope"):
                 raise OptionError("algo_options", f"has {key!r}: pass it as {key}= itself")
+            if key == REPLICATE_OPTION and self.algo_options[key]:
+                raise OptionError("algo_options", f"has {key!r}: training shards the module before it plans, so "
+                                                  "what is whole on every rank is decided by replicate_below "
+                                                  "(--replicate-below N elements)")
             if key not in accepted:
                 takers = sorted(a for a in schedulers.available() if key in schedulers.get(a).options)
                 who = "taken by: " + ", ".join(takers) if takers else "no scheduler takes it"
                 raise OptionError("algo_options", f"has {key!r}, which scheduler '{self.algo}' does not take ({who})")
         self.profile_options(1).check()
+
+    def scheduler_options(self) -> dict[str, Any]:
+        """``algo_options`` as training runs the scheduler: a scheduler that may replicate parameters on its own
+        (``overlap-plan``'s ``replicate_max_bytes``) replicates none, since the module's shards are cut before
+        any plan (``--replicate-below`` decides what is whole).
+
+        Examples
+        --------
+        >>> TrainOptions(algo="overlap-plan").scheduler_options()
+        {'replicate_max_bytes': 0}
+        >>> TrainOptions(algo="prefetch-ahead", algo_options={"k": 2}).scheduler_options()
+        {'k': 2}
+        """
+        from dcsched import schedulers
+
+        options = dict(self.algo_options)
+        if REPLICATE_OPTION in schedulers.get(self.algo).options:
+            options[REPLICATE_OPTION] = 0
+        return options
 
     def profile_options(self, world_size: int) -> ProfileOptions:
         """The options of the profile a compile runs before it schedules, for ``world_size`` ranks."""
