@@ -236,7 +236,6 @@ def _state_tensors(config: Config):
 
 def _profiled_step(config: Config, batch) -> dict:
     """One step under the torch profiler: its gloo collectives and its allocation high-water above its start."""
-    from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile
 
     from dcsched.runtime.distributed import collectives_issued
@@ -249,22 +248,34 @@ def _profiled_step(config: Config, batch) -> dict:
     for event in prof.events():
         if event.name.startswith("gloo:"):
             collectives[event.name] = collectives.get(event.name, 0) + 1
-    allocations = []
+    allocations = allocation_events(prof)
+    rise = 0
+    if allocations:
+        start = allocations[0][2] - allocations[0][1]  # the allocator's count before the step's first event
+        rise = max(0, max(event[2] for event in allocations) - start)
+    return {"loss": loss, "collectives": sum(collectives.values()), "collectives_by_kind": collectives,
+            "dcsched_collectives": issued if config.name.startswith("dcsched-") else None,
+            "held_bytes": held, "step_rise_bytes": rise, "peak_bytes": held + rise}
+
+
+def allocation_events(prof) -> list[tuple[int, int, int, int, list[str]]]:
+    """The CPU allocator's events a torch profile recorded, in time order: ``(start ns, bytes (negative: a
+    free), bytes allocated after it, address, the names of the ops it happened in, innermost first)``."""
+    from torch._C._profiler import _EventType
+
+    events = []
     pending = list(prof.profiler.kineto_results.experimental_event_tree())
     while pending:
         event = pending.pop()
         pending.extend(event.children)
         if event.tag == _EventType.Allocation and event.extra_fields.device.type == "cpu":
-            fields = event.extra_fields
-            allocations.append((event.start_time_ns, fields.alloc_size, fields.total_allocated))
-    rise = 0
-    if allocations:
-        allocations.sort()
-        start = allocations[0][2] - allocations[0][1]  # the allocator's count before the step's first event
-        rise = max(0, max(total for _, _, total in allocations) - start)
-    return {"loss": loss, "collectives": sum(collectives.values()), "collectives_by_kind": collectives,
-            "dcsched_collectives": issued if config.name.startswith("dcsched-") else None,
-            "held_bytes": held, "step_rise_bytes": rise, "peak_bytes": held + rise}
+            fields, names, parent = event.extra_fields, [], event.parent
+            while parent is not None:
+                names.append(parent.name)
+                parent = parent.parent
+            events.append((event.start_time_ns, fields.alloc_size, fields.total_allocated, fields.ptr, names))
+    events.sort(key=lambda e: e[0])
+    return events
 
 
 # --------------------------------------------------------------------------- one rank
