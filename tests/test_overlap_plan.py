@@ -283,3 +283,15 @@ def test_training_reduces_asynchronously_under_a_budget_only_where_the_simulator
     assert _async_reduce(None, scheduled) and _async_reduce(Budget(math.inf, "all"), scheduled)
     assert _async_reduce(Budget(in_flight, "all"), scheduled)
     assert not _async_reduce(Budget(in_flight - 1, "all"), scheduled)
+
+
+def test_at_fsdps_own_peak_the_plan_keeps_within_fsdps_count():
+    """Given exactly fsdp's peak, the plan is no slower than fsdp with no more collectives. On the 4-layer MoE
+    step keeping every parameter fits there only with blocks cut (14 collectives against 12); the kept set
+    within the count goes first wherever fsdp's plan fits the budget."""
+    forms = {kind: GraphForm(moe_graph(0, kind=kind, n_layers=4)) for kind in ("forward", "backward")}
+    latency = DEFAULT_LATENCY_MS
+    fsdp_step, fsdp_peak, fsdp_collectives = _measure(forms, latency, "fsdp", None)
+    step, peak, collectives = _measure(forms, latency, "overlap-plan", Budget(fsdp_peak, "all"))
+    assert peak <= fsdp_peak and step <= fsdp_step + EPS
+    assert collectives <= fsdp_collectives

@@ -64,6 +64,9 @@ from dcsched.schedulers.waits_first import waits_first
 MAX_BLOCK_PARAMS = 64
 #: The share of sizes that must repeat one period later for a period to count as the block length.
 PERIOD_MATCH = 0.7
+#: How much less of a share a divisor of the best period may match and still be the block length (blocks that
+#: differ a little, e.g. one layer of another width, are blocks still: FSDP2 wraps every layer).
+DIVISOR_SLACK = 0.05
 
 
 def blocks(keys: Sequence[Hashable]) -> list[tuple[int, int]]:
@@ -73,7 +76,9 @@ def blocks(keys: Sequence[Hashable]) -> list[tuple[int, int]]:
     sequence) at which the largest share of the keys, at least
     :data:`PERIOD_MATCH`, equal the key ``p`` places later (ties: the shortest)
     is the block length (a weight and bias pair repeats at 2, a block at its
-    length, more often). The blocks start where the
+    length, more often), or the shortest divisor of it whose share is at most
+    :data:`DIVISOR_SLACK` less (blocks alike but for one that differs a little
+    repeat best in pairs, yet each is a block). The blocks start where the
     first run of repeats starts; what comes before is one block, the rest
     after the last whole block another. No period: blocks of ``ceil(sqrt(n))``.
 
@@ -91,6 +96,9 @@ def blocks(keys: Sequence[Hashable]) -> list[tuple[int, int]]:
     --------
     >>> blocks([9, 1, 2, 3, 1, 2, 3, 1, 2, 3, 7])  # embedding, three blocks of three, head
     [(0, 1), (1, 4), (4, 7), (7, 10), (10, 11)]
+    >>> layer, wider = [1, 2, 2, 2, 3, 4, 4, 4, 4, 4], [1, 5, 5, 5, 3, 4, 4, 4, 4, 4]
+    >>> blocks(layer + wider + layer + layer)  # four layers, the second with a wider attention
+    [(0, 10), (10, 20), (20, 30), (30, 40)]
     >>> blocks([5, 6, 7, 8])  # no period: about sqrt(n) each
     [(0, 2), (2, 4)]
     >>> blocks([])
@@ -116,13 +124,19 @@ def blocks(keys: Sequence[Hashable]) -> list[tuple[int, int]]:
 def _period(keys: Sequence[Hashable]) -> tuple[int, int]:
     """The block length of ``keys`` and where the blocks start (``(0, 0)``: no period): :func:`blocks`."""
     n = len(keys)
+    ratios = {p: sum(1 for i in range(n - p) if keys[i] == keys[i + p]) / (n - p)
+              for p in range(2, min(MAX_BLOCK_PARAMS, n // 2) + 1)}
     period, best = 0, PERIOD_MATCH
-    for p in range(2, min(MAX_BLOCK_PARAMS, n // 2) + 1):
-        ratio = sum(1 for i in range(n - p) if keys[i] == keys[i + p]) / (n - p)
+    for p, ratio in ratios.items():
         if ratio > best or (ratio == best and not period):
             period, best = p, ratio
     if not period:
         return 0, 0
+    # a divisor of the period that matches nearly as well is the block: layers that repeat in pairs (the second
+    # a little different) are two blocks, not one
+    period = next((d for d in range(2, period) if period % d == 0 and ratios[d] >= max(PERIOD_MATCH,
+                                                                                         best - DIVISOR_SLACK)),
+                  period)
     return period, next(i for i in range(n - period) if keys[i] == keys[i + period])
 
 

@@ -30,7 +30,9 @@ by the simulator, within ``budget_bytes`` of ``budget_scope``:
    (:meth:`dcsched.sim.simulate.CompiledGraph.simulate`); for each ``j`` each
    graph takes its fastest order within the budget, and the ``j`` with the
    shortest step (forward plus backward) wins; ties go to fewer collectives,
-   then to the lower peak.
+   then to the lower peak. Where ``fsdp``'s plan fits the budget, a ``j``
+   within its collectives goes before one that fits only with blocks cut
+   into more.
 5. **Cuts.** The collectives ``fsdp``'s plan would issue and this one does
    not are spent where they shorten the step (:func:`~dcsched.schedulers.plan_refine.refine`): single cuts of
    the first and last blocks, and a graph's head (its first buckets) cut again
@@ -132,7 +134,7 @@ def overlap_plan(forms: Mapping[str, GraphForm], *, budget_bytes: float = UNLIMI
     fsdp_units = step_blocks(forms)
     root = kept_root(forms, fsdp_units)
     best: tuple | None = None
-    cap = None
+    cap: tuple[int, bool] | None = None
     # The root's parameters travel with the blocks beside them; in the forward, alone or with them: the
     # better of the two depends on the budget (a first bucket of the embeddings alone, or fewer collectives).
     orders = {name: GraphOrders(form, comm_latency_ms, budget_scope) for name, form in forms.items()}
@@ -140,11 +142,11 @@ def overlap_plan(forms: Mapping[str, GraphForm], *, budget_bytes: float = UNLIMI
         units = step_blocks(forms, root_mode=mode)
         planners = {name: GraphPlanner(orders[name], units[name], budget_bytes, name) for name in forms}
         if cap is None:
-            cap = _fsdp_collectives(planners, fsdp_units, root)
+            cap = _fsdp_cap(planners, fsdp_units, root)
         planned = _plan_units(planners, budget_bytes, root, cap)
         if planned is not None:
             chosen = planned[0]
-            figures = (sum(c.collectives for c in chosen.values()) > cap, sum(c.step_ms for c in chosen.values()),
+            figures = (sum(c.collectives for c in chosen.values()) > cap[0], sum(c.step_ms for c in chosen.values()),
                        sum(c.collectives for c in chosen.values()))
             if best is None or figures < best[0]:
                 best = (figures, planners, *planned, cap)
@@ -152,7 +154,7 @@ def overlap_plan(forms: Mapping[str, GraphForm], *, budget_bytes: float = UNLIMI
         return {name: planner.plan(planner.fallback(budget_bytes), (), frozenset())
                 for name, planner in planners.items()}
     _figures, planners, chosen, kept, cap = best
-    replicated = replicated_head(planners, chosen, kept, budget_bytes, cap, replicate_max_bytes)
+    replicated = replicated_head(planners, chosen, kept, budget_bytes, cap[0], replicate_max_bytes)
     kept = kept - replicated
     backward = planners.get("backward")
     # a held or replicated parameter's all-gather issues nothing: plan_of leaves it out of its bucket
@@ -161,10 +163,11 @@ def overlap_plan(forms: Mapping[str, GraphForm], *, budget_bytes: float = UNLIMI
             for name, planner in planners.items()}
 
 
-def _plan_units(planners: dict[str, GraphPlanner], budget: float, root: frozenset, cap: int
+def _plan_units(planners: dict[str, GraphPlanner], budget: float, root: frozenset, cap: tuple[int, bool]
                 ) -> tuple[dict[str, Candidate], frozenset] | None:
     """Each graph's candidate and the kept parameters, planned on the planners' units (steps 3 to 5 of the
-    module docstring), or None where no bucketed order fits ``budget``."""
+    module docstring), or None where no bucketed order fits ``budget``. ``cap``: ``fsdp``'s collectives, and
+    whether its plan fits ``budget`` (where it does, a kept set within the cap goes first)."""
     forward, backward = planners.get("forward"), planners.get("backward")
     choices: list[tuple[tuple, dict[str, list[Candidate]], frozenset]] = []
     kept_sets: list[frozenset] = [frozenset()]
@@ -180,22 +183,30 @@ def _plan_units(planners: dict[str, GraphPlanner], budget: float, root: frozense
         picked = _fitting_step(planners, budget, kept)
         if picked is not None:
             firsts = [c[0] for c in picked.values()]
-            key = (sum(c.step_ms for c in firsts), sum(c.collectives for c in firsts), max(c.peak or 0 for c in firsts))
+            collectives = sum(c.collectives for c in firsts)
+            # Where fsdp's plan fits the budget, within its count first: a kept set that fits only with its
+            # blocks cut (more collectives) is taken only where none fits within it. Where fsdp's plan does
+            # not fit, there is no FSDP2-style plan at this memory to count against: the fastest goes.
+            over = cap[1] and collectives > cap[0]
+            key = (over, sum(c.step_ms for c in firsts), collectives, max(c.peak or 0 for c in firsts))
             choices.append((key, picked, kept))
     if not choices:
         return None
     _key, picked, kept = min(choices, key=lambda choice: choice[0])
-    return refine(planners, picked, kept, cap - sum(c[0].collectives for c in picked.values()), budget), kept
+    return refine(planners, picked, kept, cap[0] - sum(c[0].collectives for c in picked.values()), budget), kept
 
 
-def _fsdp_collectives(planners: dict[str, GraphPlanner], found: Mapping[str, Blocks], root: frozenset) -> int:
-    """The collectives per step of ``fsdp``'s plan (its units ``found``, the ``root`` kept): the planner's cap."""
-    total = 0
+def _fsdp_cap(planners: dict[str, GraphPlanner], found: Mapping[str, Blocks], root: frozenset) -> tuple[int, bool]:
+    """The collectives per step of ``fsdp``'s plan (its units ``found``, the ``root`` kept), the planner's cap,
+    and whether that plan fits every planner's budget."""
+    total, fits = 0, True
     for name, planner in planners.items():
         order, buckets = bucketed(planner.form, planner.orders.just_in_time(), found[name].gathers,
                                   found[name].reduces, ahead=1)
-        total += planner.simulated("fsdp", order, buckets, **planner.role(root)).collectives
-    return total
+        candidate = planner.simulated("fsdp", order, buckets, **planner.role(root))
+        total += candidate.collectives
+        fits = fits and planner.fitted(candidate) is not None
+    return total, fits
 
 
 def _fitting_step(planners: dict[str, GraphPlanner], budget: float, kept: frozenset
