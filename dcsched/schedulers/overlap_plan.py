@@ -70,20 +70,11 @@ from dcsched.errors import OptionError
 from dcsched.plan import REPLICATE_OPTION, Plan
 from dcsched.schedulers.fsdp import Blocks, bucketed, kept_root, step_blocks
 from dcsched.schedulers.overlap.planner import UNLIMITED, check_scope
-from dcsched.schedulers.plan_candidates import Candidate, GraphOrders, GraphPlanner
+from dcsched.schedulers.plan_candidates import Candidate, GraphOrders, GraphPlanner, doubling_counts
 from dcsched.schedulers.plan_refine import refine
 from dcsched.schedulers.plan_replicate import REPLICATE_MAX_BYTES, replicated_head
 from dcsched.schedulers.registry import register
 from dcsched.sim.collectives import DEFAULT_LATENCY_MS
-
-
-def _keep_counts(blocks: int) -> list[int]:
-    """How many of the last forward blocks to try keeping: 0, 1, 2, 4, ... and all."""
-    counts, j = [0], 1
-    while j < blocks:
-        counts.append(j)
-        j *= 2
-    return counts + ([blocks] if blocks else [])
 
 
 @register("overlap-plan", step=True,
@@ -176,7 +167,7 @@ def _plan_units(planners: dict[str, GraphPlanner], budget: float, root: frozense
         keepable = [ids for ids in ({forward.form.ds_id[m] for m in group} & shared
                                     for group in reversed(forward.gathers))
                     if ids]  # needed last in the forward: first in the backward
-        kept_sets = [frozenset().union(*keepable[:j]) for j in _keep_counts(len(keepable))]
+        kept_sets = [frozenset().union(*keepable[:j]) for j in [0, *doubling_counts(len(keepable))]]
         if root and root not in kept_sets:  # FSDP2's: the root alone
             kept_sets.append(root)
     for kept in kept_sets:

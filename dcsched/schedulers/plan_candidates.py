@@ -305,6 +305,19 @@ class GraphPlanner:
         return plan_of(self.form, candidate.order, candidate.buckets, kept, held)
 
 
+def doubling_counts(n: int) -> list[int]:
+    """1, 2, 4, ... below ``n``, and ``n``: how many of a sequence's first members a step tries.
+
+    >>> doubling_counts(5), doubling_counts(1), doubling_counts(0)
+    ([1, 2, 4, 5], [1], [])
+    """
+    counts, k = [], 1
+    while k < n:
+        counts.append(k)
+        k *= 2
+    return counts + ([n] if n else [])
+
+
 def _pieces(blocks: Sequence[Sequence[int]], pieces: int) -> list[list[int]]:
     """Each block cut into ``pieces`` consecutive parts of near-equal length (fewer where it is shorter).
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from dcsched.schedulers.plan_candidates import Candidate, GraphPlanner
+from dcsched.schedulers.plan_candidates import Candidate, GraphPlanner, doubling_counts
 
 #: DeepSpeed's default persistence threshold (1e5 elements) in bytes at 4 bytes an element: the largest
 #: parameter ``overlap-plan`` replicates by default.
@@ -50,7 +50,7 @@ def replicated_head(planners: Mapping[str, GraphPlanner], chosen: Mapping[str, C
     budget : float
         The budget for each graph's peak (bytes of the planners' scope).
     cap : int
-        The most collectives the step may issue.
+        The most collectives the step may issue (or as many as the plan issues already, where that is more).
     max_bytes : int, optional
         The largest parameter (gathered bytes) to replicate; 0: none.
 
@@ -70,29 +70,17 @@ def replicated_head(planners: Mapping[str, GraphPlanner], chosen: Mapping[str, C
     step_now = sum(c.step_ms for c in chosen.values())
     collectives_now = sum(c.collectives for c in chosen.values())
     latency = forward.orders.latency_ms
-    for count in _prefix_lengths(len(small)):
+    for count in doubling_counts(len(small)):
         trial = frozenset(small[:count])
         figures = [planner.replicating(chosen[name], kept, trial) for name, planner in planners.items()]
         step, collectives, peak = sum(f[0] for f in figures), sum(f[1] for f in figures), max(f[2] for f in figures)
         # a collective more must save at least what the cost model charges one (its latency): the simulator
         # charges no CPU for issuing it, which on gloo costs more than that
         worth = step_now - SHORTER_MS - latency * max(0, collectives - collectives_now)
-        if peak > budget or collectives > cap or step >= worth:
+        if peak > budget or collectives > max(cap, collectives_now) or step >= worth:
             continue
         key = (step, collectives, peak)
         if best_key is None or key < best_key:
             best_key, best = key, trial
     return best
 
-
-def _prefix_lengths(n: int) -> list[int]:
-    """1, 2, 4, ... below ``n``, and ``n``.
-
-    >>> _prefix_lengths(5), _prefix_lengths(1), _prefix_lengths(0)
-    ([1, 2, 4, 5], [1], [])
-    """
-    lengths, k = [], 1
-    while k < n:
-        lengths.append(k)
-        k *= 2
-    return lengths + ([n] if n else [])
