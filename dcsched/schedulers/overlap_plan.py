@@ -68,7 +68,7 @@ from dcsched.budget import DEFAULT_SCOPE
 from dcsched.graph.form import GraphForm
 from dcsched.errors import OptionError
 from dcsched.plan import REPLICATE_OPTION, Plan
-from dcsched.schedulers.fsdp import Blocks, bucketed, kept_root, step_blocks
+from dcsched.schedulers.fsdp import bucketed, kept_root, step_blocks
 from dcsched.schedulers.overlap.planner import UNLIMITED, check_scope
 from dcsched.schedulers.plan_candidates import Candidate, GraphOrders, GraphPlanner, doubling_counts
 from dcsched.schedulers.plan_refine import refine
@@ -125,26 +125,24 @@ def overlap_plan(forms: Mapping[str, GraphForm], *, budget_bytes: float = UNLIMI
     fsdp_units = step_blocks(forms)
     root = kept_root(forms, fsdp_units)
     best: tuple | None = None
-    cap: tuple[int, bool] | None = None
+    orders = {name: GraphOrders(form, comm_latency_ms, budget_scope) for name, form in forms.items()}
+    cap = _fsdp_cap({name: GraphPlanner(orders[name], fsdp_units[name], budget_bytes, name) for name in forms}, root)
     # The root's parameters travel with the blocks beside them; in the forward, alone or with them: the
     # better of the two depends on the budget (a first bucket of the embeddings alone, or fewer collectives).
-    orders = {name: GraphOrders(form, comm_latency_ms, budget_scope) for name, form in forms.items()}
     for mode in ("joined", "split") if root else ("joined",):
         units = step_blocks(forms, root_mode=mode)
         planners = {name: GraphPlanner(orders[name], units[name], budget_bytes, name) for name in forms}
-        if cap is None:
-            cap = _fsdp_cap(planners, fsdp_units, root)
         planned = _plan_units(planners, budget_bytes, root, cap)
         if planned is not None:
             chosen = planned[0]
             figures = (sum(c.collectives for c in chosen.values()) > cap[0], sum(c.step_ms for c in chosen.values()),
                        sum(c.collectives for c in chosen.values()))
             if best is None or figures < best[0]:
-                best = (figures, planners, *planned, cap)
+                best = (figures, planners, *planned)
     if best is None:  # no bucketed order fits: overlap's own plan
         return {name: planner.plan(planner.fallback(budget_bytes), (), frozenset())
                 for name, planner in planners.items()}
-    _figures, planners, chosen, kept, cap = best
+    _figures, planners, chosen, kept = best
     replicated = replicated_head(planners, chosen, kept, budget_bytes, cap[0], replicate_max_bytes)
     kept = kept - replicated
     backward = planners.get("backward")
@@ -187,13 +185,13 @@ def _plan_units(planners: dict[str, GraphPlanner], budget: float, root: frozense
     return refine(planners, picked, kept, cap[0] - sum(c[0].collectives for c in picked.values()), budget), kept
 
 
-def _fsdp_cap(planners: dict[str, GraphPlanner], found: Mapping[str, Blocks], root: frozenset) -> tuple[int, bool]:
-    """The collectives per step of ``fsdp``'s plan (its units ``found``, the ``root`` kept), the planner's cap,
-    and whether that plan fits every planner's budget."""
+def _fsdp_cap(planners: dict[str, GraphPlanner], root: frozenset) -> tuple[int, bool]:
+    """The collectives per step of ``fsdp``'s plan (the planners' units, ``fsdp``'s own; the ``root`` kept),
+    the planner's cap, and whether that plan fits every planner's budget."""
     total, fits = 0, True
-    for name, planner in planners.items():
-        order, buckets = bucketed(planner.form, planner.orders.just_in_time(), found[name].gathers,
-                                  found[name].reduces, ahead=1)
+    for planner in planners.values():
+        order, buckets = bucketed(planner.form, planner.orders.just_in_time(), planner.gathers, planner.reduces,
+                                  ahead=1)
         candidate = planner.simulated("fsdp", order, buckets, **planner.role(root))
         total += candidate.collectives
         fits = fits and planner.fitted(candidate) is not None

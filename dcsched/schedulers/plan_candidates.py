@@ -171,8 +171,7 @@ class GraphPlanner:
         if candidate.peak is None:
             result = self.compiled.simulate(candidate.order, detail=False, check=False, buckets=candidate.buckets,
                                             **candidate.role)
-            peak = result.peak_bytes if self.scope == "all" else result.gathered_peak_bytes
-            candidate = dataclasses.replace(candidate, peak=peak)
+            candidate = dataclasses.replace(candidate, peak=result.peak_in(self.scope))
         return candidate if candidate.peak is not None and candidate.peak <= self.budget else None
 
     def fitting(self, budget: float, kept: frozenset) -> list[Candidate]:
@@ -283,8 +282,7 @@ class GraphPlanner:
         fused = replicated_fused(self.compiled, candidate.buckets, role.get("held", frozenset()),
                                  role.get("keep", frozenset()), replicated)
         result = self.compiled.simulate_with_frees(candidate.order, detail=False, fused=fused)[0]
-        return result.step_ms, result.collectives, \
-            result.peak_bytes if self.scope == "all" else result.gathered_peak_bytes
+        return result.step_ms, result.collectives, result.peak_in(self.scope)
 
     def first_collective(self, candidate: Candidate) -> list[int]:
         """The all-gathers (node numbers) of the first collective ``candidate`` issues: its first bucket, or

@@ -85,6 +85,10 @@ class SimResult:
     #: the order as node numbers of the compiled graph (``detail="series"`` only)
     indices: list[int] = dataclasses.field(default_factory=list, repr=False)
 
+    def peak_in(self, scope: str) -> int:
+        """The peak a budget of ``scope`` bounds: all tensors' (``'all'``) or the gathered parameters'."""
+        return self.peak_bytes if scope == "all" else self.gathered_peak_bytes
+
     @property
     def lower_bound_ms(self) -> float:
         """max(total compute, total communication): no order is faster."""

@@ -144,8 +144,7 @@ def _async_reduce(budget: Budget | None, scheduled) -> bool:
 
     for name in scheduled.graph_names:
         result = simulate_graph(scheduled, name, async_reduce=True)
-        peak = result.peak_bytes if budget.scope == "all" else result.gathered_peak_bytes
-        if peak > budget.bytes:
+        if result.peak_in(budget.scope) > budget.bytes:
             return False
     return True
 
