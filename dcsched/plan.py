@@ -37,6 +37,10 @@ DEFAULT_RESIDENCY = "sharded"
 #: The option by which a scheduler replicates parameters of its own accord (the largest, in gathered bytes; 0:
 #: none): training sets it to 0, since it shards the module before any plan.
 REPLICATE_OPTION = "replicate_max_bytes"
+#: ``overlap-plan``'s option: where no ``fsdp`` plan fits the budget, ``overlap``'s orders with neighbouring
+#: collectives merged replace the bucketed plan where the simulator finds them faster (its step 7). Training on
+#: the CPU turns it off: gloo's collectives take CPU from the compute, which the simulator does not charge.
+MERGED_OVERLAP_OPTION = "merged_overlap"
 #: :class:`Plan`'s default residency: none named (read-only, so one object can serve every plan).
 NO_RESIDENCY: Mapping[int, str] = types.MappingProxyType({})
 

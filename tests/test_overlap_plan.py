@@ -230,10 +230,10 @@ def test_the_plan_beats_every_baseline_on_the_samples(sample, which):
 
 
 def test_where_blocks_must_be_cut_the_plan_is_still_bucketed():
-    """At the smallest budget MoE's expert layers fit only in pieces. One collective per parameter is the
-    fallback where nothing bucketed fits, not a rival: the simulator ranked it faster here (it costs a
-    collective nothing on the compute stream), and on gloo such a plan trained at about 1.4x the bucketed
-    one's step."""
+    """At the smallest budget MoE's expert layers fit only in pieces. One collective per parameter is no
+    rival: the simulator ranked it faster here (it costs a collective nothing on the compute stream), and on
+    gloo such a plan trained at about 1.4x the bucketed one's step; overlap's orders compete only with their
+    neighbouring collectives merged (step 7)."""
     forms = {kind: GraphForm(moe_graph(0, kind=kind, n_layers=2)) for kind in ("forward", "backward")}
     budget = Budget(max(Overlap(form).min_budget("all") for form in forms.values()), "all")
     latency = DEFAULT_LATENCY_MS

@@ -84,8 +84,11 @@ def test_replication_never_lengthens_the_step_nor_breaks_the_budget_or_the_cap(f
     assert peak <= budget.bytes
     if replicated_ids(plans["forward"]):
         assert step < _figures(forms, unreplicated)[0]  # only where it shortens the step
-        # within fsdp's count, or the plan's own where blocks cut to fit the budget issue more already
-        assert collectives <= max(_figures(forms, run_step("fsdp", forms))[1], _figures(forms, unreplicated)[1])
+        # within fsdp's count, or the plan's own where blocks cut to fit the budget issue more already; where
+        # fsdp's plan does not fit the budget no count binds (step 7 may take overlap's orders, merged, instead)
+        fsdp = _figures(forms, run_step("fsdp", forms, budget=budget))
+        if fsdp[2] <= budget.bytes:
+            assert collectives <= max(fsdp[1], _figures(forms, unreplicated)[1])
     assert not replicated_ids(unreplicated["forward"])
 
 

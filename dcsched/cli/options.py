@@ -76,11 +76,13 @@ NAMED_OPTIONS = {"memory_budget": "--memory-budget", "budget_scope": "--budget-s
 
 
 def option_value(text: str):
-    """``-O``'s value: an int, a float, else the text.
+    """``-O``'s value: an int, a float, ``true`` / ``false`` (any case) as a bool, else the text.
 
-    >>> option_value("3"), option_value("0.5"), option_value("all")
-    (3, 0.5, 'all')
+    >>> option_value("3"), option_value("0.5"), option_value("all"), option_value("False")
+    (3, 0.5, 'all', False)
     """
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
     for convert in (int, float):
         try:
             return convert(text)

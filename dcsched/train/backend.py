@@ -125,8 +125,13 @@ def backend(algo: str = "none", memory_budget: float | int | str | None = None, 
     return Backend(TrainOptions(algo=algo, memory_budget=memory_budget, **options))
 
 
+def _device(sharding) -> torch.device:
+    """The device the sharded module's parameters (and the step) are on."""
+    return sharding.specs[0].param.device
+
+
 def _rng_devices(sharding) -> list:
-    device = sharding.specs[0].param.device
+    device = _device(sharding)
     return [device] if device.type == "cuda" else []
 
 
@@ -161,7 +166,8 @@ def compile_program(gm: torch.fx.GraphModule, example_inputs, sharding, options:
     budget = options.budget(profiled)
     # Both graphs at once: a step scheduler plans them together (what it keeps gathered spans the two).
     plans = run_step(options.algo, {name: profiled.form(name) for name in profiled.graph_names}, budget=budget,
-                     comm_latency_ms=latency_from_provenance(profiled.provenance), **options.scheduler_options())
+                     comm_latency_ms=latency_from_provenance(profiled.provenance),
+                     **options.scheduler_options(_device(sharding).type))
     if sharding.replicated:  # whole on every rank since dcsched.shard: the plans must not gather them
         plans = {name: plan.replicating(sharding.replicated) for name, plan in plans.items()}
     scheduled = profiled.reordered({name: list(plan.order) for name, plan in plans.items()}, plans=plans)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from dcsched.budget import BUDGET_SCOPE_HELP, MEMORY_BUDGET_HELP
 from dcsched.costmodels.options import ProfileOptions
 from dcsched.errors import DcschedError, OptionError
-from dcsched.plan import REPLICATE_OPTION
+from dcsched.plan import MERGED_OVERLAP_OPTION, REPLICATE_OPTION
 
 if TYPE_CHECKING:
     from dcsched.budget import Budget
@@ -137,23 +137,31 @@ class TrainOptions:
                 raise OptionError("algo_options", f"has {key!r}, which scheduler '{self.algo}' does not take ({who})")
         self.profile_options(1).check()
 
-    def scheduler_options(self) -> dict[str, Any]:
-        """``algo_options`` as training runs the scheduler: a scheduler that may replicate parameters on its own
-        (``overlap-plan``'s ``replicate_max_bytes``) replicates none, since the module's shards are cut before
-        any plan (``--replicate-below`` decides what is whole).
+    def scheduler_options(self, device: str | None = None) -> dict[str, Any]:
+        """``algo_options`` as training runs the scheduler on ``device`` (the profile's: ``'cpu'``, ``'cuda'``).
+
+        A scheduler that may replicate parameters on its own (``overlap-plan``'s ``replicate_max_bytes``)
+        replicates none, since the module's shards are cut before any plan (``--replicate-below`` decides what
+        is whole). On the CPU ``overlap-plan`` keeps within buckets (``merged_overlap`` False unless given):
+        gloo's collectives take CPU from the compute, which the simulator does not charge.
 
         Examples
         --------
         >>> TrainOptions(algo="overlap-plan").scheduler_options()
         {'replicate_max_bytes': 0}
-        >>> TrainOptions(algo="prefetch-ahead", algo_options={"k": 2}).scheduler_options()
+        >>> TrainOptions(algo="overlap-plan").scheduler_options("cpu")
+        {'replicate_max_bytes': 0, 'merged_overlap': False}
+        >>> TrainOptions(algo="prefetch-ahead", algo_options={"k": 2}).scheduler_options("cpu")
         {'k': 2}
         """
         from dcsched import schedulers
 
         options = dict(self.algo_options)
-        if REPLICATE_OPTION in schedulers.get(self.algo).options:
+        takes = schedulers.get(self.algo).options
+        if REPLICATE_OPTION in takes:
             options[REPLICATE_OPTION] = 0
+        if MERGED_OVERLAP_OPTION in takes and device == "cpu":
+            options.setdefault(MERGED_OVERLAP_OPTION, False)
         return options
 
     def profile_options(self, world_size: int) -> ProfileOptions:
