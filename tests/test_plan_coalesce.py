@@ -60,6 +60,19 @@ def test_coalesced_is_overlaps_order_merged_never_slower_and_within_the_budget(f
     assert result.peak_bytes <= budget
 
 
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(family=st.sampled_from(["layered", "moe"]), layers=st.integers(1, 3), seed=st.integers(0, 5),
+       fraction=st.sampled_from([1.0, 1.02, 1.1, 1.3]))
+def test_where_fsdp_does_not_fit_the_plan_is_never_slower_than_overlap(family, layers, seed, fraction):
+    forms = _forms(family, layers, seed)
+    budget = Budget(math.ceil(fraction * max(Overlap(form).min_budget("all") for form in forms.values())), "all")
+    fsdp = _measure(forms, DEFAULT_LATENCY_MS, "fsdp", None)
+    step_ms, peak, _collectives = _measure(forms, DEFAULT_LATENCY_MS, "overlap-plan", budget)
+    assert peak <= budget.bytes
+    if fsdp[1] > budget.bytes:
+        assert step_ms <= _measure(forms, DEFAULT_LATENCY_MS, "overlap", budget)[0] + EPS
+
+
 @pytest.mark.parametrize("step", ["sample llama", "layered-8"])
 def test_at_overlaps_own_peak_the_plan_is_no_slower_with_fewer_collectives(step):
     """overlap's peak gathers every parameter alone, just in time; fsdp's blocks do not fit there (by 2 KiB on

@@ -13,8 +13,9 @@ by the simulator, within ``budget_bytes`` of ``budget_scope``:
    no unit of its own: its parameters travel with the blocks beside them
    (``root_mode='joined'``), or in the forward as two units of their own
    (``'split'``); the step is planned both ways and the faster plan within
-   the cap kept. The step issues no more collectives than ``fsdp``'s plan
-   (FSDP2's count).
+   the cap kept (where ``fsdp``'s plan fits the budget; where it does not,
+   the faster). The step issues no more collectives than ``fsdp``'s plan
+   (FSDP2's count) wherever that plan fits.
 2. **Orders.** Candidates per graph, each with the block buckets
    (:func:`dcsched.schedulers.fsdp.bucketed`: a bucket's all-gathers move to where its first one
    stands, its reduces to where its last one stands): ``fsdp``'s order
@@ -111,7 +112,7 @@ def overlap_plan(forms: Mapping[str, GraphForm], *, budget_bytes: float = UNLIMI
         neighbouring collectives merged replace the bucketed plan where they are faster. False keeps the plan
         within buckets (what ``dcsched train`` runs on the CPU, where gloo's collectives take CPU from the
         compute, which the simulator does not charge: at ``--memory-budget 49MiB`` on bench_train's 2-rank
-        steps the merged orders took 1.37-1.64x DDP's step against 1.22-1.33x for the bucketed plan).
+        steps the merged orders took 1.38-1.63x DDP's step against 1.22-1.33x for the bucketed plan).
 
     Returns
     -------
@@ -152,8 +153,9 @@ def overlap_plan(forms: Mapping[str, GraphForm], *, budget_bytes: float = UNLIMI
         planned = _plan_units(planners, budget_bytes, root, cap)
         if planned is not None:
             chosen = planned[0]
-            figures = (sum(c.collectives for c in chosen.values()) > cap[0], sum(c.step_ms for c in chosen.values()),
-                       sum(c.collectives for c in chosen.values()))
+            collectives = sum(c.collectives for c in chosen.values())
+            # over fsdp's count last, where fsdp's plan fits the budget (as the kept sets are ranked)
+            figures = (cap[1] and collectives > cap[0], sum(c.step_ms for c in chosen.values()), collectives)
             if best is None or figures < best[0]:
                 best = (figures, planners, *planned)
     if best is None:  # no bucketed order fits: overlap's own orders (neighbouring collectives merged: step 7)
