@@ -185,7 +185,8 @@ def schedule(
     budget_scope: str | None = typer.Option(None, "--budget-scope", help=BUDGET_SCOPE_HELP),
     option: list[str] = typer.Option([], "--option", "-O",
                                      help="KEY=VALUE passed to the selected schedulers that take KEY "
-                                          "(repeatable; e.g. -O k=3)."),
+                                          "(repeatable; numbers converted, true/false bools; e.g. -O k=3, "
+                                          "-O merged-overlap=false)."),
     sweep_budgets: bool = typer.Option(False, "--sweep",
                                        help="With --algo overlap: print the trade-off curve (budget, peak, step "
                                             "time, overlap) from the smallest workable budget to unlimited, and "

@@ -24,11 +24,10 @@ def coalesced(planner: GraphPlanner, budget: float) -> Candidate:
     the step gets no longer and the peak stays within ``budget``.
 
     One greedy pass over the all-gathers in the order they are issued, then over the reduces: a run of
-    neighbours grows (by 1, 2, 4, ... more while that succeeds, fewer once it does not: a run of hundreds
-    costs a few dozen simulations) while each merge keeps the step at most what it was and the plan within
-    the budget
-    (:func:`~dcsched.schedulers.fsdp.bucketed` places each bucket: its all-gathers where its first stands,
-    its reduces where its last stands). The result is never slower than ``overlap``'s order.
+    neighbours grows while each merge keeps the step at most what it was and the plan within the budget, by
+    1, 2, 4, ... more while that succeeds and fewer once it does not (a run of hundreds costs a few dozen
+    simulations). :func:`~dcsched.schedulers.fsdp.bucketed` places each bucket: its all-gathers where its
+    first stands, its reduces where its last stands. The result is never slower than ``overlap``'s order.
 
     Parameters
     ----------
