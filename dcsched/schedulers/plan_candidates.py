@@ -225,7 +225,7 @@ class GraphPlanner:
                     cut_blocks = blocks[:k] + [members[:cut], members[cut:]] + blocks[k + 1:]
                     if which == 0:  # all-gather blocks go in the order they are needed (the root's pieces are not)
                         cut_blocks.sort(key=lambda block: min(position[m] for m in block))
-                    groups = (cut_blocks, candidate.groups[1]) if which == 0 else (candidate.groups[0], cut_blocks)
+                    groups = with_blocks(candidate.groups, which, cut_blocks)
                     yield self.rebucketed(candidate.source, candidate.base, groups, role, candidate.ahead)
 
     def head_cuts(self, candidate: Candidate, kept: frozenset, most: int) -> Iterable[Candidate]:
@@ -265,7 +265,7 @@ class GraphPlanner:
             while candidate.groups is not None and k < len(candidate.groups[which]) - 2:
                 blocks = candidate.groups[which]
                 joined = blocks[:k] + [blocks[k] + blocks[k + 1]] + blocks[k + 2:]
-                groups = (joined, candidate.groups[1]) if which == 0 else (candidate.groups[0], joined)
+                groups = with_blocks(candidate.groups, which, joined)
                 trial = self.rebucketed(candidate.source, candidate.base, groups, role, candidate.ahead)
                 if trial.step_ms <= candidate.step_ms and trial.collectives < candidate.collectives:
                     fitted = self.fitted(trial)
@@ -301,6 +301,16 @@ class GraphPlanner:
 
     def plan(self, candidate: Candidate, kept: Iterable[int], held: frozenset) -> Plan:
         return plan_of(self.form, candidate.order, candidate.buckets, kept, held)
+
+
+def with_blocks(groups: tuple, which: int, blocks: list[list[int]]) -> tuple:
+    """``groups`` (all-gather blocks, reduce blocks) with those of kind ``which`` (0: all-gathers, 1: reduces)
+    replaced by ``blocks``.
+
+    >>> with_blocks(([[1]], [[2]]), 1, [[3]])
+    ([[1]], [[3]])
+    """
+    return (blocks, groups[1]) if which == 0 else (groups[0], blocks)
 
 
 def doubling_counts(n: int) -> list[int]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from dcsched.graph.form import ALLGATHER, REDUCE
-from dcsched.schedulers.plan_candidates import Candidate, GraphPlanner
+from dcsched.schedulers.plan_candidates import Candidate, GraphPlanner, with_blocks
 
 
 def coalesced(planner: GraphPlanner, budget: float) -> Candidate:
@@ -58,16 +58,17 @@ def coalesced(planner: GraphPlanner, budget: float) -> Candidate:
     >>> merged.step_ms <= alone.step_ms, merged.collectives < alone.collectives
     (True, True)
     """
-    best = planner.fitted(planner.fallback(budget))
+    alone = planner.fallback(budget)
+    best = planner.fitted(alone)
     if best is None:  # overlap's order is over the budget by the simulator's measure: nothing to merge within it
-        return planner.fallback(budget)
+        return alone
     base, kind = best.order, planner.form.kind
     groups = ([[v] for v in base if kind[v] == ALLGATHER], [[v] for v in base if kind[v] == REDUCE])
     for which in (0, 1):
         k, span = 0, 1
         while k < len(groups[which]) - 1:
             joined = _joined(groups[which], k, span)
-            trial_groups = (joined, groups[1]) if which == 0 else (groups[0], joined)
+            trial_groups = with_blocks(groups, which, joined)
             trial = planner.rebucketed("overlap, coalesced", base, trial_groups, {}, 0)
             fitted = planner.fitted(trial) if trial.step_ms <= best.step_ms else None
             if fitted is not None and fitted.collectives < best.collectives:
