@@ -37,7 +37,9 @@ by the simulator, within ``budget_bytes`` of ``budget_scope``:
 5. **Cuts.** The collectives ``fsdp``'s plan would issue and this one does
    not are spent where they shorten the step (:func:`~dcsched.schedulers.plan_refine.refine`): single cuts of
    the first and last blocks, and a graph's head (its first buckets) cut again
-   into the pieces :func:`~dcsched.schedulers.head_pieces.head_pieces` finds.
+   into the pieces :func:`~dcsched.schedulers.head_pieces.head_pieces` finds;
+   a second refinement also moves the boundaries before the last two reduce
+   blocks, and both go on to step 6 (the shorter final plan kept).
 
 6. **Replication.** The small parameters the forward's first collective
    gathers may be kept whole on every rank (``'replicated'``: no gather,
@@ -152,20 +154,25 @@ def overlap_plan(forms: Mapping[str, GraphForm], *, budget_bytes: float = UNLIMI
         planners = {name: GraphPlanner(orders[name], units[name], budget_bytes, name) for name in forms}
         planned = _plan_units(planners, budget_bytes, root, cap)
         if planned is not None:
-            chosen = planned[0]
-            collectives = sum(c.collectives for c in chosen.values())
-            # over fsdp's count last, where fsdp's plan fits the budget (as the kept sets are ranked)
-            figures = (cap[1] and collectives > cap[0], sum(c.step_ms for c in chosen.values()), collectives)
-            if best is None or figures < best[0]:
-                best = (figures, planners, *planned)
+            for chosen in planned[0]:
+                collectives = sum(c.collectives for c in chosen.values())
+                # over fsdp's count last, where fsdp's plan fits the budget (as the kept sets are ranked)
+                figures = (cap[1] and collectives > cap[0], sum(c.step_ms for c in chosen.values()), collectives)
+                if best is None or figures < best[0]:
+                    best = (figures, planners, *planned)
     if best is None:  # no bucketed order fits: overlap's own orders (neighbouring collectives merged: step 7)
         return {name: planner.plan(coalesced(planner, budget_bytes) if merged_overlap
                                    else planner.fallback(budget_bytes), (), frozenset())
                 for name, planner in planners.items()}
-    _figures, planners, chosen, kept = best
-    replicated = replicated_head(planners, chosen, kept, budget_bytes, cap[0], replicate_max_bytes)
+    _figures, planners, refined, kept = best
+    # each refinement with what replicating shortens (step 6); the shortest final plan, the first of equals
+    finals = []
+    for chosen in refined:
+        replicated, final = replicated_head(planners, chosen, kept, budget_bytes, cap[0], replicate_max_bytes)
+        finals.append((final, chosen, replicated))
+    shortest, chosen, replicated = min(finals, key=lambda final: final[0])
     if merged_overlap and not cap[1]:  # no FSDP2-style plan fits: no count binds; overlap's orders merged may win
-        merged = _coalesced_if_better(planners, chosen, kept, replicated, budget_bytes)
+        merged = _coalesced_if_better(planners, shortest, budget_bytes)
         if merged is not None:
             chosen, kept, replicated = merged, frozenset(), frozenset()
     kept = kept - replicated
@@ -177,8 +184,9 @@ def overlap_plan(forms: Mapping[str, GraphForm], *, budget_bytes: float = UNLIMI
 
 
 def _plan_units(planners: dict[str, GraphPlanner], budget: float, root: frozenset, cap: tuple[int, bool]
-                ) -> tuple[dict[str, Candidate], frozenset] | None:
-    """Each graph's candidate and the kept parameters, planned on the planners' units (steps 3 to 5 of the
+                ) -> tuple[list[dict[str, Candidate]], frozenset] | None:
+    """Each graph's candidate, refined with block boundaries moved and without (step 5: what is shorter before
+    step 6 need not be after it), and the kept parameters, planned on the planners' units (steps 3 to 5 of the
     module docstring), or None where no bucketed order fits ``budget``. ``cap``: ``fsdp``'s collectives, and
     whether its plan fits ``budget`` (where it does, a kept set within the cap goes first)."""
     forward, backward = planners.get("forward"), planners.get("backward")
@@ -206,19 +214,15 @@ def _plan_units(planners: dict[str, GraphPlanner], budget: float, root: frozense
     if not choices:
         return None
     _key, picked, kept = min(choices, key=lambda choice: choice[0])
-    return refine(planners, picked, kept, cap[0] - sum(c[0].collectives for c in picked.values()), budget), kept
+    spare = cap[0] - sum(c[0].collectives for c in picked.values())
+    return [refine(planners, picked, kept, spare, budget, shift=shift) for shift in (False, True)], kept
 
 
-def _coalesced_if_better(planners: dict[str, GraphPlanner], chosen: dict[str, Candidate], kept: frozenset,
-                         replicated: frozenset, budget: float) -> dict[str, Candidate] | None:
+def _coalesced_if_better(planners: dict[str, GraphPlanner], planned: tuple[float, int], budget: float
+                         ) -> dict[str, Candidate] | None:
     """Step 7: each graph's :func:`~dcsched.schedulers.plan_coalesce.coalesced` candidate where that step is
-    shorter than the bucketed plan's (``chosen``, keeping ``kept``, replicating ``replicated``), or as short
-    with fewer collectives; None where it is not (or ``overlap`` refuses the budget)."""
-    if replicated:
-        figures = [planner.replicating(chosen[name], kept, replicated) for name, planner in planners.items()]
-        planned = (sum(f[0] for f in figures), sum(f[1] for f in figures))
-    else:
-        planned = (sum(c.step_ms for c in chosen.values()), sum(c.collectives for c in chosen.values()))
+    shorter than the bucketed plan's (``planned``: its step and collectives, replication included), or as
+    short with fewer collectives; None where it is not (or ``overlap`` refuses the budget)."""
     try:
         merged = {name: coalesced(planner, budget) for name, planner in planners.items()}
     except BudgetError:

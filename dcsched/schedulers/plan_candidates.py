@@ -30,6 +30,12 @@ BUCKETS_AHEAD = (0, 1, 2)
 #: blocks: the first two all-gather blocks and the last (a graph waits on its first buckets; a forward's last
 #: compute waits on its last), the last two reduce blocks (a backward ends with them).
 CUT_BLOCKS = {0: (0, 1, -1), 1: (-2, -1)}
+#: Which boundaries between neighbouring blocks :meth:`GraphPlanner.shifted` moves, by the position of the block
+#: before it among each kind's blocks: after the first two all-gather blocks and before the last, before the
+#: last two reduce blocks.
+SHIFT_BOUNDARIES = {0: (), 1: (-3, -2)}
+#: The most points :func:`_shift_points` gives a boundary.
+SHIFT_POINTS = 32
 #: How many of a graph's fastest bucketed candidates :func:`~dcsched.schedulers.plan_refine.refine` cuts
 #: blocks of.
 REFINED = 3
@@ -228,6 +234,29 @@ class GraphPlanner:
                     groups = with_blocks(candidate.groups, which, cut_blocks)
                     yield self.rebucketed(candidate.source, candidate.base, groups, role, candidate.ahead)
 
+    def shifted(self, candidate: Candidate, kept: frozenset) -> Iterable[Candidate]:
+        """The candidate with the boundary between two neighbouring blocks of one kind moved, as many
+        collectives: the boundaries :data:`SHIFT_BOUNDARIES` names, each moved to every point
+        :func:`_shift_points` gives (a cut's fixed points may leave the last reduce bucket too long to hide
+        behind the backward's end, or the first all-gather too long for the compute it feeds)."""
+        if candidate.base is None or candidate.groups is None:
+            return
+        role = self.role(kept)
+        position = {v: p for p, v in enumerate(candidate.base)}
+        for which in (0, 1):
+            blocks = candidate.groups[which]
+            n = len(blocks)
+            for k in dict.fromkeys(b % n for b in SHIFT_BOUNDARIES[which] if -n <= b < n):
+                if k == n - 1:  # no block after it
+                    continue
+                joined, now = blocks[k] + blocks[k + 1], len(blocks[k])
+                for point in _shift_points(len(joined), now):
+                    moved = blocks[:k] + [joined[:point], joined[point:]] + blocks[k + 2:]
+                    if which == 0:  # all-gather blocks go in the order they are needed
+                        moved.sort(key=lambda block: min(position[m] for m in block))
+                    yield self.rebucketed(candidate.source, candidate.base, with_blocks(candidate.groups, which, moved),
+                                          role, candidate.ahead)
+
     def head_cuts(self, candidate: Candidate, kept: frozenset, most: int) -> Iterable[Candidate]:
         """The candidate with its first :data:`HEAD_GROUPS` all-gather buckets cut again, into 1 to ``most``
         more collectives than they take now (at most :data:`HEAD_MORE`), as
@@ -351,3 +380,18 @@ def _cut_points(n: int) -> list[int]:
     return sorted(c for c in {1, 2, 4, 8, n // 4, n // 2, n - 1} if 0 < c < n)
 
 
+
+
+def _shift_points(n: int, now: int) -> list[int]:
+    """Where the boundary inside two neighbouring blocks of ``n`` members in all, now after the first
+    ``now``, may move: every point where there are at most :data:`SHIFT_POINTS` (``now`` left out), else that
+    many spread evenly and the four on either side of ``now``.
+
+    >>> _shift_points(5, 2), len(_shift_points(100, 50))
+    ([1, 3, 4], 36)
+    """
+    if n - 1 <= SHIFT_POINTS:
+        points = set(range(1, n))
+    else:
+        points = {n * k // SHIFT_POINTS for k in range(1, SHIFT_POINTS)} | set(range(now - 4, now + 5))
+    return sorted(p for p in points if 0 < p < n and p != now)

@@ -11,10 +11,12 @@ from dcsched.schedulers.plan_candidates import REFINED, Candidate, GraphPlanner
 
 #: The most blocks :func:`refine` cuts in a step.
 MAX_CUTS = 16
+#: The most times :func:`_shift` moves a graph's block boundaries in a row.
+MAX_SHIFTS = 4
 
 
 def refine(planners: dict[str, GraphPlanner], fitting: dict[str, list[Candidate]], kept: frozenset, spare: int,
-           budget: float) -> dict[str, Candidate]:
+           budget: float, *, shift: bool = False) -> dict[str, Candidate]:
     """Each graph's plan, spending up to ``spare`` more collectives where they shorten the step.
 
     Each graph's :data:`REFINED` fastest bucketed candidates may have blocks
@@ -25,7 +27,10 @@ def refine(planners: dict[str, GraphPlanner], fitting: dict[str, list[Candidate]
     and what that frees is spent on cuts again. At most :data:`MAX_CUTS`
     cuts in all. A graph's head may be cut again (:func:`_cut_heads`), which
     takes several collectives at once: after the single cuts, or before them
-    with what the merges free first, whichever makes the shorter step.
+    with what the merges free first, whichever makes the shorter step. With
+    ``shift``, after the cuts the boundaries between a graph's last reduce
+    blocks move where that shortens it (:func:`_shift`: a cut's fixed points
+    may leave the last bucket too long to hide behind the backward's end).
     """
     tried = []
     for heads_first in (False, True):
@@ -35,23 +40,49 @@ def refine(planners: dict[str, GraphPlanner], fitting: dict[str, list[Candidate]
         if heads_first:  # what merges that cost no time free goes to the heads first
             left = spare + _merge(planners, best, current, kept, budget)
             left -= _cut_heads(planners, best, current, kept, left)
-            _single_cuts(planners, best, current, kept, left, budget)
+            _single_cuts(planners, best, current, kept, left, budget, shift)
         else:
-            left = spare - _single_cuts(planners, best, current, kept, spare, budget)
+            left = spare - _single_cuts(planners, best, current, kept, spare, budget, shift)
             _cut_heads(planners, best, current, kept, left)
         tried.append((sum(c.step_ms for c in best.values()), _collectives(best), best))
     return min(tried, key=lambda t: t[:2])[2]
 
 
 def _single_cuts(planners: dict[str, GraphPlanner], best: dict[str, Candidate], current: dict[str, list[Candidate]],
-                 kept: frozenset, spare: int, budget: float) -> int:
-    """:func:`refine`'s cuts and merges, in place; how many more collectives ``best`` issues after them."""
+                 kept: frozenset, spare: int, budget: float, shift: bool) -> int:
+    """:func:`refine`'s cuts and merges (and with ``shift``, boundaries moved after each round of cuts), in
+    place; how many more collectives ``best`` issues after them."""
     start = _collectives(best)
     cuts = _cut(planners, best, current, kept, min(max(0, spare), MAX_CUTS), budget)
+    if shift:
+        _shift(planners, best, current, kept)
     if cuts < MAX_CUTS:
         freed = _merge(planners, best, current, kept, budget)
         _cut(planners, best, current, kept, min(max(0, spare - cuts) + freed, MAX_CUTS - cuts), budget)
+        if shift:
+            _shift(planners, best, current, kept)
     return _collectives(best) - start
+
+
+def _shift(planners: dict[str, GraphPlanner], best: dict[str, Candidate], current: dict[str, list[Candidate]],
+           kept: frozenset) -> None:
+    """Each graph's ``best`` with the boundaries between its blocks moved (:meth:`GraphPlanner.shifted`) while
+    that shortens it within the budget, at most :data:`MAX_SHIFTS` times, in place (the moved candidate takes
+    its place in ``current``, or leads it, so later merges and cuts start from it)."""
+    for name, planner in planners.items():
+        for _ in range(MAX_SHIFTS):
+            now = best[name]
+            shorter = sorted((t for t in planner.shifted(now, kept) if t.step_ms < now.step_ms - 1e-12),
+                             key=Candidate.key)
+            moved = next((f for f in map(planner.fitted, shorter) if f is not None), None)
+            if moved is None:
+                break
+            best[name] = moved
+            slot = next((k for k, c in enumerate(current[name]) if c is now), None)
+            if slot is None:
+                current[name] = [moved] + current[name][:REFINED - 1]
+            else:
+                current[name][slot] = moved
 
 
 def _merge(planners: dict[str, GraphPlanner], best: dict[str, Candidate], current: dict[str, list[Candidate]],

@@ -36,7 +36,8 @@ SHORTER_MS = 1e-9
 
 
 def replicated_head(planners: Mapping[str, GraphPlanner], chosen: Mapping[str, Candidate], kept: frozenset,
-                    budget: float, cap: int, max_bytes: int = REPLICATE_MAX_BYTES) -> frozenset:
+                    budget: float, cap: int, max_bytes: int = REPLICATE_MAX_BYTES
+                    ) -> tuple[frozenset, tuple[float, int]]:
     """The ds_ids ``overlap-plan`` replicates: small members of the forward's first collective (module docstring).
 
     Parameters
@@ -56,19 +57,21 @@ def replicated_head(planners: Mapping[str, GraphPlanner], chosen: Mapping[str, C
 
     Returns
     -------
-    frozenset of int
+    replicated : frozenset of int
         The ds_ids to replicate; empty where no set shortens the step within ``budget`` and ``cap``.
+    figures : tuple of float and int
+        The step (ms) and collectives with them replicated.
     """
     forward, backward = planners.get("forward"), planners.get("backward")
+    step_now = sum(c.step_ms for c in chosen.values())
+    collectives_now = sum(c.collectives for c in chosen.values())
+    best_key: tuple = (step_now, collectives_now)  # with the peak as the third key once a set is found
+    best: frozenset = frozenset()
     if forward is None or backward is None or max_bytes <= 0:
-        return frozenset()
+        return best, best_key
     form = forward.form
     small = list(dict.fromkeys(form.ds_id[m] for m in forward.first_collective(chosen["forward"])
                                if form.size[m] <= max_bytes))
-    best_key: tuple | None = None
-    best: frozenset = frozenset()
-    step_now = sum(c.step_ms for c in chosen.values())
-    collectives_now = sum(c.collectives for c in chosen.values())
     latency = forward.orders.latency_ms
     for count in doubling_counts(len(small)):
         trial = frozenset(small[:count])
@@ -79,8 +82,7 @@ def replicated_head(planners: Mapping[str, GraphPlanner], chosen: Mapping[str, C
         worth = step_now - SHORTER_MS - latency * max(0, collectives - collectives_now)
         if peak > budget or collectives > max(cap, collectives_now) or step >= worth:
             continue
-        key = (step, collectives, peak)
-        if best_key is None or key < best_key:
-            best_key, best = key, trial
-    return best
+        if not best or (step, collectives, peak) < best_key:
+            best_key, best = (step, collectives, peak), trial
+    return best, best_key[:2]
 
