@@ -30,10 +30,9 @@ BUCKETS_AHEAD = (0, 1, 2)
 #: blocks: the first two all-gather blocks and the last (a graph waits on its first buckets; a forward's last
 #: compute waits on its last), the last two reduce blocks (a backward ends with them).
 CUT_BLOCKS = {0: (0, 1, -1), 1: (-2, -1)}
-#: Which boundaries between neighbouring blocks :meth:`GraphPlanner.shifted` moves, by the position of the block
-#: before it among each kind's blocks: after the first two all-gather blocks and before the last, before the
-#: last two reduce blocks.
-SHIFT_BOUNDARIES = {0: (), 1: (-3, -2)}
+#: How many of the last boundaries between a graph's reduce blocks :meth:`GraphPlanner.shifted` moves: those
+#: before its last two blocks (a backward ends with them).
+SHIFTED_BOUNDARIES = 2
 #: The most points :func:`_shift_points` gives a boundary.
 SHIFT_POINTS = 32
 #: How many of a graph's fastest bucketed candidates :func:`~dcsched.schedulers.plan_refine.refine` cuts
@@ -235,27 +234,19 @@ class GraphPlanner:
                     yield self.rebucketed(candidate.source, candidate.base, groups, role, candidate.ahead)
 
     def shifted(self, candidate: Candidate, kept: frozenset) -> Iterable[Candidate]:
-        """The candidate with the boundary between two neighbouring blocks of one kind moved, as many
-        collectives: the boundaries :data:`SHIFT_BOUNDARIES` names, each moved to every point
-        :func:`_shift_points` gives (a cut's fixed points may leave the last reduce bucket too long to hide
-        behind the backward's end, or the first all-gather too long for the compute it feeds)."""
+        """The candidate with the boundary between two neighbouring reduce blocks moved, as many collectives:
+        each of the last :data:`SHIFTED_BOUNDARIES` boundaries, to every point :func:`_shift_points` gives (a
+        cut's fixed points may leave a backward's last reduce bucket too long to hide behind its end)."""
         if candidate.base is None or candidate.groups is None:
             return
         role = self.role(kept)
-        position = {v: p for p, v in enumerate(candidate.base)}
-        for which in (0, 1):
-            blocks = candidate.groups[which]
-            n = len(blocks)
-            for k in dict.fromkeys(b % n for b in SHIFT_BOUNDARIES[which] if -n <= b < n):
-                if k == n - 1:  # no block after it
-                    continue
-                joined, now = blocks[k] + blocks[k + 1], len(blocks[k])
-                for point in _shift_points(len(joined), now):
-                    moved = blocks[:k] + [joined[:point], joined[point:]] + blocks[k + 2:]
-                    if which == 0:  # all-gather blocks go in the order they are needed
-                        moved.sort(key=lambda block: min(position[m] for m in block))
-                    yield self.rebucketed(candidate.source, candidate.base, with_blocks(candidate.groups, which, moved),
-                                          role, candidate.ahead)
+        blocks = candidate.groups[1]
+        for k in range(max(0, len(blocks) - 1 - SHIFTED_BOUNDARIES), len(blocks) - 1):
+            joined, now = blocks[k] + blocks[k + 1], len(blocks[k])
+            for point in _shift_points(len(joined), now):
+                moved = blocks[:k] + [joined[:point], joined[point:]] + blocks[k + 2:]
+                yield self.rebucketed(candidate.source, candidate.base, with_blocks(candidate.groups, 1, moved),
+                                      role, candidate.ahead)
 
     def head_cuts(self, candidate: Candidate, kept: frozenset, most: int) -> Iterable[Candidate]:
         """The candidate with its first :data:`HEAD_GROUPS` all-gather buckets cut again, into 1 to ``most``
@@ -378,8 +369,6 @@ def _cut_points(n: int) -> list[int]:
     ([1, 2, 4, 7, 8, 15, 30], [1])
     """
     return sorted(c for c in {1, 2, 4, 8, n // 4, n // 2, n - 1} if 0 < c < n)
-
-
 
 
 def _shift_points(n: int, now: int) -> list[int]:
