@@ -14,8 +14,11 @@ by the simulator, within ``budget_bytes`` of ``budget_scope``:
    (``root_mode='joined'``), or in the forward as two units of their own
    (``'split'``); the step is planned both ways and the faster plan within
    the cap kept (where ``fsdp``'s plan fits the budget; where it does not,
-   the faster). The step issues no more collectives than ``fsdp``'s plan
-   (FSDP2's count) wherever that plan fits.
+   the faster). Where neither keeps within the cap and ``fsdp``'s plan fits,
+   the step is planned on FSDP2's own units too (the root one unit, kept for
+   the backward: ``fsdp``'s plan is among those candidates). The step issues
+   no more collectives than ``fsdp``'s plan (FSDP2's count) wherever that
+   plan fits.
 2. **Orders.** Candidates per graph, each with the block buckets
    (:func:`dcsched.schedulers.fsdp.bucketed`: a bucket's all-gathers move to where its first one
    stands, its reduces to where its last one stands): ``fsdp``'s order
@@ -38,8 +41,9 @@ by the simulator, within ``budget_bytes`` of ``budget_scope``:
    not are spent where they shorten the step (:func:`~dcsched.schedulers.plan_refine.refine`): single cuts of
    the first and last blocks, and a graph's head (its first buckets) cut again
    into the pieces :func:`~dcsched.schedulers.head_pieces.head_pieces` finds;
-   a second refinement also moves the boundaries before the last two reduce
-   blocks, and both go on to step 6 (the shorter final plan kept).
+   the refined plan is also polished (the boundaries before the last two
+   reduce blocks moved, what merges free spent again), and both go on to
+   step 6, the shorter final plan kept.
 
 6. **Replication.** The small parameters the forward's first collective
    gathers may be kept whole on every rank (``'replicated'``: no gather,
@@ -146,12 +150,20 @@ def overlap_plan(forms: Mapping[str, GraphForm], *, budget_bytes: float = UNLIMI
     root = kept_root(forms, fsdp_units)
     best: tuple | None = None
     orders = {name: GraphOrders(form, comm_latency_ms, budget_scope) for name, form in forms.items()}
-    cap = _fsdp_cap({name: GraphPlanner(orders[name], fsdp_units[name], budget_bytes, name) for name in forms}, root)
+    fsdp_planners = {name: GraphPlanner(orders[name], fsdp_units[name], budget_bytes, name) for name in forms}
+    cap = _fsdp_cap(fsdp_planners, root)
     # The root's parameters travel with the blocks beside them; in the forward, alone or with them: the
     # better of the two depends on the budget (a first bucket of the embeddings alone, or fewer collectives).
-    for mode in ("joined", "split") if root else ("joined",):
-        units = step_blocks(forms, root_mode=mode)
-        planners = {name: GraphPlanner(orders[name], units[name], budget_bytes, name) for name in forms}
+    # Where neither keeps within fsdp's count and fsdp's plan fits, FSDP2's own units (the root one unit, kept
+    # for the backward): fsdp's plan is among their candidates, so they keep within the count.
+    for mode in ("joined", "split", "unit") if root else ("joined",):
+        if mode == "unit":
+            if not cap[1] or (best is not None and not best[0][0]):  # a plan within the count, or none binds
+                break
+            planners = fsdp_planners
+        else:
+            units = step_blocks(forms, root_mode=mode)
+            planners = {name: GraphPlanner(orders[name], units[name], budget_bytes, name) for name in forms}
         planned = _plan_units(planners, budget_bytes, root, cap)
         if planned is not None:
             for chosen in planned[0]:
@@ -215,7 +227,7 @@ def _plan_units(planners: dict[str, GraphPlanner], budget: float, root: frozense
         return None
     _key, picked, kept = min(choices, key=lambda choice: choice[0])
     spare = cap[0] - sum(c[0].collectives for c in picked.values())
-    return [refine(planners, picked, kept, spare, budget, shift=shift) for shift in (False, True)], kept
+    return refine(planners, picked, kept, spare, budget), kept
 
 
 def _coalesced_if_better(planners: dict[str, GraphPlanner], planned: tuple[float, int], budget: float

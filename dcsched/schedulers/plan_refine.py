@@ -16,8 +16,9 @@ MAX_SHIFTS = 4
 
 
 def refine(planners: dict[str, GraphPlanner], fitting: dict[str, list[Candidate]], kept: frozenset, spare: int,
-           budget: float, *, shift: bool = False) -> dict[str, Candidate]:
-    """Each graph's plan, spending up to ``spare`` more collectives where they shorten the step.
+           budget: float) -> list[dict[str, Candidate]]:
+    """Each graph's plan, spending up to ``spare`` more collectives where they shorten the step; and that
+    plan with the boundaries before its last reduce blocks moved.
 
     Each graph's :data:`REFINED` fastest bucketed candidates may have blocks
     cut (:meth:`GraphPlanner.cuts`): one cut at a time, the one that shortens
@@ -27,41 +28,59 @@ def refine(planners: dict[str, GraphPlanner], fitting: dict[str, list[Candidate]
     and what that frees is spent on cuts again. At most :data:`MAX_CUTS`
     cuts in all. A graph's head may be cut again (:func:`_cut_heads`), which
     takes several collectives at once: after the single cuts, or before them
-    with what the merges free first, whichever makes the shorter step. With
-    ``shift``, after the cuts the boundaries between a graph's last reduce
-    blocks move where that shortens it (:func:`_shift`: a cut's fixed points
-    may leave the last bucket too long to hide behind the backward's end).
+    with what the merges free first, whichever makes the shorter step.
+
+    The cuts' fixed points may leave a backward's last reduce bucket too long
+    to hide behind its end: the plan is then polished (:func:`_polished`),
+    the boundaries before the last reduce blocks moved where that shortens
+    it, neighbouring blocks merged where that costs no time, and what that
+    frees spent on cuts again. Both plans are returned, the refined one first
+    (the polished one only where it differs): which is shorter once step 6
+    replicates can differ from which is shorter now.
     """
     tried = []
     for heads_first in (False, True):
         best = {name: candidates[0] for name, candidates in fitting.items()}
         current = {name: [c for c in candidates if c.base is not None][:REFINED]
                    for name, candidates in fitting.items()}
+        start = _collectives(best)
         if heads_first:  # what merges that cost no time free goes to the heads first
             left = spare + _merge(planners, best, current, kept, budget)
             left -= _cut_heads(planners, best, current, kept, left)
-            _single_cuts(planners, best, current, kept, left, budget, shift)
+            _single_cuts(planners, best, current, kept, left, budget)
         else:
-            left = spare - _single_cuts(planners, best, current, kept, spare, budget, shift)
+            left = spare - _single_cuts(planners, best, current, kept, spare, budget)
             _cut_heads(planners, best, current, kept, left)
-        tried.append((sum(c.step_ms for c in best.values()), _collectives(best), best))
-    return min(tried, key=lambda t: t[:2])[2]
+        tried.append((sum(c.step_ms for c in best.values()), _collectives(best), best, current, start))
+    _step, collectives, best, current, start = min(tried, key=lambda t: t[:2])
+    refined = dict(best)
+    polished = _polished(planners, best, current, kept, spare - (collectives - start), budget)
+    return [refined] if polished == refined else [refined, polished]
 
 
 def _single_cuts(planners: dict[str, GraphPlanner], best: dict[str, Candidate], current: dict[str, list[Candidate]],
-                 kept: frozenset, spare: int, budget: float, shift: bool) -> int:
-    """:func:`refine`'s cuts and merges (and with ``shift``, boundaries moved after each round of cuts), in
-    place; how many more collectives ``best`` issues after them."""
+                 kept: frozenset, spare: int, budget: float) -> int:
+    """:func:`refine`'s cuts and merges, in place; how many more collectives ``best`` issues after them."""
     start = _collectives(best)
     cuts = _cut(planners, best, current, kept, min(max(0, spare), MAX_CUTS), budget)
-    if shift:
-        _shift(planners, best, current, kept)
     if cuts < MAX_CUTS:
         freed = _merge(planners, best, current, kept, budget)
         _cut(planners, best, current, kept, min(max(0, spare - cuts) + freed, MAX_CUTS - cuts), budget)
-        if shift:
-            _shift(planners, best, current, kept)
     return _collectives(best) - start
+
+
+def _polished(planners: dict[str, GraphPlanner], best: dict[str, Candidate], current: dict[str, list[Candidate]],
+              kept: frozenset, left: int, budget: float) -> dict[str, Candidate]:
+    """:func:`refine`'s plan ``best`` (with ``left`` collectives of the cap unspent) with the boundaries before
+    each graph's last reduce blocks moved where that shortens it (:func:`_shift`), then neighbouring blocks
+    merged where that costs no time and what that frees spent on cuts and heads, boundaries moved again; in
+    place, and returned."""
+    _shift(planners, best, current, kept)
+    left += _merge(planners, best, current, kept, budget)
+    left -= _cut(planners, best, current, kept, min(max(0, left), MAX_CUTS), budget)
+    _cut_heads(planners, best, current, kept, left)
+    _shift(planners, best, current, kept)
+    return best
 
 
 def _shift(planners: dict[str, GraphPlanner], best: dict[str, Candidate], current: dict[str, list[Candidate]],
