@@ -1,6 +1,6 @@
 """``overlap-plan``'s step 5: the collectives ``fsdp``'s plan would issue and the plan does not, spent where
 they shorten the step (:func:`refine`): blocks cut one at a time, heads cut again, neighbouring blocks merged
-where that costs no time.
+where that costs no time; and the refined plan polished, the boundaries before its last reduce blocks moved.
 """
 
 from __future__ import annotations
