@@ -197,9 +197,10 @@ def overlap_plan(forms: Mapping[str, GraphForm], *, budget_bytes: float = UNLIMI
 
 def _plan_units(planners: dict[str, GraphPlanner], budget: float, root: frozenset, cap: tuple[int, bool]
                 ) -> tuple[list[dict[str, Candidate]], frozenset] | None:
-    """Each graph's candidate, refined with block boundaries moved and without (step 5: what is shorter before
-    step 6 need not be after it), and the kept parameters, planned on the planners' units (steps 3 to 5 of the
-    module docstring), or None where no bucketed order fits ``budget``. ``cap``: ``fsdp``'s collectives, and
+    """Each graph's candidate as :func:`~dcsched.schedulers.plan_refine.refine` gives them (the refined plan,
+    and the polished one where it differs: what is shorter before step 6 need not be after it), and the kept
+    parameters, planned on the planners' units (steps 3 to 5 of the module docstring), or None where no
+    bucketed order fits ``budget``. ``cap``: ``fsdp``'s collectives, and
     whether its plan fits ``budget`` (where it does, a kept set within the cap goes first)."""
     forward, backward = planners.get("forward"), planners.get("backward")
     choices: list[tuple[tuple, dict[str, list[Candidate]], frozenset]] = []

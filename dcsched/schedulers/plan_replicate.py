@@ -65,14 +65,14 @@ def replicated_head(planners: Mapping[str, GraphPlanner], chosen: Mapping[str, C
     forward, backward = planners.get("forward"), planners.get("backward")
     step_now = sum(c.step_ms for c in chosen.values())
     collectives_now = sum(c.collectives for c in chosen.values())
-    best_key: tuple = (step_now, collectives_now)  # with the peak as the third key once a set is found
-    best: frozenset = frozenset()
     if forward is None or backward is None or max_bytes <= 0:
-        return best, best_key
+        return frozenset(), (step_now, collectives_now)
     form = forward.form
     small = list(dict.fromkeys(form.ds_id[m] for m in forward.first_collective(chosen["forward"])
                                if form.size[m] <= max_bytes))
     latency = forward.orders.latency_ms
+    best_key: tuple | None = None
+    best: frozenset = frozenset()
     for count in doubling_counts(len(small)):
         trial = frozenset(small[:count])
         figures = [planner.replicating(chosen[name], kept, trial) for name, planner in planners.items()]
@@ -82,7 +82,8 @@ def replicated_head(planners: Mapping[str, GraphPlanner], chosen: Mapping[str, C
         worth = step_now - SHORTER_MS - latency * max(0, collectives - collectives_now)
         if peak > budget or collectives > max(cap, collectives_now) or step >= worth:
             continue
-        if not best or (step, collectives, peak) < best_key:
-            best_key, best = (step, collectives, peak), trial
-    return best, best_key[:2]
+        key = (step, collectives, peak)
+        if best_key is None or key < best_key:
+            best_key, best = key, trial
+    return best, (best_key[:2] if best_key is not None else (step_now, collectives_now))
 
