@@ -11,7 +11,10 @@ the sweep) turns what it was given into one :class:`Budget` with
 The one default rule (:func:`default_budget`): with no budget given, the
 target device's memory recorded in a bundle's provenance less
 :data:`DEFAULT_MARGIN` (DeepSpeed plans for 90% of the device); where no device
-is recorded (a bare graph, a bundle without one), no limit.
+is recorded (a bare graph, a bundle without one), no limit. Training makes one
+exception (:meth:`dcsched.train.options.TrainOptions.budget`): a step planner
+given no budget where no device is recorded plans within the peak of FSDP2's
+policy (``'fsdp'``, :mod:`dcsched.schedulers.fsdp_peak`).
 
 >>> Budget.parse("6GiB")
 Budget(bytes=6442450944, scope='all')
@@ -34,6 +37,8 @@ from dcsched.units import MAX_SIZE_BYTES, parse_size  # noqa: F401
 
 #: The budget's value for "no limit".
 UNLIMITED = math.inf
+#: The training budget that names the peak of FSDP2's policy on the step (:mod:`dcsched.schedulers.fsdp_peak`).
+FSDP_BUDGET = "fsdp"
 #: What ``--memory-budget`` and ``memory_budget=`` accept for "no limit".
 UNLIMITED_WORDS = ("unlimited", "infinite", "inf", "none")
 #: What a budget can cap: all tensors, or the gathered parameters alone.
@@ -178,6 +183,10 @@ class Budget:
             return cls(UNLIMITED, scope)
         if isinstance(value, float) and value == math.inf:
             return cls(UNLIMITED, scope)
+        if isinstance(value, str) and value.strip().lower() == FSDP_BUDGET:
+            raise OptionError("memory_budget", f"'{FSDP_BUDGET}' (the peak of FSDP2's policy on the step) is a "
+                                               "training budget (dcsched train, dcsched.backend); give a size or "
+                                               "'unlimited' here")
         try:
             nbytes = parse_size(value, limit=math.inf)
         except (ValueError, TypeError) as exc:

@@ -41,6 +41,10 @@ REPLICATE_OPTION = "replicate_max_bytes"
 #: collectives merged replace the bucketed plan where the simulator finds them faster (its step 7). Training on
 #: the CPU turns it off: gloo's collectives take CPU from the compute, which the simulator does not charge.
 MERGED_OVERLAP_OPTION = "merged_overlap"
+#: ``overlap-plan``'s option: the budget bounds the peak with gloo's staging copies counted, every collective
+#: blocking (:mod:`dcsched.sim.staging`). Training on gloo turns it on: the flat tensors gloo's collectives
+#: allocate for themselves are memory the budget promised.
+STAGING_OPTION = "staging"
 #: :class:`Plan`'s default residency: none named (read-only, so one object can serve every plan).
 NO_RESIDENCY: Mapping[int, str] = types.MappingProxyType({})
 

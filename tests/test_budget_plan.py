@@ -96,6 +96,38 @@ def test_train_uses_the_same_rule():
         TrainOptions(algo="overlap", memory_budget="lots").check()
 
 
+def test_train_budget_fsdp_is_fsdps_own_peak_and_a_step_planners_default_where_no_device_is_known():
+    from dcsched import replay
+    from dcsched.schedulers.fsdp_peak import fsdp_peak
+    from dcsched.sim.collectives import latency_from_provenance
+
+    bundle = replay.example_bundle()  # profiled on the CPU: no device's memory recorded
+    assert device_memory(bundle) is None
+    forms = {name: bundle.form(name) for name in bundle.graph_names}
+    latency = latency_from_provenance(bundle.provenance)
+    for staging in (False, True):
+        peak = fsdp_peak(forms, comm_latency_ms=latency, staging=staging)
+        for given in ("fsdp", " FSDP", None):  # named, or overlap-plan's default
+            assert TrainOptions(algo="overlap-plan", memory_budget=given).budget(bundle, staging=staging) == \
+                Budget(peak)
+        assert TrainOptions(algo="overlap-plan", memory_budget="fsdp", budget_scope="gathered").budget(
+            bundle, staging=staging) == Budget(fsdp_peak(forms, comm_latency_ms=latency, staging=staging,
+                                                         scope="gathered"), "gathered")
+    # not a step planner: no limit where no device is known; a device's memory recorded: the one default rule
+    assert TrainOptions(algo="overlap").budget(bundle) == Budget.unlimited()
+    assert TrainOptions(algo="overlap-plan").budget(_with_device(bundle, 1000)) == Budget(900)
+    TrainOptions(algo="overlap", memory_budget="fsdp").check()
+    with pytest.raises(OptionError, match="takes no memory budget"):
+        TrainOptions(algo="fast-free", memory_budget="fsdp").check()
+    with pytest.raises(OptionError, match="is a training budget"):  # dcsched schedule --memory-budget fsdp
+        Budget.parse("fsdp")
+
+
+def _with_device(bundle, target: int):
+    import dataclasses
+    return dataclasses.replace(bundle, provenance={**bundle.provenance, "target_memory_bytes": target})
+
+
 # -- errors ---------------------------------------------------------------------------------------------
 
 def test_budget_too_small_is_a_budget_error_in_python_words_and_flag_words_on_the_cli():

@@ -266,7 +266,7 @@ def test_asynchronous_reduces_keep_a_gradient_until_the_next_is_issued():
 
 def test_training_reduces_asynchronously_under_a_budget_only_where_the_simulator_fits_them():
     from dcsched.bundle.core import load
-    from dcsched.train.backend import _async_reduce
+    from dcsched.train.backend import asynchrony
 
     bundle = load(SAMPLES / "convnet.pt")  # its peak is where a gradient is in flight
     latency = latency_from_provenance(bundle.provenance)
@@ -280,9 +280,44 @@ def test_training_reduces_asynchronously_under_a_budget_only_where_the_simulator
 
     synchronous, in_flight = peak(False), peak(True)
     assert in_flight > synchronous
-    assert _async_reduce(None, scheduled) and _async_reduce(Budget(math.inf, "all"), scheduled)
-    assert _async_reduce(Budget(in_flight, "all"), scheduled)
-    assert not _async_reduce(Budget(in_flight - 1, "all"), scheduled)
+    for budget in (None, Budget(math.inf, "all"), Budget(in_flight, "all")):
+        assert asynchrony(budget, scheduled, staging=False) == (True, True)
+    # on NCCL the gathers stay asynchronous (they stage nothing); the reduces block where in flight does not fit
+    assert asynchrony(Budget(in_flight - 1, "all"), scheduled, staging=False) == (True, False)
+
+
+def test_on_gloo_a_budget_picks_the_first_asynchrony_whose_staging_copies_fit():
+    """Gloo's own copies (an all-gather's output-sized flat tensor, a reduce-scatter's clone of its input)
+    count under a budget: the first way of ASYNCHRONY the simulator fits, the gathers blocking before the
+    reduces, and both blocking where nothing fits."""
+    from dcsched.bundle.core import load
+    from dcsched.train.backend import ASYNCHRONY, asynchrony
+
+    bundle = load(SAMPLES / "convnet.pt")
+    latency = latency_from_provenance(bundle.provenance)
+    forms = {graph: bundle.form(graph) for graph in bundle.graph_names}
+    plans = run_step("fast-free", forms, comm_latency_ms=latency)
+    scheduled = bundle.reordered({name: list(plan.order) for name, plan in plans.items()}, plans=plans)
+
+    def peak(async_gather: bool, async_reduce: bool) -> int:
+        return max(simulate_plan(CompiledGraph(forms[name], comm_latency_ms=latency), plans[name], name,
+                                 async_reduce=async_reduce, staging=True, async_gather=async_gather).peak_bytes
+                   for name in forms)
+
+    peaks = {way: peak(*way) for way in ASYNCHRONY}
+    assert peaks[True, True] > peak_unstaged(forms, plans, latency)  # the copies count
+    assert peaks[False, False] == min(peaks.values()) < peaks[True, True]
+    for way in ASYNCHRONY:
+        # exactly at a way's own peak, the first way at or under it is taken
+        expected = next(w for w in ASYNCHRONY if peaks[w] <= peaks[way])
+        assert asynchrony(Budget(peaks[way], "all"), scheduled, staging=True) == expected
+    assert asynchrony(Budget(peaks[False, False] - 1, "all"), scheduled, staging=True) == (False, False)
+    assert asynchrony(None, scheduled, staging=True) == (True, True)
+
+
+def peak_unstaged(forms, plans, latency) -> int:
+    return max(simulate_plan(CompiledGraph(forms[name], comm_latency_ms=latency), plans[name], name,
+                             async_reduce=True).peak_bytes for name in forms)
 
 
 def test_at_fsdps_own_peak_the_plan_keeps_within_fsdps_count():

@@ -16,9 +16,11 @@ def _meta_bytes(nodes: Iterable[torch.fx.Node]) -> int:
     return sum(node_bytes(node) for node in nodes)
 
 
-def simulate_graph(bundle: Bundle, name: str, *, async_reduce: bool = False):
+def simulate_graph(bundle: Bundle, name: str, *, async_reduce: bool = False, staging: bool = False,
+                   async_gather: bool = True):
     """Graph ``name`` of ``bundle`` simulated as its plan runs it (buckets, kept parameters), or in its own
-    order without one, at the bundle's latency (``async_reduce``: :func:`dcsched.sim.plans.simulate_plan`'s)."""
+    order without one, at the bundle's latency (``async_reduce``, ``staging``, ``async_gather``:
+    :func:`dcsched.sim.plans.simulate_plan`'s)."""
     from dcsched.plan import Plan
     from dcsched.sim.collectives import latency_from_provenance
     from dcsched.sim.plans import simulate_plan
@@ -26,7 +28,7 @@ def simulate_graph(bundle: Bundle, name: str, *, async_reduce: bool = False):
 
     compiled = compile_view(bundle.graphs[name], comm_latency_ms=latency_from_provenance(bundle.provenance))
     return simulate_plan(compiled, bundle.plans.get(name) or Plan(()), name, detail=False, check=False,
-                         async_reduce=async_reduce)
+                         async_reduce=async_reduce, staging=staging, async_gather=async_gather)
 
 
 def simulated_figures(bundle: Bundle, world_size: int | None = None, *,

@@ -194,6 +194,9 @@ class DistributedZero3Runtime(Zero3Runtime):
 
     #: Issue reduce-scatters asynchronously; :meth:`finish` waits on them (the backward's end).
     async_reduce = True
+    #: Issue all-gathers asynchronously, waited on at their wait node (False: each waited on where it is issued,
+    #: as FSDP2 issues them on gloo, so gloo's staging copy is gone before the compute goes on).
+    async_gather = True
     #: At most this many asynchronous reduce-scatters in flight (None: no limit): issuing one more waits on
     #: the oldest, so its input (the gradient) is freed near its reduce rather than every gradient living to
     #: the backward's end. One, as FSDP2 keeps the previous one in flight.
@@ -365,7 +368,7 @@ class DistributedZero3Runtime(Zero3Runtime):
         source = output[self.rank * total:(self.rank + 1) * total]
         torch.cat([s for _m, s in members], out=source)
         self._issued(graph_id)
-        work = all_gather_into_tensor(output, source, group=self.group, async_op=True)
+        work = self._all_gather(output, source)
         placed, fulls = [], {}
         for (member, _s), offset, size in zip(members, offsets(sizes), sizes):
             padded = source.new_empty(size * self.world_size)
@@ -388,9 +391,16 @@ class DistributedZero3Runtime(Zero3Runtime):
         buffer = torch.empty(source.numel() * self.world_size, dtype=source.dtype, device=source.device)
         source = source.contiguous()
         self._issued(graph_id)
-        work = all_gather_into_tensor(buffer, source, group=self.group, async_op=True)
+        work = self._all_gather(buffer, source)
         self.pending[(graph_id, ds_id)] = (work, source)  # the input stays referenced until the wait
         return buffer[:self._numel(ds_id)].view(shape)
+
+    def _all_gather(self, output: torch.Tensor, source: torch.Tensor):
+        """Issue one all-gather into ``output``, done before it returns unless :attr:`async_gather`."""
+        work = all_gather_into_tensor(output, source, group=self.group, async_op=True)
+        if not self.async_gather:
+            work.wait()  # the wait node's own wait then returns at once
+        return work
 
     def wait(self, gathered, graph_id, ds_id):
         pending = self.pending.pop((graph_id, ds_id), None)

@@ -81,7 +81,7 @@ from typing import Mapping
 from dcsched.budget import DEFAULT_SCOPE
 from dcsched.graph.form import GraphForm
 from dcsched.errors import BudgetError, OptionError
-from dcsched.plan import MERGED_OVERLAP_OPTION, REPLICATE_OPTION, Plan
+from dcsched.plan import MERGED_OVERLAP_OPTION, REPLICATE_OPTION, STAGING_OPTION, Plan
 from dcsched.schedulers.fsdp import bucketed, kept_root, step_blocks
 from dcsched.schedulers.overlap.planner import UNLIMITED, check_scope
 from dcsched.schedulers.plan_candidates import Candidate, GraphOrders, GraphPlanner, doubling_counts
@@ -97,7 +97,8 @@ from dcsched.sim.collectives import DEFAULT_LATENCY_MS
                       "gathered for the backward, chosen by simulation within memory_budget")
 def overlap_plan(forms: Mapping[str, GraphForm], *, budget_bytes: float = UNLIMITED,
                  budget_scope: str = DEFAULT_SCOPE, comm_latency_ms: float = DEFAULT_LATENCY_MS,
-                 replicate_max_bytes: int = REPLICATE_MAX_BYTES, merged_overlap: bool = True) -> dict[str, Plan]:
+                 replicate_max_bytes: int = REPLICATE_MAX_BYTES, merged_overlap: bool = True,
+                 staging: bool = False) -> dict[str, Plan]:
     """The step's communication plan (module docstring).
 
     Parameters
@@ -119,6 +120,10 @@ def overlap_plan(forms: Mapping[str, GraphForm], *, budget_bytes: float = UNLIMI
         within buckets (what ``dcsched train`` runs on the CPU, where gloo's collectives take CPU from the
         compute, which the simulator does not charge: at ``--memory-budget 49MiB`` on bench_train's 2-rank
         steps the merged orders took 1.38-1.63x DDP's step against 1.22-1.33x for the bucketed plan).
+    staging : bool, optional
+        Count gloo's staging copies in every peak (:mod:`dcsched.sim.staging`), each collective blocking:
+        the least memory the runtime can run a plan in on gloo, which picks the fastest way of issuing them
+        that fits (:func:`dcsched.train.backend.asynchrony`). Default False; ``dcsched train`` on gloo: True.
 
     Returns
     -------
@@ -131,7 +136,7 @@ def overlap_plan(forms: Mapping[str, GraphForm], *, budget_bytes: float = UNLIMI
         When even ``overlap`` finds no order within the budget.
     OptionError
         For an unknown ``budget_scope``, a ``replicate_max_bytes`` that is no whole number of bytes, or a
-        ``merged_overlap`` that is no bool.
+        ``merged_overlap`` or ``staging`` that is no bool.
 
     Examples
     --------
@@ -144,12 +149,13 @@ def overlap_plan(forms: Mapping[str, GraphForm], *, budget_bytes: float = UNLIMI
     if isinstance(replicate_max_bytes, bool) or not isinstance(replicate_max_bytes, int) or replicate_max_bytes < 0:
         raise OptionError(REPLICATE_OPTION, f"must be a whole number of bytes, 0 or more (0: replicate nothing), "
                                             f"not {replicate_max_bytes!r}")
-    if not isinstance(merged_overlap, bool):
-        raise OptionError(MERGED_OVERLAP_OPTION, f"must be true or false, not {merged_overlap!r}")
+    for name, value in ((MERGED_OVERLAP_OPTION, merged_overlap), (STAGING_OPTION, staging)):
+        if not isinstance(value, bool):
+            raise OptionError(name, f"must be true or false, not {value!r}")
     fsdp_units = step_blocks(forms)
     root = kept_root(forms, fsdp_units)
     best: tuple | None = None
-    orders = {name: GraphOrders(form, comm_latency_ms, budget_scope) for name, form in forms.items()}
+    orders = {name: GraphOrders(form, comm_latency_ms, budget_scope, staging) for name, form in forms.items()}
     fsdp_planners = {name: GraphPlanner(orders[name], fsdp_units[name], budget_bytes, name) for name in forms}
     cap = _fsdp_cap(fsdp_planners, root)
     # The root's parameters travel with the blocks beside them; in the forward, alone or with them: the

@@ -79,8 +79,11 @@ class GraphOrders:
     """One graph's compiled form and the orders that do not depend on its blocks (each computed once, then
     shared by the planners of every unit layout :func:`overlap_plan` tries)."""
 
-    def __init__(self, form: GraphForm, latency_ms: float, scope: str) -> None:
+    def __init__(self, form: GraphForm, latency_ms: float, scope: str, staging: bool = False) -> None:
         self.form, self.scope, self.latency_ms = form, scope, latency_ms
+        #: peaks count gloo's staging copies (:mod:`dcsched.sim.staging`), every collective blocking: the least
+        #: memory the runtime can run a plan in (:func:`dcsched.train.backend.asynchrony` picks how it runs)
+        self.staging = staging
         self.compiled = CompiledGraph(form, assume_zero=True, comm_latency_ms=latency_ms)
         self._bases: dict[str, list[int]] = {}
         self._jit: list[int] | None = None
@@ -174,8 +177,9 @@ class GraphPlanner:
     def fitted(self, candidate: Candidate) -> Candidate | None:
         """``candidate`` with its peak measured, or None where it exceeds the budget."""
         if candidate.peak is None:
+            staging = self.orders.staging  # gloo's copies, every collective blocking
             result = self.compiled.simulate(candidate.order, detail=False, check=False, buckets=candidate.buckets,
-                                            **candidate.role)
+                                            staging=staging, async_gather=not staging, **candidate.role)
             candidate = dataclasses.replace(candidate, peak=result.peak_in(self.scope))
         return candidate if candidate.peak is not None and candidate.peak <= self.budget else None
 
@@ -301,6 +305,8 @@ class GraphPlanner:
         role = self.role(kept - replicated)
         fused = replicated_fused(self.compiled, candidate.buckets, role.get("held", frozenset()),
                                  role.get("keep", frozenset()), replicated)
+        if self.orders.staging:
+            fused = dataclasses.replace(fused, staging=True, async_gather=False)
         result = self.compiled.simulate_with_frees(candidate.order, detail=False, fused=fused)[0]
         return result.step_ms, result.collectives, result.peak_in(self.scope)
 

@@ -24,6 +24,12 @@ class Fused:
     held_bytes: int = 0
     #: reduce-scatters run asynchronously, one in flight: a gradient lives until the next one is issued
     async_reduce: bool = False
+    #: the collectives stage through flat copies of their own (gloo's, :mod:`dcsched.sim.staging`)
+    staging: bool = False
+    #: all-gathers run asynchronously, waited on at their wait (False: each blocks where it is issued)
+    async_gather: bool = True
+    #: the first members of the collectives that are all-reduces (replicated gradients: reduced in place)
+    all_reduces: frozenset = frozenset()
 
 
 #: :attr:`Fused.lead` of an all-gather whose parameter is held from the forward: no collective, ready at once.

@@ -12,6 +12,7 @@ from typing import Sequence
 
 from dcsched.graph.form import ALLGATHER, REDUCE, WAIT
 from dcsched.sim.fused import HELD, Fused
+from dcsched.sim.staging import staging_series
 
 
 class MemoryModel:
@@ -103,7 +104,8 @@ class MemoryModel:
     def memory_with_frees(self, idx: list[int], *, fused: Fused | None = None) -> tuple[list, list, list[int]]:
         """The memory of all tensors and of gathered buffers while each position of the node numbers
         ``idx`` (unchecked) runs, and :meth:`free_positions`: :meth:`simulate`'s memory model without
-        its clocks. With ``fused`` buckets, every member allocates at its bucket's first member."""
+        its clocks. With ``fused`` buckets, every member allocates at its bucket's first member; with
+        ``fused.staging``, gloo's staging copies count too (:mod:`dcsched.sim.staging`)."""
         kind, owned = self.kind, self.owned
         free = self.free_positions(idx)
         if fused is not None and fused.keep:  # kept gathered buffers outlive the graph
@@ -121,7 +123,11 @@ class MemoryModel:
                 free_all[p] += owned[r]
                 if kind[r] == ALLGATHER:
                     free_gathered[p] += owned[r]
-        return (*self._memory_series(idx, free_all, free_gathered, fused), free)
+        memory, gathered = self._memory_series(idx, free_all, free_gathered, fused)
+        if fused is not None and fused.staging:  # gloo's own flat copies while its collectives run
+            copies = staging_series(idx, kind, owned, self.size, self.preds, self.succs, fused)
+            memory = list(map(operator.add, memory, copies))
+        return memory, gathered, free
 
     def _reduces_in_flight(self, idx: list[int], free: list[int], fused: Fused) -> None:
         """Move, in ``free``, each gradient a reduce is its last reader of to where the next reduce-scatter

@@ -83,7 +83,8 @@ def residency_roles(plan: Plan, graph: str) -> dict[str, frozenset]:
 
 
 def simulate_plan(compiled: CompiledGraph, plan: Plan, graph: str, *, detail: bool | str = True,
-                  check: bool = True, async_reduce: bool = False) -> SimResult:
+                  check: bool = True, async_reduce: bool = False, staging: bool = False,
+                  async_gather: bool = True) -> SimResult:
     """Simulate graph ``graph`` run as ``plan`` says: its order, buckets and the step's residency.
 
     Parameters
@@ -94,9 +95,10 @@ def simulate_plan(compiled: CompiledGraph, plan: Plan, graph: str, *, detail: bo
         Its plan (an empty order: the graph's own).
     graph : str
         The graph's name in the step (:func:`residency_roles`).
-    detail, check, async_reduce : optional
+    detail, check, async_reduce, staging, async_gather : optional
         As :meth:`~dcsched.sim.simulate.CompiledGraph.simulate` (``async_reduce``: reduce-scatters as a
-        process group runs them, one in flight).
+        process group runs them, one in flight; ``staging``: gloo's own copies counted, with the all-gathers
+        asynchronous or not).
 
     Returns
     -------
@@ -118,12 +120,12 @@ def simulate_plan(compiled: CompiledGraph, plan: Plan, graph: str, *, detail: bo
     replicated = roles.pop("replicated", frozenset())
     if not replicated:
         return compiled.simulate(order, detail=detail, check=check, buckets=plan.buckets,
-                                 async_reduce=async_reduce, **roles)
+                                 async_reduce=async_reduce, staging=staging, async_gather=async_gather, **roles)
     idx = compiled.order_indices(order, check=check)
     fused = replicated_fused(compiled, compiled.bucket_indices(plan.buckets, idx), roles.get("held", frozenset()),
                              roles.get("keep", frozenset()), replicated)
     return compiled.simulate_with_frees(idx, detail=detail, fused=dataclasses.replace(
-        fused, async_reduce=async_reduce))[0]
+        fused, async_reduce=async_reduce, staging=staging, async_gather=async_gather))[0]
 
 
 def replicated_fused(compiled: CompiledGraph, buckets: list[list[int]], held: frozenset, keep: frozenset,
@@ -166,10 +168,12 @@ def replicated_fused(compiled: CompiledGraph, buckets: list[list[int]], held: fr
     gathers = compiled._held_gathers(replicated)
     fused = compiled._fused([p for p in parts if p] + alone, compiled._held_gathers(held) + gathers,
                             keep | replicated)
-    for members in [w for w in whole if w] + alone:
+    all_reduces = [w for w in whole if w] + alone
+    for members in all_reduces:
         fused.time[members[0]] = bucket_time_ms([all_reduce_time_ms(dur[m], latency) for m in members],
                                                 latency_ms=latency)
     # The input a replicated gather reads is the whole parameter, which the gathered bytes (resident from the
     # start) already count: its shard-sized placeholder holds nothing more.
     shards = {p for i in gathers for p in compiled.preds[i] if kind[p] == PLACEHOLDER}
-    return dataclasses.replace(fused, held_bytes=fused.held_bytes - int(sum(compiled.size[p] for p in shards)))
+    return dataclasses.replace(fused, held_bytes=fused.held_bytes - int(sum(compiled.size[p] for p in shards)),
+                               all_reduces=frozenset(members[0] for members in all_reduces))

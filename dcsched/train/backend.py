@@ -135,23 +135,42 @@ def _rng_devices(sharding) -> list:
     return [device] if device.type == "cuda" else []
 
 
-def _async_reduce(budget: Budget | None, scheduled) -> bool:
-    """Whether the step's reduce-scatters run asynchronously (one in flight), on NCCL and gloo alike.
+#: How a step may issue its collectives, as ``(async_gather, async_reduce)``, in the order tried under a finite
+#: budget: both asynchronous (the fastest); the all-gathers blocking (gloo's staging copy of one is then gone
+#: before the compute goes on); the reduce-scatters blocking; both.
+ASYNCHRONY = ((True, True), (False, True), (True, False), (False, False))
 
-    An asynchronous reduce keeps its gradient until the next one is issued, while the schedulers plan within
-    a budget freeing it at its reduce; a budget is a promise, so under a finite one they run asynchronously
-    only where the simulator (``async_reduce=True``, which models exactly that) keeps every graph of the
-    scheduled plan within it, and synchronously otherwise.
+
+def stages_collectives(sharding) -> bool:
+    """Whether the step's collectives run on gloo, which stages them through flat copies of its own
+    (:mod:`dcsched.sim.staging`)."""
+    if sharding.world_size < 2:
+        return False
+    import torch.distributed as dist
+
+    return dist.is_initialized() and dist.get_backend(sharding.group) == "gloo"
+
+
+def asynchrony(budget: Budget | None, scheduled, *, staging: bool) -> tuple[bool, bool]:
+    """Whether the step's all-gathers and reduce-scatters run asynchronously: ``(async_gather, async_reduce)``.
+
+    Asynchronous, a reduce-scatter keeps its gradient until the next one is issued, and on gloo
+    (``staging``) each collective's own flat copy lives beside the compute while it runs; the schedulers
+    plan within a budget without either. A budget is a promise, so under a finite one the first way of
+    :data:`ASYNCHRONY` (on NCCL: of those with the gathers asynchronous, as their copies are none) that the
+    simulator, run that way, keeps every graph of the scheduled plan within is taken, and the last tried
+    where none does. Without a budget, both run asynchronously.
     """
     if budget is None or not math.isfinite(budget.bytes):
-        return True
+        return True, True
     from dcsched.replay.simulated import simulate_graph
 
-    for name in scheduled.graph_names:
-        result = simulate_graph(scheduled, name, async_reduce=True)
-        if result.peak_in(budget.scope) > budget.bytes:
-            return False
-    return True
+    ways = ASYNCHRONY if staging else tuple(way for way in ASYNCHRONY if way[0])
+    for async_gather, async_reduce in ways:
+        if all(simulate_graph(scheduled, name, async_reduce=async_reduce, staging=staging, async_gather=async_gather
+                              ).peak_in(budget.scope) <= budget.bytes for name in scheduled.graph_names):
+            break
+    return async_gather, async_reduce
 
 
 def compile_program(gm: torch.fx.GraphModule, example_inputs, sharding, options: TrainOptions) -> ScheduledProgram:
@@ -163,11 +182,12 @@ def compile_program(gm: torch.fx.GraphModule, example_inputs, sharding, options:
                                     [(spec.name, spec.stand_in) for spec in sharding.specs])
         profiled = profile_bundle(captured.bundle, options.profile_options(sharding.world_size),
                                   inputs=captured.inputs)
-    budget = options.budget(profiled)
+    staging = stages_collectives(sharding)
+    budget = options.budget(profiled, staging=staging)
     # Both graphs at once: a step scheduler plans them together (what it keeps gathered spans the two).
     plans = run_step(options.algo, {name: profiled.form(name) for name in profiled.graph_names}, budget=budget,
                      comm_latency_ms=latency_from_provenance(profiled.provenance),
-                     **options.scheduler_options(_device(sharding).type))
+                     **options.scheduler_options(_device(sharding).type, staging=staging))
     if sharding.replicated:  # whole on every rank since dcsched.shard: the plans must not gather them
         plans = {name: plan.replicating(sharding.replicated) for name, plan in plans.items()}
     scheduled = profiled.reordered({name: list(plan.order) for name, plan in plans.items()}, plans=plans)
@@ -175,7 +195,7 @@ def compile_program(gm: torch.fx.GraphModule, example_inputs, sharding, options:
     # Agreed figures make equal plans; checked anyway before the first step's collectives, since a plan that
     # differed would pair one rank's gathers with another's parameters.
     check_same(plan_fingerprints(scheduled), "scheduled", group=sharding.group)
-    async_reduce = _async_reduce(budget, scheduled)
+    async_gather, async_reduce = asynchrony(budget, scheduled, staging=staging)
     figures, _note = simulated_figures(scheduled, async_reduce=async_reduce and sharding.world_size > 1)
     return ScheduledProgram(sharding, scheduled, profiled, captured.mutated_inputs, options.algo, figures,
-                            compute=options.compute, async_reduce=async_reduce)
+                            compute=options.compute, async_reduce=async_reduce, async_gather=async_gather)

@@ -11,10 +11,10 @@ import dataclasses
 import functools
 from typing import TYPE_CHECKING, Any, Mapping
 
-from dcsched.budget import BUDGET_SCOPE_HELP, MEMORY_BUDGET_HELP
+from dcsched.budget import BUDGET_SCOPE_HELP
 from dcsched.costmodels.options import ProfileOptions
 from dcsched.errors import DcschedError, OptionError
-from dcsched.plan import MERGED_OVERLAP_OPTION, REPLICATE_OPTION
+from dcsched.plan import MERGED_OVERLAP_OPTION, REPLICATE_OPTION, STAGING_OPTION
 
 if TYPE_CHECKING:
     from dcsched.budget import Budget
@@ -31,6 +31,13 @@ def _field(default, help: str, **kwargs):
     return dataclasses.field(default=default, metadata={"help": help}, **kwargs)
 
 
+#: What training's memory budget option means (``dcsched train --memory-budget``, ``dcsched.backend``).
+TRAIN_BUDGET_HELP = ("Memory budget for the schedulers that take one, in bytes with an optional SI/IEC suffix "
+                     "(40GiB, 1.5GB), 'unlimited', or 'fsdp' (the peak FSDP2's policy takes on the step, by the "
+                     "simulator). Default: the target device's memory less 10%; where none is known (the CPU), "
+                     "'fsdp' for overlap-plan and unlimited for the others.")
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainOptions:
     """How :func:`dcsched.backend` schedules and runs every graph it compiles.
@@ -43,8 +50,10 @@ class TrainOptions:
     algo : str
         The scheduler, a name from :func:`dcsched.schedulers.available`.
     memory_budget : float or int or str or None
-        Memory budget for the schedulers that take one: bytes, a size such as ``'40GiB'``, or
-        ``'unlimited'``; by default the target device's memory less 10% (unlimited where none is known).
+        Memory budget for the schedulers that take one: bytes, a size such as ``'40GiB'``, ``'unlimited'``,
+        or ``'fsdp'`` (the peak FSDP2's policy takes on the step, by the simulator); by default the target
+        device's memory less 10%, where none is known ``'fsdp'`` for a step planner (``overlap-plan``) and
+        unlimited for the others.
     budget_scope : str or None
         What the budget caps, for the schedulers that take it: ``'all'`` or ``'gathered'``.
     algo_options : Mapping[str, Any]
@@ -80,7 +89,7 @@ class TrainOptions:
     """
 
     algo: str = _field("none", "Scheduler for every compiled graph (an unknown name lists them all).")
-    memory_budget: float | int | str | None = _field(None, MEMORY_BUDGET_HELP)
+    memory_budget: float | int | str | None = _field(None, TRAIN_BUDGET_HELP)
     budget_scope: str | None = _field(None, BUDGET_SCOPE_HELP)
     algo_options: Mapping[str, Any] = dataclasses.field(
         default_factory=dict,
@@ -117,7 +126,7 @@ class TrainOptions:
         from dcsched.train.inductor import COMPUTE_MODES
         if self.compute not in COMPUTE_MODES:
             raise DcschedError(f"unknown compute {self.compute!r}: choose one of {', '.join(COMPUTE_MODES)}")
-        if self.given_budget is not None and "memory_budget" not in accepted:
+        if (self.given_budget is not None or self.fsdp_budget) and "memory_budget" not in accepted:
             raise OptionError("memory_budget", f"is given, but scheduler '{self.algo}' takes no memory budget")
         if self.budget_scope is not None:
             from dcsched.budget import check_scope
@@ -137,13 +146,15 @@ class TrainOptions:
                 raise OptionError("algo_options", f"has {key!r}, which scheduler '{self.algo}' does not take ({who})")
         self.profile_options(1).check()
 
-    def scheduler_options(self, device: str | None = None) -> dict[str, Any]:
-        """``algo_options`` as training runs the scheduler on ``device`` (the profile's: ``'cpu'``, ``'cuda'``).
+    def scheduler_options(self, device: str | None = None, staging: bool = False) -> dict[str, Any]:
+        """``algo_options`` as training runs the scheduler on ``device`` (the profile's: ``'cpu'``, ``'cuda'``),
+        its collectives staged through gloo's own copies or not (``staging``).
 
         A scheduler that may replicate parameters on its own (``overlap-plan``'s ``replicate_max_bytes``)
         replicates none, since the module's shards are cut before any plan (``--replicate-below`` decides what
         is whole). On the CPU ``overlap-plan`` keeps within buckets (``merged_overlap`` False unless given):
-        gloo's collectives take CPU from the compute, which the simulator does not charge.
+        gloo's collectives take CPU from the compute, which the simulator does not charge. On gloo
+        (``staging``) its budget counts gloo's staging copies (``staging`` True unless given).
 
         Examples
         --------
@@ -151,7 +162,9 @@ class TrainOptions:
         {'replicate_max_bytes': 0}
         >>> TrainOptions(algo="overlap-plan").scheduler_options("cpu")
         {'replicate_max_bytes': 0, 'merged_overlap': False}
-        >>> TrainOptions(algo="prefetch-ahead", algo_options={"k": 2}).scheduler_options("cpu")
+        >>> TrainOptions(algo="overlap-plan").scheduler_options("cpu", staging=True)
+        {'replicate_max_bytes': 0, 'merged_overlap': False, 'staging': True}
+        >>> TrainOptions(algo="prefetch-ahead", algo_options={"k": 2}).scheduler_options("cpu", staging=True)
         {'k': 2}
         """
         from dcsched import schedulers
@@ -162,6 +175,8 @@ class TrainOptions:
             options[REPLICATE_OPTION] = 0
         if MERGED_OVERLAP_OPTION in takes and device == "cpu":
             options.setdefault(MERGED_OVERLAP_OPTION, False)
+        if STAGING_OPTION in takes and staging:
+            options.setdefault(STAGING_OPTION, True)
         return options
 
     def profile_options(self, world_size: int) -> ProfileOptions:
@@ -170,16 +185,22 @@ class TrainOptions:
                               world_size=world_size, gpu=self.gpu, bandwidth_gbps=self.bandwidth_gbps,
                               latency_us=self.latency_us, progress=False)
 
-    def budget(self, bundle) -> Budget | None:
+    def budget(self, bundle, *, staging: bool = False) -> Budget | None:
         """The budget to schedule ``bundle`` with: the one given, else the one default rule's.
 
         The default rule is :func:`dcsched.budget.default_budget`'s: the target device's memory recorded in the
-        bundle less 10%, else no limit.
+        bundle less 10%, else no limit; except that a step planner (``overlap-plan``) given no budget where
+        no device's memory is recorded (the CPU) plans within ``'fsdp'``, the peak of FSDP2's policy on the step
+        (:func:`dcsched.schedulers.fsdp_peak.fsdp_peak`, its collectives run as FSDP2 runs them, on gloo where
+        ``staging``): training needs no more memory than the sharding it replaces unless told it may, and a
+        step planner always finds a plan within it (``fsdp``'s own).
 
         Parameters
         ----------
         bundle : Bundle
             The profiled bundle (its provenance may record the device's memory).
+        staging : bool, optional
+            The step's collectives run on gloo (:func:`dcsched.train.backend.stages_collectives`).
 
         Returns
         -------
@@ -197,7 +218,27 @@ class TrainOptions:
             if self.memory_budget is not None:
                 raise OptionError("memory_budget", f"is given, but scheduler '{self.algo}' takes no memory budget")
             return None
+        if self.fsdp_budget or self._fsdp_by_default(bundle):
+            from dcsched.budget import DEFAULT_SCOPE, Budget, check_scope
+            from dcsched.schedulers.fsdp_peak import fsdp_peak
+            from dcsched.sim.collectives import latency_from_provenance
+            scope = DEFAULT_SCOPE if self.budget_scope is None else check_scope(self.budget_scope)
+            peak = fsdp_peak({name: bundle.form(name) for name in bundle.graph_names}, scope=scope, staging=staging,
+                             comm_latency_ms=latency_from_provenance(bundle.provenance))
+            return Budget(peak, scope)
         return budget_for(self.given_budget, bundle, scope=self.budget_scope)
+
+    def _fsdp_by_default(self, bundle) -> bool:
+        """Whether no budget was given to a step planner, with no device's memory recorded in ``bundle``."""
+        from dcsched import schedulers
+        from dcsched.budget import device_memory
+        return self.memory_budget is None and schedulers.get(self.algo).step and device_memory(bundle) is None
+
+    @property
+    def fsdp_budget(self) -> bool:
+        """Whether ``memory_budget`` names the peak of FSDP2's policy (``'fsdp'``)."""
+        from dcsched.schedulers.fsdp_peak import names_fsdp_budget
+        return names_fsdp_budget(self.memory_budget)
 
     @functools.cached_property
     def given_budget(self) -> Budget | None:
@@ -208,7 +249,7 @@ class TrainOptions:
         OptionError
             For a value that is not a budget, or an unknown ``budget_scope``.
         """
-        if self.memory_budget is None:
+        if self.memory_budget is None or self.fsdp_budget:
             return None
         from dcsched.budget import Budget
         return Budget.parse(self.memory_budget, scope=self.budget_scope)

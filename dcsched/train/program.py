@@ -76,7 +76,7 @@ class ScheduledProgram:
 
     def __init__(self, sharding: Sharding, bundle: Bundle, original: Bundle, mutated_inputs: Sequence[int],
                  algo: str, simulated: dict | None = None, compute: str = "eager",
-                 async_reduce: bool | None = None) -> None:
+                 async_reduce: bool | None = None, async_gather: bool = True) -> None:
         self.sharding, self.bundle, self.algo = sharding, bundle, algo
         self.simulated = simulated or {}
         device = sharding.specs[0].param.device
@@ -88,6 +88,7 @@ class ScheduledProgram:
         if async_reduce is None:
             async_reduce = device.type == "cuda" or ASYNC_REDUCE_ON_CPU
         self.runtime = runtime_for(bundle.params, flat_shards=True, group=sharding.group, async_reduce=async_reduce,
+                                   async_gather=async_gather,
                                    plans=bundle.plans, graph_ids=bundle.graph_ids)
         self.compute = compute
         #: ``compiling(what)`` -> a context manager around inductor's compile of a graph (a progress display).
