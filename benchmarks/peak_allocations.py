@@ -7,10 +7,11 @@ allocations rise above it, where the highest point is, and the allocations live 
 three innermost ops around each.
 
 ``--sync-gathers`` makes dcsched's all-gathers block until they are done, as FSDP2 issues them on gloo
-(``unshard_async_op`` is False by default, and the CPU has no stream to run them beside the compute): a
-comparison only, the runtime otherwise issues them asynchronously. Gloo's all-gather allocates a full-size
-buffer of its own in its worker thread for as long as the collective runs; asynchronous, that buffer lives
-beside the compute's allocations.
+(``unshard_async_op`` is False by default, and the CPU has no stream to run them beside the compute),
+whatever the backend chose for the budget (``dcsched.train.backend.asynchrony``). Gloo's all-gather
+allocates a full-size buffer of its own in its worker thread for as long as the collective runs;
+asynchronous, that buffer lives beside the compute's allocations (the simulator's ``staging`` model,
+``dcsched.sim.staging``). ``--memory-budget SIZE`` (or ``fsdp``) is passed to the dcsched configurations.
 
     python benchmarks/peak_allocations.py --model gpt --config dcsched-fsdp --config fsdp2 --algo fsdp
     python benchmarks/peak_allocations.py --model gpt --config dcsched-fsdp --algo fsdp --sync-gathers

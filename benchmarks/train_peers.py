@@ -21,6 +21,9 @@ Per configuration and rank:
 * collectives per step: the gloo collectives that one step issues (the profiler's ``gloo:*`` events: every
   framework's, DDP's C++ reducer included); dcsched's own count
   (``dcsched.runtime.distributed.collectives_issued``) is in the JSON beside it;
+* async: which of a dcsched configuration's collectives run asynchronously (``gathers+reduces``,
+  ``gathers``, ``reduces``, ``none``), as its backend chose for the budget
+  (``dcsched.train.backend.asynchrony``);
 * first step s: construction (build, shard or wrap, optimizer) + compile + the first step, from a barrier
   (each rank has compiled a tiny module first, with inductor where a configuration uses it, so no
   configuration pays for the compiler's imports; inductor has a fresh cache directory, so compiles are cold;
@@ -90,8 +93,9 @@ def arguments(argv=None) -> argparse.Namespace:
                         help=f"the model's size, default {SIZE}")
     parser.add_argument("--timeout", type=float, default=600.0, help="process-group timeout, seconds")
     parser.add_argument("--memory-budget", default=None, metavar="SIZE",
-                        help="dcsched's --memory-budget for its configurations (e.g. 40MiB; default: none, the "
-                             "device's memory less 10%%)")
+                        help="dcsched's --memory-budget for its configurations (e.g. 40MiB, unlimited, fsdp; "
+                             "default: none, training's own default: on the CPU fsdp for overlap-plan, unlimited "
+                             "for the others)")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = parser.parse_args(argv)
     if min(args.steps, args.runs, args.batch, args.world_size) < 1 or args.warmup < 0:
@@ -142,8 +146,8 @@ class Config:
             dcsched.shard(model)
             self.optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
             options = {"memory_budget": self.args.memory_budget} if self.args.memory_budget else {}
-            self.run = torch.compile(model, backend=dcsched.backend(algo=algo, compute=compute, **options),
-                                     dynamic=False)
+            self.backend = dcsched.backend(algo=algo, compute=compute, **options)
+            self.run = torch.compile(model, backend=self.backend, dynamic=False)
         elif name.startswith("fsdp2"):
             from torch.distributed.fsdp import fully_shard
             for block in _blocks(model):
@@ -183,6 +187,16 @@ class Config:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         return float(loss.detach())
+
+    def asynchronous(self) -> str | None:
+        """Which of dcsched's collectives run asynchronously (``gathers+reduces``, ``gathers``, ``reduces`` or
+        ``none``), as the backend chose for its budget; None for the other configurations."""
+        programs = getattr(getattr(self, "backend", None), "programs", None)
+        if not programs:
+            return None
+        runtime = programs[-1].runtime
+        kinds = [kind for kind, on in (("gathers", runtime.async_gather), ("reduces", runtime.async_reduce)) if on]
+        return "+".join(kinds) or "none"
 
     def held_bytes(self) -> int:
         """Bytes of the training state this rank holds between steps, each storage once."""
@@ -254,6 +268,7 @@ def _profiled_step(config: Config, batch) -> dict:
         start = allocations[0][2] - allocations[0][1]  # the allocator's count before the step's first event
         rise = max(0, max(event[2] for event in allocations) - start)
     return {"loss": loss, "collectives": sum(collectives.values()), "collectives_by_kind": collectives,
+            "asynchronous": config.asynchronous(),
             "dcsched_collectives": issued if config.name.startswith("dcsched-") else None,
             "held_bytes": held, "step_rise_bytes": rise, "peak_bytes": held + rise}
 
@@ -437,6 +452,7 @@ def rows_for(family: str, ranks: list[dict], args, load: float) -> list[dict]:
             "cpu_ms": [round(_median(r["cpu_ms"]), 1) for r in per_rank],
             "peak_mib": ranks_of(per_rank, "peak_bytes", 2 ** -20),
             "collectives": per_rank[0]["collectives"],
+            "asynchronous": per_rank[0]["asynchronous"],
             "first_step_s": ranks_of(per_rank, "first_step_s", digits=2),
             "loss_diff_vs_ddp": max(diffs) if diffs else None,
             "steps_compared": len(diffs),
@@ -463,7 +479,8 @@ def _cell(value) -> str:
 
 
 COLUMNS = (("config", "config"), ("model", "model"), ("step_ms", "step ms (r0/r1)"), ("cpu_ms", "CPU ms/step"),
-           ("peak_mib", "peak MiB"), ("collectives", "collectives/step"), ("first_step_s", "first step s"),
+           ("peak_mib", "peak MiB"), ("collectives", "collectives/step"), ("asynchronous", "async"),
+           ("first_step_s", "first step s"),
            ("loss_diff_vs_ddp", "max |loss-ddp|"))
 
 
