@@ -21,8 +21,8 @@ Per configuration and rank:
 * collectives per step: the gloo collectives that one step issues (the profiler's ``gloo:*`` events: every
   framework's, DDP's C++ reducer included); dcsched's own count
   (``dcsched.runtime.distributed.collectives_issued``) is in the JSON beside it;
-* async: which of a dcsched configuration's collectives run asynchronously (``gathers+reduces``,
-  ``gathers``, ``reduces``, ``none``), as its backend chose for the budget
+* async: which of a dcsched configuration's collectives run asynchronously in the forward / the backward
+  (``gathers+reduces``, ``gathers``, ``reduces``, ``none``), as its backend chose for each graph's budget
   (``dcsched.train.backend.asynchrony``);
 * first step s: construction (build, shard or wrap, optimizer) + compile + the first step, from a barrier
   (each rank has compiled a tiny module first, with inductor where a configuration uses it, so no
@@ -189,14 +189,20 @@ class Config:
         return float(loss.detach())
 
     def asynchronous(self) -> str | None:
-        """Which of dcsched's collectives run asynchronously (``gathers+reduces``, ``gathers``, ``reduces`` or
-        ``none``), as the backend chose for its budget; None for the other configurations."""
+        """Which of dcsched's collectives run asynchronously, forward / backward (``gathers+reduces``,
+        ``gathers``, ``reduces`` or ``none`` each), as the backend chose for its budget; None for the other
+        configurations."""
         programs = getattr(getattr(self, "backend", None), "programs", None)
         if not programs:
             return None
-        runtime = programs[-1].runtime
-        kinds = [kind for kind, on in (("gathers", runtime.async_gather), ("reduces", runtime.async_reduce)) if on]
-        return "+".join(kinds) or "none"
+        program = programs[-1]
+        runtime, graph_ids = program.runtime, program.bundle.graph_ids
+        ways = []
+        for name in ("forward", "backward"):
+            async_gather, async_reduce = runtime.asynchronous_in(graph_ids[name])
+            kinds = [kind for kind, on in (("gathers", async_gather), ("reduces", async_reduce)) if on]
+            ways.append("+".join(kinds) or "none")
+        return " / ".join(ways)
 
     def held_bytes(self) -> int:
         """Bytes of the training state this rank holds between steps, each storage once."""

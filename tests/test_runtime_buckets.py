@@ -158,7 +158,8 @@ def _replay_ranks(rank: int, world_size: int, port: int, out_dir: str, labels: l
         # all-gathers waited where issued (training's choice on gloo under a budget their copies do not fit)
         variants = [(label, label, {}) for label in labels] + [
             ("both-sync", "both", {"async_reduce": False}), ("both-unbounded", "both", {"reduces_in_flight": None}),
-            ("both-blocking", "both", {"async_gather": False, "async_reduce": False})]
+            ("both-blocking", "both", {"async_gather": False, "async_reduce": False}),
+            ("both-pergraph", "both", {"asynchrony": {0: (False, True), 1: (True, False)}})]
         for label, plan_label, settings in variants:
             planned = dataclasses.replace(bundle, plans=example_plans(bundle)[plan_label])
             runtime = runtime_for(bundle.params, flat_shards=False, plans=planned.plans, graph_ids=GRAPH_IDS)
@@ -191,7 +192,7 @@ def test_replay_under_every_plan_is_bit_identical_and_issues_the_planned_collect
     for rank in range(world_size):
         data = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
         plain = data["none"]
-        for label in [*labels, "both-sync", "both-unbounded", "both-blocking"]:
+        for label in [*labels, "both-sync", "both-unbounded", "both-blocking", "both-pergraph"]:
             run, plan = data[label], comm_plan(plans[label.split("-")[0]], GRAPH_IDS)
             assert rp.compare(plain["results"], run["results"]).exact, (rank, label)
             assert all(torch.equal(a, b) for a, b in zip(plain["grads"], run["grads"])), (rank, label)

@@ -197,6 +197,9 @@ class DistributedZero3Runtime(Zero3Runtime):
     #: Issue all-gathers asynchronously, waited on at their wait node (False: each waited on where it is issued,
     #: as FSDP2 issues them on gloo, so gloo's staging copy is gone before the compute goes on).
     async_gather = True
+    #: Per graph_id, ``(async_gather, async_reduce)`` for that graph's collectives, where it differs from the
+    #: two above (training sets it per graph: what each graph's budget holds, ``dcsched.train.backend``).
+    asynchrony: dict[int, tuple[bool, bool]]
     #: At most this many asynchronous reduce-scatters in flight (None: no limit): issuing one more waits on
     #: the oldest, so its input (the gradient) is freed near its reduce rather than every gradient living to
     #: the backward's end. One, as FSDP2 keeps the previous one in flight.
@@ -235,6 +238,11 @@ class DistributedZero3Runtime(Zero3Runtime):
         self._reduce_buckets: dict[tuple[int, tuple[int, ...]], _ReduceBucket] = {}
         #: All-reduces (replicated parameters' gradients) this runtime has issued, over every run.
         self.all_reduces = 0
+        self.asynchrony = {}
+
+    def asynchronous_in(self, graph_id: int) -> tuple[bool, bool]:
+        """Whether graph ``graph_id``'s all-gathers and reduce-scatters run asynchronously."""
+        return self.asynchrony.get(graph_id, (self.async_gather, self.async_reduce))
 
     def reset(self) -> None:
         super().reset()
@@ -368,7 +376,7 @@ class DistributedZero3Runtime(Zero3Runtime):
         source = output[self.rank * total:(self.rank + 1) * total]
         torch.cat([s for _m, s in members], out=source)
         self._issued(graph_id)
-        work = self._all_gather(output, source)
+        work = self._all_gather(output, source, graph_id)
         placed, fulls = [], {}
         for (member, _s), offset, size in zip(members, offsets(sizes), sizes):
             padded = source.new_empty(size * self.world_size)
@@ -391,14 +399,15 @@ class DistributedZero3Runtime(Zero3Runtime):
         buffer = torch.empty(source.numel() * self.world_size, dtype=source.dtype, device=source.device)
         source = source.contiguous()
         self._issued(graph_id)
-        work = self._all_gather(buffer, source)
+        work = self._all_gather(buffer, source, graph_id)
         self.pending[(graph_id, ds_id)] = (work, source)  # the input stays referenced until the wait
         return buffer[:self._numel(ds_id)].view(shape)
 
-    def _all_gather(self, output: torch.Tensor, source: torch.Tensor):
-        """Issue one all-gather into ``output``, done before it returns unless :attr:`async_gather`."""
+    def _all_gather(self, output: torch.Tensor, source: torch.Tensor, graph_id: int):
+        """Issue one all-gather into ``output``, done before it returns unless the graph's gathers are
+        asynchronous (:attr:`async_gather`, :attr:`asynchrony`)."""
         work = all_gather_into_tensor(output, source, group=self.group, async_op=True)
-        if not self.async_gather:
+        if not self.asynchronous_in(graph_id)[0]:
             work.wait()  # the wait node's own wait then returns at once
         return work
 
@@ -479,7 +488,7 @@ class DistributedZero3Runtime(Zero3Runtime):
         self._issued(graph_id)
         issue = dist.all_reduce if out is flat else reduce_scatter_tensor
         args = (flat,) if out is flat else (out, flat)
-        if self.async_reduce:
+        if self.asynchronous_in(graph_id)[1]:
             work = issue(*args, op=op, group=self.group, async_op=True)
             self.all_reduces += out is flat
             self.reducing.append((work, out, flat, divide, owned))

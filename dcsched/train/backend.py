@@ -151,26 +151,31 @@ def stages_collectives(sharding) -> bool:
     return dist.is_initialized() and dist.get_backend(sharding.group) == "gloo"
 
 
-def asynchrony(budget: Budget | None, scheduled, *, staging: bool) -> tuple[bool, bool]:
-    """Whether the step's all-gathers and reduce-scatters run asynchronously: ``(async_gather, async_reduce)``.
+def asynchrony(budget: Budget | None, scheduled, *, staging: bool) -> dict[str, tuple[bool, bool]]:
+    """Per graph of ``scheduled``, whether its all-gathers and reduce-scatters run asynchronously:
+    ``{name: (async_gather, async_reduce)}``.
 
     Asynchronous, a reduce-scatter keeps its gradient until the next one is issued, and on gloo
     (``staging``) each collective's own flat copy lives beside the compute while it runs; the schedulers
-    plan within a budget without either. A budget is a promise, so under a finite one the first way of
-    :data:`ASYNCHRONY` (on NCCL: of those with the gathers asynchronous, as their copies are none) that the
-    simulator, run that way, keeps every graph of the scheduled plan within is taken, and the last tried
-    where none does. Without a budget, both run asynchronously.
+    plan within a budget without either. A budget is a promise (for each graph's peak), so under a finite
+    one each graph takes the first way of :data:`ASYNCHRONY` (on NCCL: of those with the gathers
+    asynchronous, as their copies are none) that the simulator, run that way, keeps it within, and the last
+    tried where none does. Without a budget, both run asynchronously everywhere.
     """
     if budget is None or not math.isfinite(budget.bytes):
-        return True, True
+        return {name: (True, True) for name in scheduled.graph_names}
     from dcsched.replay.simulated import simulate_graph
 
     ways = ASYNCHRONY if staging else tuple(way for way in ASYNCHRONY if way[0])
-    for async_gather, async_reduce in ways:
-        if all(simulate_graph(scheduled, name, async_reduce=async_reduce, staging=staging, async_gather=async_gather
-                              ).peak_in(budget.scope) <= budget.bytes for name in scheduled.graph_names):
-            break
-    return async_gather, async_reduce
+    chosen = {}
+    for name in scheduled.graph_names:
+        for async_gather, async_reduce in ways:
+            result = simulate_graph(scheduled, name, async_reduce=async_reduce, staging=staging,
+                                    async_gather=async_gather)
+            if result.peak_in(budget.scope) <= budget.bytes:
+                break
+        chosen[name] = (async_gather, async_reduce)
+    return chosen
 
 
 def compile_program(gm: torch.fx.GraphModule, example_inputs, sharding, options: TrainOptions) -> ScheduledProgram:
@@ -195,7 +200,9 @@ def compile_program(gm: torch.fx.GraphModule, example_inputs, sharding, options:
     # Agreed figures make equal plans; checked anyway before the first step's collectives, since a plan that
     # differed would pair one rank's gathers with another's parameters.
     check_same(plan_fingerprints(scheduled), "scheduled", group=sharding.group)
-    async_gather, async_reduce = asynchrony(budget, scheduled, staging=staging)
+    ways = asynchrony(budget, scheduled, staging=staging)
+    # the reduce-scatters are the backward's: its way is the figures' (and the default of any other graph)
+    async_reduce = ways.get("backward", (True, True))[1]
     figures, _note = simulated_figures(scheduled, async_reduce=async_reduce and sharding.world_size > 1)
     return ScheduledProgram(sharding, scheduled, profiled, captured.mutated_inputs, options.algo, figures,
-                            compute=options.compute, async_reduce=async_reduce, async_gather=async_gather)
+                            compute=options.compute, async_reduce=async_reduce, asynchrony=ways)

@@ -35,7 +35,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from typing import Callable, ContextManager, Sequence
+from typing import Callable, ContextManager, Mapping, Sequence
 
 import torch
 
@@ -76,7 +76,8 @@ class ScheduledProgram:
 
     def __init__(self, sharding: Sharding, bundle: Bundle, original: Bundle, mutated_inputs: Sequence[int],
                  algo: str, simulated: dict | None = None, compute: str = "eager",
-                 async_reduce: bool | None = None, async_gather: bool = True) -> None:
+                 async_reduce: bool | None = None,
+                 asynchrony: Mapping[str, tuple[bool, bool]] | None = None) -> None:
         self.sharding, self.bundle, self.algo = sharding, bundle, algo
         self.simulated = simulated or {}
         device = sharding.specs[0].param.device
@@ -88,8 +89,10 @@ class ScheduledProgram:
         if async_reduce is None:
             async_reduce = device.type == "cuda" or ASYNC_REDUCE_ON_CPU
         self.runtime = runtime_for(bundle.params, flat_shards=True, group=sharding.group, async_reduce=async_reduce,
-                                   async_gather=async_gather,
                                    plans=bundle.plans, graph_ids=bundle.graph_ids)
+        if asynchrony and hasattr(self.runtime, "asynchrony"):  # per graph, where a budget decided it
+            self.runtime.asynchrony = {bundle.graph_ids[name]: way for name, way in asynchrony.items()
+                                       if bundle.graph_ids.get(name) is not None}
         self.compute = compute
         #: ``compiling(what)`` -> a context manager around inductor's compile of a graph (a progress display).
         self.compiling: Callable[[str], ContextManager] = lambda _graph: contextlib.nullcontext()
