@@ -183,7 +183,7 @@ class Budget:
             return cls(UNLIMITED, scope)
         if isinstance(value, float) and value == math.inf:
             return cls(UNLIMITED, scope)
-        if isinstance(value, str) and value.strip().lower() == FSDP_BUDGET:
+        if names_fsdp_budget(value):
             raise OptionError("memory_budget", f"'{FSDP_BUDGET}' (the peak of FSDP2's policy on the step) is a "
                                                "training budget (dcsched train, dcsched.backend); give a size or "
                                                "'unlimited' here")
@@ -203,6 +203,15 @@ class Budget:
         {'bytes': None, 'scope': 'all'}
         """
         return {"bytes": None if self.is_unlimited else int(self.bytes), "scope": self.scope}
+
+
+def names_fsdp_budget(value: object) -> bool:
+    """Whether a memory budget as given (``--memory-budget``, ``memory_budget=``) names :data:`FSDP_BUDGET`.
+
+    >>> names_fsdp_budget(" FSDP "), names_fsdp_budget("40GiB"), names_fsdp_budget(None)
+    (True, False, False)
+    """
+    return isinstance(value, str) and value.strip().lower() == FSDP_BUDGET
 
 
 def device_memory(source: Any) -> int | None:

@@ -35,7 +35,6 @@ def process_group_active() -> bool:
 
 
 def runtime_for(params: Iterable, *, flat_shards: bool, group=None, async_reduce: bool = True,
-                async_gather: bool = True,
                 plans: Mapping[str, Any] | None = None,
                 graph_ids: Mapping[str, int | None] | None = None) -> ops.Zero3Runtime:
     """The ZeRO-3 runtime for a step over ``params`` in this process.
@@ -53,9 +52,6 @@ def runtime_for(params: Iterable, *, flat_shards: bool, group=None, async_reduce
     async_reduce : bool
         Issue reduce-scatters asynchronously, waited on at the end of the
         backward graph (default; False waits on each where it is issued).
-    async_gather : bool
-        Issue all-gathers asynchronously, waited on at their wait node
-        (default; False waits on each where it is issued).
     plans : mapping of str to Plan, optional
         The communication plan by graph name (``bundle.plans``); none: every
         collective alone, every parameter sharded.
@@ -90,7 +86,7 @@ def runtime_for(params: Iterable, *, flat_shards: bool, group=None, async_reduce
     if process_group_active():
         from dcsched.runtime.distributed import DistributedZero3Runtime
         runtime = DistributedZero3Runtime(params, group=group)
-        runtime.async_reduce, runtime.async_gather = async_reduce, async_gather
+        runtime.async_reduce = async_reduce
     elif flat_shards:
         from dcsched.runtime.local import LocalZero3Runtime
         runtime = LocalZero3Runtime(params)

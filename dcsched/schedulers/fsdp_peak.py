@@ -21,20 +21,12 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from dcsched.budget import DEFAULT_SCOPE, FSDP_BUDGET
+from dcsched.budget import DEFAULT_SCOPE
 from dcsched.graph.form import GraphForm
 from dcsched.schedulers.fsdp import fsdp
 from dcsched.sim.collectives import DEFAULT_LATENCY_MS
 from dcsched.sim.plans import simulate_plan
 from dcsched.sim.simulate import compile_view
-
-def names_fsdp_budget(value: object) -> bool:
-    """Whether a memory budget as given (``--memory-budget``, ``memory_budget=``) names this one.
-
-    >>> names_fsdp_budget(" FSDP "), names_fsdp_budget("40GiB"), names_fsdp_budget(None)
-    (True, False, False)
-    """
-    return isinstance(value, str) and value.strip().lower() == FSDP_BUDGET
 
 
 def fsdp_peak(forms: Mapping[str, GraphForm], *, comm_latency_ms: float = DEFAULT_LATENCY_MS,

@@ -237,7 +237,7 @@ class TrainOptions:
     @property
     def fsdp_budget(self) -> bool:
         """Whether ``memory_budget`` names the peak of FSDP2's policy (``'fsdp'``)."""
-        from dcsched.schedulers.fsdp_peak import names_fsdp_budget
+        from dcsched.budget import names_fsdp_budget
         return names_fsdp_budget(self.memory_budget)
 
     @functools.cached_property
