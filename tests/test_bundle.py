@@ -154,7 +154,7 @@ def _bad_files(tmp_path):
     files["dangling reference"] = (edited("dangling", dangle), "refers to 'ghost'")
     files["cycle"] = (edited("cycle", cycle), "cycle")
     files["unknown op"] = (edited("unknown", unknown), "unknown op 'aten.definitely_not_an_op.default'")
-    files["disallowed target"] = (edited("forbidden", forbidden), "not an allowed op")
+    files["disallowed target"] = (edited("forbidden", forbidden), "op 'os.system' is not allowed")
 
     def figure(key, value):
         def edit(nodes):

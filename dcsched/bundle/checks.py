@@ -9,7 +9,8 @@ names; an op target is called. So every one of them is checked here, at load:
   constant, constant names no attribute a ``GraphModule`` has (``forward``,
   ``graph``, ...);
 * ops are looked up only when the dispatcher's table of registered ops lists
-  them (``aten::mm`` for ``aten.mm.default``), through names that are
+  them (``aten::mm`` for ``aten.mm.default``) and the list of side-effect-free
+  ops holds them (:mod:`dcsched.bundle.op_allowlist`), through names that are
   identifiers without a leading ``__``; the result must be a ``torch`` op
   overload, and none may write to its inputs in place (its order against the
   other readers of that storage would not be kept by a scheduler);

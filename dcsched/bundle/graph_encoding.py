@@ -4,7 +4,7 @@
 kwargs in the tagged encoding of :mod:`dcsched.bundle.arguments`, the kept meta); version 1 stores that list
 as it is, and version 2 and 3 encode it further as columns (:func:`dcsched.bundle.columns.encode_fx`).
 :func:`decode_graph` rebuilds the FX graph from it, refusing what a bundle may not hold: a call target
-outside the allow-list (:func:`resolve_target`), figures that are no believable measurement
+off the list of side-effect-free ops (:func:`resolve_target`), figures that are no believable measurement
 (:func:`check_figures`, also the columns' check), dangling references and cycles.
 
 Split from :mod:`dcsched.bundle.core` (the project keeps a module to one job and about 600 lines): the
@@ -22,6 +22,7 @@ import torch
 import torch.fx
 
 from dcsched.bundle import checks as loadchecks
+from dcsched.bundle import op_allowlist
 from dcsched.bundle.arguments import decode_argument
 
 from dcsched.runtime import ops
@@ -33,6 +34,8 @@ ALLOWED_OPERATORS = frozenset({
     "getitem", "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "neg", "pos", "abs",
     "eq", "ne", "lt", "le", "gt", "ge", "and_", "or_", "xor", "not_", "invert", "lshift", "rshift",
 })
+#: Namespaces in which a stored name is looked up at all; within them, only the ops on the list of
+#: side-effect-free ops load (:mod:`dcsched.bundle.op_allowlist`).
 ALLOWED_OP_NAMESPACES = ("aten", "prims", "dcsched", "dc")
 
 _NODE_OPS = ("placeholder", "call_function", "get_attr", "output")
@@ -134,17 +137,20 @@ def encode_graph(graph: torch.fx.Graph) -> list[dict]:
 
 
 def resolve_target(name: str):
-    """The callable a stored qualified op name stands for, from the allow-list only.
+    """The callable a stored qualified op name stands for: an ``operator`` function of
+    :data:`ALLOWED_OPERATORS` or an op on the list of side-effect-free ops (:mod:`dcsched.bundle.op_allowlist`).
 
-    Raises ValueError with the reason when the name is not allowed or unknown.
+    Raises ValueError with the reason when the name is not allowed or unknown; an op off the list is refused
+    by name (``op 'aten.from_file.default' is not allowed: ...``) before it is looked up.
     """
     namespace, _, rest = name.partition(".")
     if namespace == "operator":
         if rest not in ALLOWED_OPERATORS:
-            raise ValueError(f"'{name}' is not an allowed operator function")
+            raise ValueError(f"op '{name}' is not allowed: it is not an allowed operator function")
         return getattr(operator, rest)
     if namespace not in ALLOWED_OP_NAMESPACES:
-        raise ValueError(f"target '{name}' is not an allowed op (allowed: aten, prims, operator, dcsched, dc)")
+        raise ValueError(f"op '{name}' is not allowed: a bundle calls only aten and prims ops on dcsched's list, "
+                         "the ZeRO-3 ops and a few operator functions")
     if namespace == "dc":
         ops.ensure_deepspeed_ops()
     op_name, _, overload = rest.partition(".")
@@ -152,11 +158,16 @@ def resolve_target(name: str):
     for part in (op_name, overload):
         loadchecks.check_op_name(part, name)
     loadchecks.check_registered_op(namespace, op_name, overload, name)
+    op_allowlist.check_allowed(f"{namespace}.{op_name}.{overload}", registered=True)
     try:
         target = getattr(getattr(getattr(torch.ops, namespace), op_name), overload)
     except (AttributeError, RuntimeError):
         raise ValueError(f"unknown op '{name}' (not in torch {torch.__version__})") from None
     loadchecks.check_op(target, name)
+    # The list was made from one torch; the schema in this one must agree that the op is side-effect free.
+    why = op_allowlist.schema_refusal(target) if namespace in op_allowlist.DERIVED_NAMESPACES else None
+    if why is not None:
+        raise ValueError(f"op '{namespace}.{op_name}.{overload}' is not allowed: {why}")
     return target
 
 
