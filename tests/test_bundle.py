@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import pickle
 import random
+import threading
+import time
 import warnings
 import zipfile
 
@@ -16,10 +20,13 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import dcsched
 from dcsched.bundle import core as bundle_io
+from dcsched.bundle.op_allowlist import allowed_ops, registered_overloads, resolve
 from dcsched.cli import run
 from dcsched.errors import BundleError, DcschedError
 
 from bundles import linear_bundle
+
+aten = torch.ops.aten
 
 
 def _nodes(graph):
@@ -253,6 +260,14 @@ HOSTILE = [
      "allgather_param has no graph_id argument"),
     ("output shape nan", lambda d: _first_call(d)["meta"].update(out={"shape": [float("nan")], "dtype": "float32"}),
      "output shape [nan] is not a list of non-negative integers"),
+    ("from_file creating a file",
+     lambda d: _first_call(d).update(target="aten.from_file.default", args={"$tuple": ["MARKER", True, 4096]},
+                                     kwargs={"$dict": [["dtype", {"$dtype": "uint8"}]]}),
+     "op 'aten.from_file.default' is not allowed: it maps a file into a tensor"),
+    ("_print to stdout",
+     lambda d: _first_call(d).update(target="aten._print.default", kwargs={"$dict": []},
+                                     args={"$tuple": ["dcsched: error: everything is fine\x1b[2J"]}),
+     "op 'aten._print.default' is not allowed: it prints to standard output"),
 ]
 #: Input tables no capture writes: (case, input fields, words).
 INPUTS = [
@@ -428,3 +443,115 @@ def test_generated_hostile_bundles_never_run_code_nor_hang(tmp_path_factory, edi
     if code == 2:
         lines = err.getvalue().strip().splitlines()
         assert len(lines) == 1 and "Traceback" not in err.getvalue(), err.getvalue()
+
+
+# ---------------------------------------------------------------------------
+# Ops with side effects: refused by name at load, by every command, in every format
+# ---------------------------------------------------------------------------
+
+def _calling(path: Path, op, args=None, kwargs=None, version: int = 3) -> Path:
+    """The linear bundle with its first matrix product replaced by ``op(*args, **kwargs)`` (``args`` None: the
+    product's two tensors), saved as ``version``."""
+    bundle = linear_bundle()
+    node = next(n for n in bundle.forward.nodes if n.name == "mm_0")
+    node.target = op
+    if args is not None:
+        node.args, node.kwargs = tuple(args), dict(kwargs or {})
+    if version == 1:
+        torch.save(bundle_io.to_data(bundle), path)
+        return path
+    return dcsched.save(bundle, path)
+
+
+def _commands(path: Path, out: Path) -> list[list[str]]:
+    """Every command that reads a bundle, writing (where it writes) to ``out``."""
+    return [["show", str(path)], ["schedule", str(path), "--algo", "fast-free", "-o", str(out)],
+            ["convert", str(path), str(out)], ["replay", str(path), "--json"]]
+
+
+def _refused(argv: list[str], name: str) -> None:
+    """``argv`` exits 2 with one line refusing op ``name`` and prints nothing on stdout (``--json`` stays JSON)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = run(argv)
+    lines = err.getvalue().strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err.getvalue(), err.getvalue()
+    assert f"op '{name}' is not allowed" in lines[0], lines[0]
+    assert out.getvalue() == "", out.getvalue()
+
+
+@pytest.mark.parametrize("version", [1, 3])
+def test_from_file_and_print_refused_by_every_command(tmp_path, version):
+    marker = tmp_path / "pwned"
+    cases = [(aten.from_file.default, [str(marker), True, 4096], {"dtype": torch.uint8}),
+             (aten._print.default, ["dcsched: error: everything is fine\x1b[2J"], {})]
+    for i, (op, args, kwargs) in enumerate(cases):
+        path = _calling(tmp_path / f"hostile{i}.pt", op, args, kwargs, version)
+        before = sorted(os.listdir(tmp_path))
+        for argv in _commands(path, tmp_path / "out.pt"):
+            _refused(argv, f"aten.{op._opname}.default")
+        assert sorted(os.listdir(tmp_path)) == before and not marker.exists()
+
+
+@pytest.mark.parametrize("version", [1, 3])
+def test_from_file_leaves_an_existing_file_as_it_was(tmp_path, version):
+    victim = tmp_path / "victim.bin"
+    victim.write_bytes(b"keep me")
+    before = victim.stat()
+    path = _calling(tmp_path / "hostile.pt", aten.from_file.default, [str(victim), True, 1 << 20],
+                    {"dtype": torch.uint8}, version)
+    for argv in _commands(path, tmp_path / "out.pt"):
+        _refused(argv, "aten.from_file.default")
+    after = victim.stat()
+    assert victim.read_bytes() == b"keep me" and (after.st_size, after.st_mtime_ns) == (7, before.st_mtime_ns)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes")
+def test_from_file_never_opens_a_fifo(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    path = _calling(tmp_path / "hostile.pt", aten.from_file.default, [str(fifo), True, 4096], {"dtype": torch.uint8})
+    readers, done = [], threading.Event()
+
+    def watch():
+        # A reader blocked opening the pipe would hang the test: open its other end, which lets it through,
+        # and record that it was opened. ENXIO: nobody has it open for reading.
+        while not done.wait(0.01):
+            with contextlib.suppress(OSError):
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+                readers.append(time.monotonic())
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    start = time.monotonic()
+    try:
+        for argv in _commands(path, tmp_path / "out.pt"):
+            _refused(argv, "aten.from_file.default")
+    finally:
+        done.set()
+        watcher.join()
+    assert readers == [], "a command opened the named pipe"
+    assert time.monotonic() - start < 60
+
+
+#: Every aten and prims overload torch registers.
+_TORCH_OPS = registered_overloads()
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=st.sampled_from(_TORCH_OPS), version=st.sampled_from([1, 3]),
+       command=st.sampled_from([["show"], ["replay", "--json"]]))
+def test_any_torch_op_off_the_list_is_refused_by_name(tmp_path_factory, name, version, command):
+    tmp_path = tmp_path_factory.mktemp("ops")
+    path = _calling(tmp_path / "op.pt", resolve(name), version=version)
+    before = sorted(os.listdir(tmp_path))
+    if name in allowed_ops():
+        with contextlib.redirect_stdout(io.StringIO()):
+            assert run(["show", str(path)]) == 0  # it loads; running it on two 4x4 matrices may fail
+    elif name.split(".")[1].startswith("__"):
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as err:
+            assert run([command[0], str(path), *command[1:]]) == 2
+        assert f"'{name}' is not an op name" in err.getvalue() and len(err.getvalue().strip().splitlines()) == 1
+    else:
+        _refused([command[0], str(path), *command[1:]], name)
+    assert sorted(os.listdir(tmp_path)) == before
