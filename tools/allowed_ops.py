@@ -74,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     text = render(names)
     if args.check:
         same = TARGET.read_text(encoding="utf-8") == text
-        print(f"{TARGET.relative_to(ROOT)}: {'as this torch makes it' if same else 'differs from what this torch makes'}")
+        verdict = "as this torch makes it" if same else "differs from what this torch makes"
+        print(f"{TARGET.relative_to(ROOT)}: {verdict}")
         return 0 if same else 1
     if not args.no_capture:
         problems = refused_by_real_models(set(names))
