@@ -173,7 +173,10 @@ def check_allowed(name: str, registered: bool) -> None:
     if namespace not in (*DERIVED_NAMESPACES, "dcsched", "dc"):
         why = "a bundle calls only aten and prims ops on dcsched's list, the ZeRO-3 ops and a few operator functions"
     elif registered:
-        why = schema_refusal(resolve(name))
+        try:
+            why = schema_refusal(resolve(name))
+        except (AttributeError, RuntimeError):  # registered, yet torch.ops cannot name it: say only that it is off
+            why = None
     why = why or (f"it is not on dcsched's list of side-effect-free ops (made from torch {list_torch_version()}; "
                   "tools/allowed_ops.py makes it)")
     raise ValueError(f"op '{name}' is not allowed: {why}")
