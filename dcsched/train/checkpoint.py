@@ -19,7 +19,12 @@ it, each writing its own shards. The state dict it saves is flat:
 - ``optim.param_groups``: the hyperparameters of each group, parameters by
   name;
 - ``extra.<key>``: whatever the caller passes as ``extra`` (a step counter,
-  a data generator's state).
+  a data generator's state): tensors, or plain data.
+
+Values that are not tensors (the groups, ``extra``'s counters) are stored as
+JSON, not pickled (:mod:`dcsched.train.checkpoint_objects`); reading a
+checkpoint runs nothing from it and opens nothing outside its directory
+(:mod:`dcsched.train.checkpoint_files`).
 
 The schedule is not part of the state: a checkpoint resumes under any
 algorithm. A module that was never sharded (a plain run) saves its ordinary
@@ -206,12 +211,17 @@ def save_checkpoint(path, model: nn.Module, optimizer: torch.optim.Optimizer | N
     optimizer : torch.optim.Optimizer, optional
         Its state is saved sharded alike.
     extra : dict, optional
-        Tensors or plain Python values that :func:`load_checkpoint` returns.
+        Values that :func:`load_checkpoint` returns: tensors, or plain data
+        (``None``, bools, ints, floats, strings, and lists, tuples and
+        string-keyed dicts of them, small tensors included).
 
     Raises
     ------
     CheckpointError
-        ``path`` cannot be written, or the ranks disagree on what they save.
+        ``path`` cannot be written (a full disk: the OS's reason; the partial
+        directory is removed and an earlier checkpoint there stays), a value
+        is not plain data (before anything is written), or the ranks disagree
+        on what they save.
 
     Examples
     --------
@@ -355,8 +365,10 @@ def load_checkpoint(path, model: nn.Module, optimizer: torch.optim.Optimizer | N
     Raises
     ------
     CheckpointError
-        No checkpoint at ``path``, a damaged one (checksums), names or shapes
-        that differ from ``model``'s, or no optimizer state when asked for.
+        No checkpoint at ``path``, a damaged one (checksums), one whose files
+        lie outside it or are not regular files, an item that is not plain
+        data or a tensor, names or shapes that differ from ``model``'s, or no
+        optimizer state when asked for.
 
     Examples
     --------
