@@ -103,13 +103,13 @@ class SafeWriter(FileSystemWriter):
     def write_data(self, plan, planner):
         try:
             return super().write_data(plan, planner)
-        except BaseException:
+        except Exception:  # torch.save's RuntimeError for a failed write: raise the OSError under it
             self._reraise()
             raise
 
     def finish(self, metadata, results) -> None:
         try:
             super().finish(metadata, results)
-        except BaseException:
+        except Exception:  # torch.save's RuntimeError for a failed write: raise the OSError under it
             self._reraise()
             raise
