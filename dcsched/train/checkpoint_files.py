@@ -139,6 +139,37 @@ def check_storage(directory: Path, metadata) -> set[str]:
     return files
 
 
+class _Window(io.RawIOBase):
+    """Bytes ``offset`` to ``offset + length`` of ``stream``, as a file of their own (an item, read in place)."""
+
+    def __init__(self, stream: BinaryIO, offset: int, length: int) -> None:
+        super().__init__()
+        self._stream, self._offset, self._length, self._position = stream, offset, length, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._position
+
+    def seek(self, position: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: self._length}[whence]
+        self._position = min(max(0, base + position), self._length)
+        return self._position
+
+    def readinto(self, buffer) -> int:
+        count = min(len(buffer), self._length - self._position)
+        if count <= 0:
+            return 0
+        self._stream.seek(self._offset + self._position)
+        got = self._stream.readinto(memoryview(buffer)[:count])  # type: ignore[attr-defined]
+        self._position += got
+        return got
+
+
 class SafeLoadPlanner(DefaultLoadPlanner):
     """DCP's load planner for a flat state dict, taking non-tensor items already decoded (:class:`SafeReader`)."""
 
@@ -193,15 +224,14 @@ class SafeReader(FileSystemReader):
         fqn = request.storage_index.fqn
         if info.offset + info.length > size:
             raise CheckpointError(f"{name} ends before item {fqn!r} (truncated)")
-        stream.seek(info.offset)
-        data = stream.read(info.length)
         if request.type == LoadItemType.BYTE_IO:
+            stream.seek(info.offset)
             try:
-                planner.load_object(request, decode_object(data, what=f"item {fqn!r}"))
+                planner.load_object(request, decode_object(stream.read(info.length), what=f"item {fqn!r}"))
             except ValueError as error:
                 raise CheckpointError(str(error)) from None
             return
-        tensor = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        tensor = torch.load(_Window(stream, info.offset, info.length), map_location="cpu", weights_only=True)
         if not isinstance(tensor, torch.Tensor):
             raise CheckpointError(f"item {fqn!r} is a {type(tensor).__name__}, not a tensor")
         for dim, (offset, length) in enumerate(zip(request.storage_offsets, request.lengths)):
