@@ -19,7 +19,12 @@ it, each writing its own shards. The state dict it saves is flat:
 - ``optim.param_groups``: the hyperparameters of each group, parameters by
   name;
 - ``extra.<key>``: whatever the caller passes as ``extra`` (a step counter,
-  a data generator's state).
+  a data generator's state): tensors, or plain data.
+
+Values that are not tensors (the groups, ``extra``'s counters) are stored as
+JSON, not pickled (:mod:`dcsched.train.checkpoint_objects`); reading a
+checkpoint runs nothing from it and opens nothing outside its directory
+(:mod:`dcsched.train.checkpoint_files`).
 
 The schedule is not part of the state: a checkpoint resumes under any
 algorithm. A module that was never sharded (a plain run) saves its ordinary
@@ -55,15 +60,16 @@ import torch
 import torch.nn as nn
 
 from dcsched.errors import DcschedError
-from dcsched.train.checkpoint_files import SafeReader, verify_checksums, write_checksums
+from dcsched.train.checkpoint_files import (CheckpointError, SafeLoadPlanner, SafeReader, check_storage,
+                                            verify_checksums, write_checksums)
+from dcsched.train.checkpoint_objects import check_encodable
+from dcsched.train.checkpoint_writer import JsonSavePlanner, SafeWriter
 from dcsched.train.full_state import local_state_dict
 from dcsched.train.sharding import Sharding, sharding_of
 
 MODEL, STATE, GROUPS, EXTRA = "model.", "optim.state.", "optim.param_groups", "extra."
 
-
-class CheckpointError(DcschedError):
-    """A checkpoint that cannot be written or read back into this model; the message says why."""
+__all__ = ["CheckpointError", "load_checkpoint", "save_checkpoint"]
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
@@ -169,7 +175,7 @@ def _on_rank0(path: Path, action) -> None:
         try:
             action()
         except OSError as error:
-            problem = f"{path}: cannot write the checkpoint: {error.strerror or error}"
+            problem = _write_failed(path, error)
     if _distributed():
         box = [problem]
         dist.broadcast_object_list(box, src=0)
@@ -205,12 +211,17 @@ def save_checkpoint(path, model: nn.Module, optimizer: torch.optim.Optimizer | N
     optimizer : torch.optim.Optimizer, optional
         Its state is saved sharded alike.
     extra : dict, optional
-        Tensors or plain Python values that :func:`load_checkpoint` returns.
+        Values that :func:`load_checkpoint` returns: tensors, or plain data
+        (``None``, bools, ints, floats, strings, and lists, tuples and
+        string-keyed dicts of them, small tensors included).
 
     Raises
     ------
     CheckpointError
-        ``path`` cannot be written, or the ranks disagree on what they save.
+        ``path`` cannot be written (a full disk: the OS's reason; the partial
+        directory is removed and an earlier checkpoint there stays), a value
+        is not plain data (before anything is written), or the ranks disagree
+        on what they save.
 
     Examples
     --------
@@ -229,28 +240,55 @@ def save_checkpoint(path, model: nn.Module, optimizer: torch.optim.Optimizer | N
     if optimizer is not None:
         state.update(layout.optimizer_state(optimizer))
     state.update({EXTRA + key: value for key, value in (extra or {}).items()})
+    _check_plain(path, state)
     partial = _partial(path)
 
     def prepare():
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
 
-    def publish():  # the complete checkpoint replaces the earlier one
-        write_checksums(partial)
-        old = path.parent / f".{path.name}.old"
-        shutil.rmtree(old, ignore_errors=True)
-        if path.exists():
-            path.rename(old)
-        partial.rename(path)
-        shutil.rmtree(old, ignore_errors=True)
-
     _on_rank0(path, prepare)
     try:
         with _quiet():  # one key per value: the optimizer's groups are one object, not flattened
-            dcp.save(state, checkpoint_id=str(partial), planner=dcp.DefaultSavePlanner(flatten_state_dict=False))
+            dcp.save(state, storage_writer=SafeWriter(str(partial)), planner=JsonSavePlanner())
     except _failures() as error:  # DCP wraps every rank's failure
-        raise CheckpointError(f"{path}: cannot write the checkpoint: {_first_line(error)}") from None
-    _on_rank0(path, publish)
+        _on_rank0(path, lambda: shutil.rmtree(partial, ignore_errors=True))
+        raise CheckpointError(_write_failed(path, error)) from None
+    _on_rank0(path, lambda: _publish(partial, path))
+
+
+def _write_failed(path: Path, error: BaseException) -> str:
+    return f"{path}: cannot write the checkpoint ({_first_line(error)}); an earlier checkpoint there is unchanged"
+
+
+def _check_plain(path: Path, state: dict) -> None:
+    """CheckpointError before anything is written when a non-tensor value is not plain data."""
+    for key, value in state.items():
+        if not isinstance(value, torch.Tensor):
+            try:
+                check_encodable(value, key)
+            except ValueError as error:
+                raise CheckpointError(f"{path}: cannot save {error}") from None
+
+
+def _publish(partial: Path, path: Path) -> None:
+    """Checksum the complete checkpoint ``partial`` and put it in place of ``path`` (rank 0); on an OSError
+    the partial directory goes and the earlier checkpoint stays where it was."""
+    old = path.parent / f".{path.name}.old"
+    moved = False
+    try:
+        write_checksums(partial)
+        shutil.rmtree(old, ignore_errors=True)
+        if path.exists():
+            path.rename(old)
+            moved = True
+        partial.rename(path)
+    except OSError:
+        if moved and not path.exists():
+            old.rename(path)
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _first_line(error: BaseException) -> str:
@@ -259,17 +297,22 @@ def _first_line(error: BaseException) -> str:
     if isinstance(failures, dict) and failures:
         rank, (cause, _trace) = min(failures.items(), key=lambda item: item[0])
         return f"rank {rank}: {_first_line(cause)}"
+    if isinstance(error, OSError) and error.strerror:  # the OS's words: "no space left on device (__0_0.distcp)"
+        where = f" ({Path(error.filename).name})" if isinstance(error.filename, (str, os.PathLike)) else ""
+        return f"{error.strerror[:1].lower()}{error.strerror[1:]}{where}"
+    if isinstance(error, DcschedError):  # already one line saying what is wrong
+        return str(error)
     text = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
-def _metadata(path: Path) -> dict:
+def _metadata(path: Path):
     if not path.exists():
         raise CheckpointError(f"{path}: no such checkpoint")
     if not (path / ".metadata").is_file():
         raise CheckpointError(f"{path}: not a checkpoint (no .metadata: missing, or the save did not finish)")
     try:  # never plain pickle: a planted .metadata would run code here
-        return SafeReader(str(path)).read_metadata().state_dict_metadata
+        return SafeReader(str(path)).read_metadata()
     except Exception as error:  # noqa: BLE001 - a corrupt metadata file: any unpickling error
         raise CheckpointError(f"{path}: corrupt checkpoint metadata ({_first_line(error)})") from None
 
@@ -322,8 +365,10 @@ def load_checkpoint(path, model: nn.Module, optimizer: torch.optim.Optimizer | N
     Raises
     ------
     CheckpointError
-        No checkpoint at ``path``, a damaged one (checksums), names or shapes
-        that differ from ``model``'s, or no optimizer state when asked for.
+        No checkpoint at ``path``, a damaged one (checksums), one whose files
+        lie outside it or are not regular files, an item that is not plain
+        data or a tensor, names or shapes that differ from ``model``'s, or no
+        optimizer state when asked for.
 
     Examples
     --------
@@ -331,8 +376,9 @@ def load_checkpoint(path, model: nn.Module, optimizer: torch.optim.Optimizer | N
     """
     import torch.distributed.checkpoint as dcp
     path = Path(path)
-    metadata = _metadata(path)
-    verify_checksums(path, CheckpointError)
+    whole = _metadata(path)
+    verify_checksums(path, {".metadata", *check_storage(path, whole)})
+    metadata = whole.state_dict_metadata
     layout = _Layout(model)
     state = layout.model_state()
     _check_model_keys(path, state, metadata)
@@ -353,7 +399,8 @@ def load_checkpoint(path, model: nn.Module, optimizer: torch.optim.Optimizer | N
             state[key] = _destination(layout, metadata, key, None, buffers)
     try:
         with _quiet():
-            dcp.load(state, checkpoint_id=str(path), storage_reader=SafeReader(str(path)))
+            dcp.load(state, checkpoint_id=str(path), storage_reader=SafeReader(str(path)),
+                     planner=SafeLoadPlanner())
     except _failures() as error:  # a truncated or corrupt data file
         raise CheckpointError(f"{path}: cannot read the checkpoint: {_first_line(error)}") from None
     if optimizer is not None:
