@@ -20,13 +20,15 @@ gradients all-reduced (:func:`replicated_fused`).
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Mapping
 
+from dcsched.errors import GraphError
 from dcsched.graph.form import PLACEHOLDER, REDUCE
 from dcsched.plan import Plan
 from dcsched.sim.collectives import all_reduce_time_ms, bucket_time_ms
 from dcsched.sim.fused import Fused
 from dcsched.sim.result import SimResult
-from dcsched.sim.simulate import CompiledGraph
+from dcsched.sim.simulate import CompiledGraph, compile_view
 
 #: How the step's kept parameters reach each graph (by name): kept past the forward, held from the backward's start.
 ROLE_OF_GRAPH = {"forward": "keep", "backward": "held"}
@@ -177,3 +179,65 @@ def replicated_fused(compiled: CompiledGraph, buckets: list[list[int]], held: fr
     shards = {p for i in gathers for p in compiled.preds[i] if kind[p] == PLACEHOLDER}
     return dataclasses.replace(fused, held_bytes=fused.held_bytes - int(sum(compiled.size[p] for p in shards)),
                                all_reduces=frozenset(members[0] for members in all_reduces))
+
+
+def check_stored_plans(plans: Mapping[str, Plan], compiled: Mapping[str, CompiledGraph]) -> None:
+    """Refuse a stored plan whose buckets cannot be issued in its graph's order: what every command that runs
+    or simulates a bundle's plans (``schedule``, ``replay``) checks before using them.
+
+    A loaded plan is sound in structure (:mod:`dcsched.bundle.plans`: members of the graph, of the bucket's
+    op, in one bucket each); whether its graph's order can issue each bucket where it stands (every member's
+    input run before the bucket's first member) is this check
+    (:meth:`~dcsched.sim.simulate.CompiledGraph.bucket_indices`).
+
+    Parameters
+    ----------
+    plans : Mapping of str to Plan
+        The plans by graph name (``bundle.plans``); an empty order is the graph's own.
+    compiled : Mapping of str to CompiledGraph
+        The graphs by name; a plan of a graph not here is not checked.
+
+    Raises
+    ------
+    GraphError
+        One line naming the graph and the bucket that cannot be issued, and why.
+
+    Examples
+    --------
+    >>> from dcsched import replay
+    >>> from dcsched.plan import Bucket
+    >>> bundle = replay.example_bundle()
+    >>> reduces = [n.name for n in bundle.backward.nodes if n.name.startswith("reduce")]
+    >>> plans = {"backward": Plan((), [Bucket("reduce", reduces[:2], [2, 0])])}
+    >>> check_stored_plans(plans, {"backward": compile_view(bundle.backward)})  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    dcsched.errors.GraphError: graph 'backward': its stored plan cannot run: bucket of ... is issued before ...
+    """
+    for name, plan in plans.items():
+        graph = compiled.get(name)
+        if graph is None or not plan.buckets:
+            continue
+        try:
+            graph.bucket_indices(plan.buckets, graph.order_indices(list(plan.order) or None, check=False))
+        except GraphError as exc:
+            raise GraphError(f"graph '{name}': its stored plan cannot run: {exc}") from None
+
+
+def check_bundle_plans(bundle: Any) -> None:
+    """:func:`check_stored_plans` of ``bundle.plans``, each graph with buckets compiled for the check alone
+    (its structure; figures are not read, so a bundle without them is checked too).
+
+    Raises
+    ------
+    GraphError
+        As :func:`check_stored_plans`.
+
+    Examples
+    --------
+    >>> from dcsched import replay
+    >>> check_bundle_plans(replay.example_bundle())  # no plans: nothing to refuse
+    """
+    planned = [name for name, plan in bundle.plans.items() if plan.buckets and name in bundle.graph_names]
+    check_stored_plans(bundle.plans, {name: compile_view(bundle.form(name), assume_zero=True, name=name)
+                                      for name in planned})
