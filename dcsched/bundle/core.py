@@ -126,7 +126,7 @@ class Bundle:
     forward_placeholders: list[dict]
     backward_placeholders: list[dict]
     num_user_outputs: int = 1
-    graph_ids: dict[str, int] = dataclasses.field(default_factory=lambda: {"forward": 0, "backward": 1})
+    graph_ids: dict[str, int | None] = dataclasses.field(default_factory=lambda: {"forward": 0, "backward": 1})
     constants: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
     provenance: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: The communication plan by graph name (:class:`dcsched.plan.Plan`: buckets and residency; the order is
