@@ -7,8 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
+import json
+
 import pytest
 import torch
+from hypothesis import given, strategies as st
 
 import dcsched
 from dcsched import replay
@@ -18,6 +21,7 @@ from dcsched.bundle.core import Bundle, ParamInfo
 from dcsched.cli import run
 from dcsched.errors import BundleError, GraphError
 from dcsched.plan import Bucket, Plan
+from dcsched.safeparse import json_depth
 
 BIG = 2**70  # past 64 bits: stored literally in a version-3 template, a Python int in version 1
 #: Every command that reads a bundle (convert also takes an output path).
@@ -167,6 +171,26 @@ def test_header_versions_other_than_ascii_digits_are_refused(tmp_path, version, 
     assert len(str(info.value).splitlines()) == 1
     for command in COMMANDS:
         assert "is not a version number (ASCII digits" in _refused_in_one_line(tmp_path, path, command, capsys)
+
+
+_TRICKY = st.text(st.sampled_from('[]{}"\\/ab\u00e9\n'), max_size=6)
+_DOCUMENTS = st.recursive(st.none() | st.integers() | _TRICKY,
+                          lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_TRICKY, inner, max_size=3),
+                          max_leaves=12)
+
+
+def _depth(value) -> int:
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    return 0
+
+
+@given(document=_DOCUMENTS, ascii_only=st.booleans())
+def test_json_depth_is_the_nesting_of_any_document(document, ascii_only):
+    """Brackets, quotes and backslashes inside strings (keys too) are not nesting."""
+    assert json_depth(json.dumps(document, ensure_ascii=ascii_only)) == _depth(document)
 
 
 def test_a_deep_document_is_refused_before_parsing(tmp_path):
