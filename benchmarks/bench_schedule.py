@@ -250,13 +250,27 @@ _LOAD = ("import sys, time; from dcsched.bundle.core import load; t = time.perf_
          "print(time.perf_counter() - t)")
 
 
+def stack_params(pair: GraphPair) -> list:
+    """The parameter table of a synthetic stack: one float32 vector per ds_id its all-gathers name, of the
+    gathered bytes (a loader refuses an op naming no parameter of the table)."""
+    import torch
+    from dcsched.bundle.core import ParamInfo
+    from dcsched.graph.roles import Role, ds_id_of, role_of
+    sizes = {ds_id_of(node): int(node.meta.get("tensor_size") or 4) for graph in (pair.forward, pair.backward)
+             for node in graph.nodes if role_of(node) is Role.ALLGATHER}
+    sizes.update({ds_id_of(node): sizes.get(ds_id_of(node), 4) for graph in (pair.forward, pair.backward)
+                  for node in graph.nodes if role_of(node) is Role.REDUCE})
+    return [ParamInfo(f"p{d}", (max(size // 4, 1),), torch.float32, d) for d, size in sorted(sizes.items())]
+
+
 def cli_bundle(nodes: int, path: Path, *, v1: bool) -> int:
     """Write a bundle of about ``nodes`` nodes (layered stack, forward and backward); its node count."""
     import gc
     from dcsched.bundle.core import Bundle, save, save_v1
     pair = layered_stack(max(1, round(nodes / NODES_PER_LAYER)))
-    bundle = Bundle(forward=pair.forward, backward=pair.backward, params=[], inputs=[], forward_placeholders=[],
-                    backward_placeholders=[], provenance={"target_memory_bytes": DEVICE_BYTES, "gpu": "synthetic"})
+    bundle = Bundle(forward=pair.forward, backward=pair.backward, params=stack_params(pair), inputs=[],
+                    forward_placeholders=[], backward_placeholders=[],
+                    provenance={"target_memory_bytes": DEVICE_BYTES, "gpu": "synthetic"})
     (save_v1 if v1 else save)(bundle, path)
     count = len(pair.forward.nodes) + len(pair.backward.nodes)
     del pair, bundle

@@ -115,12 +115,28 @@ _JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**62, 2**62) | _F
 _DTYPES = [torch.float32, torch.int64, torch.bfloat16, torch.bool, torch.float64, torch.int32]
 
 
+_COMM_ROLES = (Role.ALLGATHER, Role.WAIT, Role.RELEASE, Role.REDUCE)
+
+
+def _with_graph_id(graph, graph_id: int):
+    """``graph`` with every ZeRO-3 op's graph_id argument set to ``graph_id``."""
+    for node in graph.nodes:
+        if role_of(node) in _COMM_ROLES:
+            node.args = (node.args[0], graph_id, *node.args[2:])
+    return graph
+
+
+def _gathered(graphs) -> set[int]:
+    """The ds_ids the ZeRO-3 ops of ``graphs`` name."""
+    return {ds_id_of(node) for graph in graphs for node in graph.nodes if role_of(node) in _COMM_ROLES}
+
+
 @st.composite
 def random_bundles(draw):
     """A bundle with random graphs, figures (floats, integers, missing), inputs, constants and provenance."""
-    graphs = {"forward": draw(zero3_graphs | arbitrary_dags(random_ops=True))}
+    graphs = {"forward": _with_graph_id(draw(zero3_graphs | arbitrary_dags(random_ops=True)), 0)}
     if draw(st.booleans()):
-        graphs["backward"] = draw(zero3_graphs)
+        graphs["backward"] = _with_graph_id(draw(zero3_graphs), 1)  # a loader refuses ops of another graph's id
     for graph in graphs.values():
         for node in graph.nodes:
             node.meta.pop("val", None)
@@ -149,9 +165,10 @@ def random_bundles(draw):
     constants = {f"c{k}": torch.full((k + 1,), float(k)) for k in range(draw(st.integers(0, 2)))}
     bundle = bundle_io.Bundle(
         forward=graphs["forward"], backward=graphs.get("backward"),
+        # Every parameter the graphs gather or reduce (a loader refuses an op naming none), and some more.
         params=[bundle_io.ParamInfo(f"p.{i}", tuple(draw(st.lists(st.integers(0, 9), max_size=3))),
                                     draw(st.sampled_from([torch.float32, torch.bfloat16])), i)
-                for i in range(draw(st.integers(0, 4)))],
+                for i in sorted(_gathered(graphs.values()) | set(range(draw(st.integers(0, 4)))))],
         inputs=inputs,
         forward_placeholders=[{"kind": "input", "index": 0}] if inputs else [],
         backward_placeholders=[{"kind": "saved", "index": 1}] if "backward" in graphs else [],

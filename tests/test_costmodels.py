@@ -83,9 +83,15 @@ def test_a_calibration_file_with_the_analytic_model_selects_the_calibrated_one(m
 
 
 @pytest.mark.parametrize("text, message", [
-    ("not json", "not JSON"),
+    ("not json", "calibration is not valid JSON"),
+    ("[" * 100_000, "calibration nests deeper than 64 levels"),
     ('{"format": "other"}', "not a dcsched calibration file"),
     ('{"format": "dcsched-calibration", "version": 9}', "version 9"),
+    ('{"format": "dcsched-calibration", "version": "\u0661"}', "calibration version '\u0661' is not a version"),
+    ('{"format": "dcsched-calibration", "version": "01"}', "calibration version '01' is not a version number"),
+    ('{"format": "dcsched-calibration", "version": true}', "calibration version 'True' is not a version number"),
+    ('{"format": "dcsched-calibration", "version": 1, "gpu": "h100", "default": 1, "samples": {"a": "x"}}',
+     "sample counts must be whole numbers"),
     ('{"format": "dcsched-calibration", "version": 1, "gpu": "v100", "default": 1}', "unknown GPU"),
     ('{"format": "dcsched-calibration", "version": 1, "gpu": "h100", "default": -1, "factors": {}}', "positive"),
 ])

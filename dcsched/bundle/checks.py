@@ -18,7 +18,12 @@ names; an op target is called. So every one of them is checked here, at load:
   never by looking a stored name up as an attribute;
 * arguments nest at most :data:`MAX_DEPTH` deep and hold at most
   :data:`MAX_ITEMS` values per node, so a file of a few kilobytes cannot
-  expand (through shared references) into work without end.
+  expand (through shared references) into work without end;
+* numbers the runtime and the simulator act on are believable: a shape's
+  dimensions and bytes at most :data:`MAX_BYTES` (:func:`check_shape`), a
+  ZeRO-3 op's ``id`` a parameter of the bundle's table and its ``graph_id``
+  its own graph's (:func:`check_comm_arguments`, :func:`check_graph_ids`,
+  :func:`check_param_ids`).
 
 Each check raises ``ValueError`` with the reason; the loader adds the path.
 
@@ -34,7 +39,8 @@ ValueError: placeholder target "x=(__import__('os'),1)[1]" is not a plain identi
 from __future__ import annotations
 
 import keyword
-from typing import Any
+import math
+from typing import Any, Collection, Mapping, Sequence
 
 import torch
 import torch.fx
@@ -45,6 +51,12 @@ MAX_DEPTH = 32
 MAX_ITEMS = 100_000
 #: Longest name a bundle may use.
 MAX_NAME = 256
+#: Largest tensor a bundle may describe, in bytes (1 PiB), and so its largest dimension: beyond it a number
+#: is a corruption or a typo, not a measurement.
+MAX_BYTES = 2**50
+#: Largest graph id, parameter id (ds_id) and use count: dcsched numbers graphs 0 (forward) and 1 (backward)
+#: and parameters 0 to P-1, and every runtime table keyed by them fits 31 bits.
+MAX_ID = 2**31 - 1
 
 
 def _table(kind: type) -> dict[str, Any]:
@@ -147,13 +159,25 @@ COMM_INTS = {"allgather_param": ("graph_id", "id"), "wait_allgather": ("graph_id
               "release_param": ("graph_id", "id", "n_users"), "reduce_grad": ("graph_id", "id")}
 
 
-def check_comm_arguments(op_name: str, args: tuple, kwargs: dict, where: str) -> None:
-    """A ZeRO-3 op's ids (and a release's ``n_users``): present, and integers (``bool`` is not one).
+def check_comm_arguments(op_name: str, args: tuple, kwargs: dict, where: str, *, graph_id: int | None = None,
+                         ds_ids: Collection[int] | None = None) -> None:
+    """A ZeRO-3 op's ids (and a release's ``n_users``): present, integers (``bool`` is not one), not negative;
+    ``graph_id`` at most :data:`MAX_ID` and, given the op's graph's ``graph_id``, that one; ``id``, given the
+    parameter table's ``ds_ids``, one of them (else at most :data:`MAX_ID`); ``n_users`` at most :data:`MAX_ID`.
 
     >>> check_comm_arguments("allgather_param", ("shard", 0, "zero"), {}, "node ag")
     Traceback (most recent call last):
     ...
     ValueError: node ag: allgather_param's id is 'zero', not an integer
+    >>> check_comm_arguments("allgather_param", ("shard", 0, 2**62), {}, "node ag", graph_id=0,
+    ...                      ds_ids={0, 1})  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: node ag: allgather_param's id 4611686018427387904 names no parameter of the bundle's table ...
+    >>> check_comm_arguments("reduce_grad", ("grad", 2**70, 0), {}, "node r")
+    Traceback (most recent call last):
+    ...
+    ValueError: node r: reduce_grad's graph_id 1180591620717411303424 is over the largest graph id (2147483647)
     """
     names = COMM_INTS.get(op_name, ())
     for position, name in enumerate(names, start=1):
@@ -161,13 +185,118 @@ def check_comm_arguments(op_name: str, args: tuple, kwargs: dict, where: str) ->
         if value is None:
             raise ValueError(f"{where}: {op_name} has no {name} argument")
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{where}: {op_name}'s {name} is {value!r}, not an integer")
+            raise ValueError(f"{where}: {op_name}'s {name} is {value!r:.80}, not an integer")
         if value < 0:
             raise ValueError(f"{where}: {op_name}'s {name} is negative ({value})")
+        if name == "id" and ds_ids is not None:
+            if value not in ds_ids:
+                raise ValueError(f"{where}: {op_name}'s id {value} names no parameter of the bundle's table "
+                                 f"({_ids_text(ds_ids)})")
+        elif value > MAX_ID:
+            what = "graph id" if name == "graph_id" else ("parameter id" if name == "id" else "use count")
+            raise ValueError(f"{where}: {op_name}'s {name} {value} is over the largest {what} ({MAX_ID})")
+        if name == "graph_id" and graph_id is not None and value != graph_id:
+            raise ValueError(f"{where}: {op_name}'s graph_id {value} is not its graph's ({graph_id})")
+
+
+def _ids_text(ds_ids: Collection[int]) -> str:
+    if not ds_ids:
+        return "no parameters"
+    return f"{len(ds_ids)} parameters, ds_ids {min(ds_ids)} to {max(ds_ids)}"
+
+
+def check_graph_ids(graph_ids: Mapping[str, Any]) -> dict[str, int | None]:
+    """The graphs' ``graph_id`` (``args[1]`` of their ZeRO-3 ops): each an integer from 0 to :data:`MAX_ID` or
+    None (unset), no two graphs with one.
+
+    >>> check_graph_ids({"forward": 0, "backward": 1})
+    {'forward': 0, 'backward': 1}
+    >>> check_graph_ids({"forward": 0, "backward": 0})
+    Traceback (most recent call last):
+    ...
+    ValueError: graphs 'forward' and 'backward' both have graph_id 0
+    """
+    seen: dict[int, str] = {}
+    for name, value in graph_ids.items():
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_ID:
+            raise ValueError(f"graph '{name}': graph_id {value!r:.80} is not a graph id (an integer from 0 to "
+                             f"{MAX_ID})")
+        if value in seen:
+            raise ValueError(f"graphs '{seen[value]}' and '{name}' both have graph_id {value}")
+        seen[value] = name
+    return dict(graph_ids)
+
+
+def check_param_ids(ds_ids: Sequence[Any], names: Sequence[Any]) -> None:
+    """The parameter table's ds_ids: integers from 0 to :data:`MAX_ID` (not ``true``, not ``"3"``), no two
+    parameters with one; ``names[k]`` names parameter ``k`` in messages.
+
+    >>> check_param_ids([0, 1, 1], ["a", "b", "c"])
+    Traceback (most recent call last):
+    ...
+    ValueError: parameters 'b' and 'c' both have ds_id 1
+    """
+    seen: dict[int, Any] = {}
+    for ds_id, name in zip(ds_ids, names):
+        if isinstance(ds_id, bool) or not isinstance(ds_id, int) or not 0 <= ds_id <= MAX_ID:
+            raise ValueError(f"parameter {name!r:.80}: ds_id {ds_id!r:.80} is not a parameter id (an integer from 0 "
+                             f"to {MAX_ID})")
+        if ds_id in seen:
+            raise ValueError(f"parameters {seen[ds_id]!r:.80} and {name!r:.80} both have ds_id {ds_id}")
+        seen[ds_id] = name
+
+
+def check_count(value: Any, what: str) -> int:
+    """A count stored in a bundle: an integer from 0 to :data:`MAX_ID` (not ``true``, not ``"3"``).
+
+    >>> check_count(2, "num_user_outputs")
+    2
+    >>> check_count("٣", "num_user_outputs")
+    Traceback (most recent call last):
+    ...
+    ValueError: num_user_outputs '٣' is not a count
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_ID:
+        raise ValueError(f"{what} {value!r:.80} is not a count")
+    return value
+
+
+def check_shape(shape: Any, dtype: torch.dtype, what: str) -> tuple[int, ...]:
+    """A tensor's shape as a tuple: a list of integers, none negative, none over :data:`MAX_BYTES`, holding at
+    most :data:`MAX_BYTES` bytes of ``dtype``; else ValueError starting with ``what`` (``"parameter 'w': shape"``).
+
+    >>> check_shape([2, 3], torch.float32, "input 'x': shape")
+    (2, 3)
+    >>> check_shape([0, 2**70], torch.float32, "node mm: output shape")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: node mm: output shape [0, 1180591620717411303424] has a dimension of 1.18059e+21, over ...
+    """
+    if not isinstance(shape, (list, tuple)) or not all(isinstance(s, int) and not isinstance(s, bool) for s in shape):
+        raise ValueError(f"{what} {_shape_text(shape)} is not a list of integers")
+    if any(s < 0 for s in shape):
+        raise ValueError(f"{what} {_shape_text(shape)} has a negative dimension")
+    largest = max(shape, default=0)
+    if largest > MAX_BYTES:
+        raise ValueError(f"{what} {_shape_text(shape)} has a dimension of {largest:.6g}, over the largest believable "
+                         f"({MAX_BYTES:.6g})")
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes > MAX_BYTES:
+        raise ValueError(f"{what} {_shape_text(shape)} holds {nbytes:.6g} bytes, over the largest believable "
+                         f"({MAX_BYTES:.6g})")
+    return tuple(shape)
+
+
+def _shape_text(shape: Any) -> str:
+    text = repr(list(shape)) if isinstance(shape, tuple) else repr(shape)
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def check_output_spec(spec: Any, where: str) -> None:
-    """A node's recorded output (``meta['out']``): ``{"shape": [ints >= 0], "dtype": name}``, lists of them, None.
+    """A node's recorded output (``meta['out']``): ``{"shape": [ints >= 0], "dtype": name}``, lists of them, None;
+    each shape believable (:func:`check_shape`).
 
     >>> check_output_spec({"shape": [float("nan")], "dtype": "float32"}, "node mm")
     Traceback (most recent call last):
@@ -185,5 +314,5 @@ def check_output_spec(spec: Any, where: str) -> None:
     shape = spec["shape"]
     if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
                                               for s in shape):
-        raise ValueError(f"{where}: output shape {shape!r:.80} is not a list of non-negative integers")
-    from_table(DTYPES, spec["dtype"], "dtype")
+        raise ValueError(f"{where}: output shape {_shape_text(shape)} is not a list of non-negative integers")
+    check_shape(shape, from_table(DTYPES, spec["dtype"], "dtype"), f"{where}: output shape")

@@ -15,7 +15,7 @@ these checks.
 from __future__ import annotations
 
 import keyword
-from typing import Any
+from typing import Any, Collection
 
 import networkx as nx
 import torch
@@ -40,8 +40,12 @@ class CheckedColumns(ColumnStore):
     """The columns' checks (see the module docstring); a read graph must pass :meth:`check` before anything
     else is asked of it."""
 
-    def check(self, graph_name: str, constants: set[str]) -> None:
-        """Refuse what version 1's loader refuses (ValueError naming the node), in vectorised passes."""
+    def check(self, graph_name: str, constants: set[str], ds_ids: Collection[int] | None = None) -> None:
+        """Refuse what version 1's loader refuses (ValueError naming the node), in vectorised passes.
+
+        ``ds_ids``: the parameter table's, which every ZeRO-3 op's ``id`` must name (None: not checked); the
+        ops' ``graph_id`` must be the graph's own (:attr:`graph_id`, where set).
+        """
         where = f"graph '{graph_name}'"
         n = len(self.names)
         names = self.names
@@ -101,7 +105,7 @@ class CheckedColumns(ColumnStore):
             except ValueError as exc:
                 raise ValueError(f"node {names[self._found(code, c)]}: {exc}") from None
         self._decoded, self._targets = decoded, resolved
-        self._comm = self._comm_ids(code, args, where)
+        self._comm = self._comm_ids(code, args, where, ds_ids)
         # Meta entries, once each.
         for i, entry in enumerate(self.metas):
             try:
@@ -118,9 +122,11 @@ class CheckedColumns(ColumnStore):
         if outputs > 1:
             raise ValueError(f"{where} has {outputs} output nodes (at most one)")
 
-    def _comm_ids(self, code: torch.Tensor, args: torch.Tensor, where: str) -> dict:
+    def _comm_ids(self, code: torch.Tensor, args: torch.Tensor, where: str, ds_ids: Collection[int] | None) -> dict:
         """The ZeRO-3 ops' integer arguments (graph_id, id, n_users) as columns over the comm nodes, checked:
-        present, integers, not negative. Worked out once per distinct (op, template), gathered per node."""
+        present, integers, not negative, the graph's own graph_id, an id of the parameter table (``ds_ids``),
+        all at most :data:`~dcsched.bundle.checks.MAX_ID`. Worked out once per distinct (op, template),
+        gathered per node, checked per column."""
         comm = {c: t._opname for c, t in self._targets.items() if isinstance(t, torch._ops.OpOverload)
                 and t.namespace in ("dcsched", "dc") and t._opname in loadchecks.COMM_INTS}
         found: dict[str, list] = {"nodes": [], "graph_id": [], "id": [], "n_users": []}
@@ -150,6 +156,7 @@ class CheckedColumns(ColumnStore):
                 slot[name].append(value.k if type(value) is _Int else -1)
                 literal[name].append(value if isinstance(value, int) else -1)
         starts = self.int_offsets[nodes]
+        columns: dict[str, torch.Tensor] = {}
         for name in fields:
             pos = torch.tensor(slot[name], dtype=torch.long)[inverse]
             lit = torch.tensor(literal[name], dtype=torch.long)[inverse]
@@ -162,9 +169,33 @@ class CheckedColumns(ColumnStore):
                 v = int(nodes[k])
                 opname = comm[int(code[v])]
                 raise ValueError(f"node {self.names[v]}: {opname}'s {name} is negative ({int(values[k])})")
-            found[name] = values.tolist()
+            columns[name] = torch.where(from_ints | (lit >= 0), values, -1)  # -1: the op has no such argument
+        self._check_comm_columns(nodes, code, columns, comm, ds_ids)
+        found.update({name: columns[name].tolist() for name in fields})
         found["nodes"] = nodes.tolist()
         return found
+
+    def _check_comm_columns(self, nodes: torch.Tensor, code: torch.Tensor, columns: dict[str, torch.Tensor],
+                            comm: dict[int, str], ds_ids: Collection[int] | None) -> None:
+        """Refuse a comm node whose graph_id is not its graph's (or past belief), whose id names no parameter
+        of ``ds_ids`` or whose n_users is past belief: found per column, worded by
+        :func:`~dcsched.bundle.checks.check_comm_arguments` for the first such node (as version 1 words it)."""
+        graph_ids, ids, users = columns["graph_id"], columns["id"], columns["n_users"]
+        bad = (graph_ids > loadchecks.MAX_ID) | (users > loadchecks.MAX_ID)
+        if self.graph_id is not None:
+            bad |= graph_ids != self.graph_id
+        if ds_ids is None:
+            bad |= ids > loadchecks.MAX_ID
+        else:
+            bad |= ~torch.isin(ids, torch.tensor(sorted(ds_ids), dtype=torch.long))
+        if not bool(bad.any()):
+            return
+        k = int(torch.nonzero(bad)[0])
+        v = int(nodes[k])
+        values = tuple(int(columns[name][k]) for name in ("graph_id", "id", "n_users"))
+        loadchecks.check_comm_arguments(comm[int(code[v])], (None, *values), {}, f"node {self.names[v]}",
+                                        graph_id=self.graph_id, ds_ids=ds_ids)
+        raise AssertionError("a comm node refused by the columns passes check_comm_arguments")  # pragma: no cover
 
     @staticmethod
     def _first(column: torch.Tensor, value: int) -> int | None:

@@ -24,6 +24,7 @@ from typing import Any, Sequence
 import torch
 import torch.fx
 
+from dcsched import safeparse
 from dcsched.bundle.column_checks import CheckedColumns
 from dcsched.bundle.column_format import (_OP_CODE, COLUMN_DTYPES, HAS_SIZE, HAS_TIME, META_KEYS, PER_NODE, TIME_IS_INT,
                                           _template)
@@ -111,8 +112,8 @@ def encode_nodes(nodes: list[dict], graph_id: int | None = None) -> "GraphColumn
         ints=torch.tensor(ints, dtype=torch.int64), int_offsets=torch.tensor(int_offsets, dtype=torch.int64),
         device_time=torch.tensor(times, dtype=torch.float64), tensor_size=torch.tensor(sizes, dtype=torch.int64),
         figures=torch.tensor(figures, dtype=torch.uint8),
-        strings=list(strings), templates=[json.loads(t) for t in templates],
-        metas=[json.loads(m) for m in metas], graph_id=graph_id)
+        strings=list(strings), templates=[safeparse.loads(t, what="an argument template") for t in templates],
+        metas=[safeparse.loads(m, what="a node's meta") for m in metas], graph_id=graph_id)
 
 
 def encode_fx(graph: torch.fx.Graph, graph_id: int | None = None) -> "GraphColumns":

@@ -38,7 +38,7 @@ import torch
 import torch.fx
 
 from dcsched.bundle import checks as loadchecks
-from dcsched.bundle.graph_encoding import MAX_BYTES, _dtype_name, decode_graph, dtype_from_name, encode_graph
+from dcsched.bundle.graph_encoding import _dtype_name, decode_graph, dtype_from_name, encode_graph
 
 from dcsched.errors import BundleError
 from dcsched.outputs import write_atomic  # noqa: F401  (re-exported: dcsched.bundle.core.write_atomic)
@@ -126,7 +126,7 @@ class Bundle:
     forward_placeholders: list[dict]
     backward_placeholders: list[dict]
     num_user_outputs: int = 1
-    graph_ids: dict[str, int] = dataclasses.field(default_factory=lambda: {"forward": 0, "backward": 1})
+    graph_ids: dict[str, int | None] = dataclasses.field(default_factory=lambda: {"forward": 0, "backward": 1})
     constants: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
     provenance: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: The communication plan by graph name (:class:`dcsched.plan.Plan`: buckets and residency; the order is
@@ -269,23 +269,22 @@ Bundle.backward = _lazy_graph("backward")
 
 def _shape(entry: dict, dtype: torch.dtype, what: str) -> tuple[int, ...]:
     """A parameter's or input's shape, refusing negative, non-integer or unbelievably large ones."""
-    shape = entry["shape"]
-    if not isinstance(shape, (list, tuple)) or not all(isinstance(s, int) and not isinstance(s, bool) for s in shape):
-        raise ValueError(f"{what}: shape {shape!r} is not a list of integers")
-    nbytes = dtype.itemsize
-    for s in shape:
-        if s < 0:
-            raise ValueError(f"{what}: shape {list(shape)} has a negative dimension")
-        nbytes *= s
-    if nbytes > MAX_BYTES:
-        raise ValueError(f"{what}: shape {list(shape)} holds {nbytes:.6g} bytes, over the largest believable "
-                         f"({MAX_BYTES:.6g})")
-    return tuple(shape)
+    return loadchecks.check_shape(entry["shape"], dtype, f"{what}: shape")
 
 
 def _param(p: dict) -> ParamInfo:
     dtype = dtype_from_name(p["dtype"])
-    return ParamInfo(p["name"], _shape(p, dtype, f"parameter {p['name']!r}"), dtype, int(p["ds_id"]))
+    loadchecks.check_param_ids([p["ds_id"]], [p["name"]])
+    return ParamInfo(p["name"], _shape(p, dtype, f"parameter {p['name']!r}"), dtype, p["ds_id"])
+
+
+def params_table(entries: Any) -> list[ParamInfo]:
+    """The parameter table read back (each entry :func:`_param`), no two parameters with one ds_id."""
+    if not isinstance(entries, list):
+        raise ValueError("the bundle's params is not a list")
+    params = [_param(p) for p in entries]
+    loadchecks.check_param_ids([p.ds_id for p in params], [p.name for p in params])
+    return params
 
 
 def _input(i: dict) -> InputInfo:
@@ -354,10 +353,15 @@ def from_data(data: Any, path=None) -> Bundle:
         for part in ("provenance", "forward_placeholders", "backward_placeholders", "inputs", "params"):
             loadchecks.check_arguments(data.get(part), f"the bundle's {part}")
         constants = _constants(data.get("constants", {}))
-        graphs = {name: decode_graph(entry["nodes"], name, set(constants)) for name, entry in data["graphs"].items()}
+        params = params_table(data["params"])
+        ds_ids = {p.ds_id for p in params}
+        if not isinstance(data["graphs"], dict) or not all(isinstance(e, dict) for e in data["graphs"].values()):
+            raise ValueError("the bundle's graphs are not a table of graphs")
+        graph_ids = loadchecks.check_graph_ids({name: entry.get("graph_id") for name, entry in data["graphs"].items()})
+        graphs = {name: decode_graph(entry["nodes"], name, set(constants), graph_id=graph_ids[name], ds_ids=ds_ids)
+                  for name, entry in data["graphs"].items()}
         if "forward" not in graphs:
             raise ValueError("bundle has no forward graph")
-        params = [_param(p) for p in data["params"]]
         inputs = [_input(i) for i in data.get("inputs", [])]
         return Bundle(
             forward=graphs["forward"],
@@ -366,8 +370,8 @@ def from_data(data: Any, path=None) -> Bundle:
             inputs=inputs,
             forward_placeholders=list(data.get("forward_placeholders", [])),
             backward_placeholders=list(data.get("backward_placeholders", [])),
-            num_user_outputs=int(data.get("num_user_outputs", 1)),
-            graph_ids={name: entry.get("graph_id") for name, entry in data["graphs"].items()},
+            num_user_outputs=loadchecks.check_count(data.get("num_user_outputs", 1), "num_user_outputs"),
+            graph_ids=graph_ids,
             constants=constants,
             provenance=dict(data.get("provenance", {})),
         )

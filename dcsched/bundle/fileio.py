@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from dcsched import safeparse
 from dcsched.bundle import checks as loadchecks
 from dcsched.bundle.columns import GraphColumns, one_thread
 from dcsched.bundle.plans import plans_document, read_plans
@@ -135,11 +136,11 @@ def read_raw(path: Path) -> tuple[Any, dict[str, torch.Tensor]]:
     if blob is None or blob.dtype != torch.uint8 or blob.dim() != 1:
         raise BundleError(path, f"not a dcsched graph bundle (no '{DOC}' document)")
     try:
-        doc = json.loads(bytes(blob.numpy()).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        raise BundleError(path, "file is truncated or corrupt (its JSON document does not parse)") from None
-    except RecursionError:
-        raise BundleError(path, f"its JSON document nests deeper than {loadchecks.MAX_DEPTH} levels") from None
+        doc = safeparse.loads(bytes(blob.numpy()), what="its JSON document")
+    except ValueError as exc:
+        if "not valid JSON" in str(exc) or "not UTF-8" in str(exc):
+            raise BundleError(path, "file is truncated or corrupt (its JSON document does not parse)") from None
+        raise BundleError(path, str(exc)) from None  # nested too deep, too large
     if isinstance(doc, dict) and doc.get("version") != version and doc.get("version") in READ_VERSIONS:
         # Each version reads its own keys: a document must not be taken for another version's.
         raise BundleError(path, f"not a dcsched graph bundle (its document says version {doc['version']}, its "
@@ -150,23 +151,28 @@ def read_raw(path: Path) -> tuple[Any, dict[str, torch.Tensor]]:
 def _metadata(data: bytes) -> dict:
     size = int.from_bytes(data[:8], "little")
     try:
-        header = json.loads(data[8:8 + size])
-    except (ValueError, RecursionError):
+        header = safeparse.loads(data[8:8 + size], what="the safetensors header", max_bytes=MAX_HEADER)
+    except ValueError:
         return {}
     meta = header.get("__metadata__") if isinstance(header, dict) else None
     return meta if isinstance(meta, dict) else {}
 
 
 def _check_version(text: Any, path) -> int:
-    """The header's version, one this reader reads (BundleError otherwise)."""
-    if not isinstance(text, str) or not text.isdigit() or len(text) > 6 or int(text) < 1:
-        raise BundleError(path, f"bundle version {text!r} is not a version number (1 or more)")
-    if int(text) > VERSION:
-        raise BundleError(path, f"bundle version {text} was written by a newer dcsched "
+    """The header's version (ASCII digits: ``"3"``, not ``"03"``, ``"３"`` or ``"²"``), one this reader reads
+    (BundleError otherwise)."""
+    if not isinstance(text, str):  # safetensors metadata holds strings only
+        raise BundleError(path, f"bundle version {text!r:.40} is not a version number (ASCII digits, 1 or more)")
+    try:
+        version = safeparse.parse_version(text, what="bundle version")
+    except ValueError as exc:
+        raise BundleError(path, str(exc)) from None
+    if version > VERSION:
+        raise BundleError(path, f"bundle version {version} was written by a newer dcsched "
                                 f"(this one reads up to version {VERSION}); upgrade dcsched")
-    if int(text) not in READ_VERSIONS:
-        raise BundleError(path, f"bundle version {text} is not stored as a safetensors file")
-    return int(text)
+    if version not in READ_VERSIONS:
+        raise BundleError(path, f"bundle version {version} is not stored as a safetensors file")
+    return version
 
 
 def read(path: Path):
@@ -214,15 +220,18 @@ def from_parts(doc: Any, tensors: dict[str, torch.Tensor]):
     graphs = doc["graphs"]
     if not isinstance(graphs, dict) or "forward" not in graphs:
         raise ValueError("bundle has no forward graph")
+    params = core.params_table(doc["params"])
+    ds_ids = {p.ds_id for p in params}
     stored = {}
     for name, tables in graphs.items():
         if name not in GRAPH_NAMES:
             raise ValueError(f"graph {name!r:.40} is neither 'forward' nor 'backward'")
         columns = GraphColumns.from_parts(tables, tensors, f"graph.{name}.", f"graph '{name}'")
-        with one_thread():
-            columns.check(name, set(constants))
         stored[name] = columns
-    params = [core._param(p) for p in doc["params"]]
+    loadchecks.check_graph_ids({name: columns.graph_id for name, columns in stored.items()})
+    for name, columns in stored.items():
+        with one_thread():
+            columns.check(name, set(constants), ds_ids=ds_ids)
     inputs = []
     for k, entry in enumerate(doc.get("inputs", [])):
         if not isinstance(entry, dict):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import Any
+from typing import Any, Collection
 
 import networkx as nx
 import torch
@@ -40,8 +40,8 @@ ALLOWED_OP_NAMESPACES = ("aten", "prims", "dcsched", "dc")
 
 _NODE_OPS = ("placeholder", "call_function", "get_attr", "output")
 #: Largest figures a bundle may hold: beyond them a number is a corruption or a typo, not a measurement
-#: (1 PiB in one tensor or parameter; a day of device time for one node).
-MAX_BYTES = 2**50
+#: (1 PiB in one tensor or parameter, :data:`dcsched.bundle.checks.MAX_BYTES`; a day of device time for one node).
+MAX_BYTES = loadchecks.MAX_BYTES
 MAX_NODE_MS = 24 * 3600 * 1000.0
 #: Node meta kept in a bundle; everything else (FakeTensors, stack traces) is dropped.
 KEPT_META = ("device_time", "tensor_size", "out", "ds_id", "time_source")
@@ -171,13 +171,16 @@ def resolve_target(name: str):
     return target
 
 
-def decode_graph(nodes: list[dict], graph_name: str, constants: set[str] | None = None) -> torch.fx.Graph:
+def decode_graph(nodes: list[dict], graph_name: str, constants: set[str] | None = None, *,
+                 graph_id: int | None = None, ds_ids: Collection[int] | None = None) -> torch.fx.Graph:
     """Rebuild an FX graph from :func:`encode_graph`'s form, checking it on the way.
 
     Raises ValueError naming the problem: a dangling node reference, a cycle,
     an unknown, disallowed or mutating op, a name that is not a plain
     identifier, arguments nested too deep (:mod:`dcsched.bundle.checks`), a
-    malformed node. ``constants``: the names ``get_attr`` nodes may read.
+    malformed node, an output shape past belief, a ZeRO-3 op whose ``graph_id``
+    is not ``graph_id`` (when given) or whose ``id`` is none of ``ds_ids`` (the
+    parameter table's, when given). ``constants``: the names ``get_attr`` nodes may read.
     """
     if not isinstance(nodes, list):
         raise ValueError(f"graph '{graph_name}' is not a list of nodes")
@@ -211,7 +214,8 @@ def decode_graph(nodes: list[dict], graph_name: str, constants: set[str] | None 
         target = _node_target(entry, op, constants or set())
         if op == "call_function" and isinstance(target, torch._ops.OpOverload) and \
                 target.namespace in ("dcsched", "dc"):
-            loadchecks.check_comm_arguments(target._opname, args, kwargs, f"node {name}")
+            loadchecks.check_comm_arguments(target._opname, args, kwargs, f"node {name}", graph_id=graph_id,
+                                            ds_ids=ds_ids)
         node = graph.create_node(op, target, args, kwargs, name=name)
         if node.name != name:
             raise ValueError(f"node name {name!r} is not a valid FX node name")

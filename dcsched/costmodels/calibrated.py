@@ -35,6 +35,7 @@ from dcsched.graph.roles import Role, role_of
 from dcsched.costmodels.analytic import AnalyticCostModel, analytic_time, target_gpu
 from dcsched.costmodels.formulas import GPUS
 from dcsched.costmodels.registry import register
+from dcsched.safeparse import loads, parse_version
 
 if TYPE_CHECKING:
     from dcsched.costmodels.options import ProfileOptions
@@ -74,8 +75,12 @@ class Calibration:
     def from_dict(cls, data: Any, source: str = "calibration") -> Calibration:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise DcschedError(f"{source}: not a dcsched calibration file (no \"format\": \"{FORMAT}\")")
-        if data.get("version") != VERSION:
-            raise DcschedError(f"{source}: calibration version {data.get('version')!r}, this dcsched reads {VERSION}")
+        try:
+            version = parse_version(data.get("version"), what="calibration version")
+        except ValueError as exc:
+            raise DcschedError(f"{source}: {exc}") from None
+        if version != VERSION:
+            raise DcschedError(f"{source}: calibration version {version}, this dcsched reads {VERSION}")
         gpu = str(data.get("gpu", "")).lower()
         if gpu not in GPUS:
             raise DcschedError(f"{source}: unknown GPU {data.get('gpu')!r} (choose from {', '.join(GPUS)})")
@@ -84,9 +89,11 @@ class Calibration:
         if not all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in values):
             raise DcschedError(f"{source}: factors must be positive numbers")
         samples = data.get("samples")
-        samples = {str(k): int(v) for k, v in samples.items()} if isinstance(samples, dict) else {}
+        samples = samples if isinstance(samples, dict) else {}
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in samples.values()):
+            raise DcschedError(f"{source}: sample counts must be whole numbers")
         return cls(gpu, str(data.get("device", "")), {str(k): float(v) for k, v in factors.items()},
-                   float(data["default"]), samples)
+                   float(data["default"]), {str(k): v for k, v in samples.items()})
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write the file atomically."""
@@ -98,11 +105,11 @@ class Calibration:
 def load_calibration(path: str | os.PathLike) -> Calibration:
     """Read a calibration file; one-line :class:`DcschedError` for a missing or malformed one."""
     try:
-        data = json.loads(Path(path).read_text())
+        data = loads(Path(path).read_bytes(), what="calibration")
     except OSError as exc:
         raise DcschedError(f"{path}: cannot read calibration ({exc.strerror})") from None
     except ValueError as exc:
-        raise DcschedError(f"{path}: not JSON ({exc})") from None
+        raise DcschedError(f"{path}: {exc}") from None
     return Calibration.from_dict(data, str(path))
 
 

@@ -19,6 +19,7 @@ from dcsched.replay.measure import Measurement, clock_for, synchronize, time_ste
 from dcsched.profile.measure import check_replayable
 from dcsched.replay.run import ReplayRun, deterministic, prepare, replay
 from dcsched.replay.simulated import percent_error, simulated_figures, timing_caveat
+from dcsched.sim.plans import check_bundle_plans
 from dcsched.runtime.step import DEFAULT_SEED, graph_placeholder_names, installed, run_step
 
 
@@ -183,7 +184,9 @@ def replay_orders(candidate: Bundle, baseline: Bundle | None = None, *, device: 
         The orders computed different results (names the first differing output).
     DcschedError
         A bundle that cannot run here (planned without data, too big for the
-        device, or ranks that loaded different bundles).
+        device, or ranks that loaded different bundles), or whose stored plan
+        cannot be issued in its order (:func:`dcsched.sim.plans.check_stored_plans`,
+        as ``schedule`` refuses it).
 
     Examples
     --------
@@ -199,6 +202,7 @@ def replay_orders(candidate: Bundle, baseline: Bundle | None = None, *, device: 
     for bundle in (candidate, baseline):
         if bundle is not None:
             check_replayable(bundle)
+            check_bundle_plans(bundle)  # plans that cannot run as stored, refused as schedule refuses them
     device = resolve_device(device) if isinstance(device, str) else device
     factory = runtime_factory or (lambda bundle: runtime_for(bundle.params, flat_shards=False, plans=bundle.plans,
                                                              graph_ids=bundle.graph_ids))

@@ -35,7 +35,7 @@ from dcsched.graph.nxview import to_networkx
 from dcsched.graph.form import ALLGATHER, REDUCE, GraphForm
 from dcsched.plan import Plan
 from dcsched.sim.collectives import DEFAULT_LATENCY_MS, latency_from_provenance
-from dcsched.sim.plans import simulate_plan
+from dcsched.sim.plans import check_stored_plans, simulate_plan
 from dcsched.sim.simulate import CompiledGraph, SimResult, compile_view
 
 #: JSON schema version of :meth:`Comparison.to_dict`.
@@ -302,7 +302,8 @@ def compare_bundle(bundle: Bundle, algorithms: Iterable[str], *, assume_zero: bo
     Raises
     ------
     GraphError
-        For a graph that cannot be scheduled (before any scheduling).
+        For a graph that cannot be scheduled, or whose stored plan cannot be issued in its order
+        (:func:`dcsched.sim.plans.check_stored_plans`), before any scheduling.
     ScheduleError
         For an unknown algorithm.
     DcschedError
@@ -316,6 +317,7 @@ def compare_bundle(bundle: Bundle, algorithms: Iterable[str], *, assume_zero: bo
     latency = latency_from_provenance(bundle.provenance)
     compiled = {name: check_graph(view, name=name, assume_zero=assume_zero, comm_latency_ms=latency)
                 for name, view in views.items()}
+    check_stored_plans(bundle.plans, compiled)  # as replay checks them (dcsched.replay.replay_orders)
     skipped: dict[str, str] | None = {} if skip_failing else None
     planned = _plan_steps(views, [a for a in algorithms if schedulers.get(a).step], budget=budget,
                           comm_latency_ms=latency, options=options, progress=progress, skipped=skipped,

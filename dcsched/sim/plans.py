@@ -20,12 +20,15 @@ gradients all-reduced (:func:`replicated_fused`).
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Mapping
 
-from dcsched.graph.form import PLACEHOLDER, REDUCE
+from dcsched.errors import GraphError
+from dcsched.graph.form import PLACEHOLDER, REDUCE, GraphForm
 from dcsched.plan import Plan
 from dcsched.sim.collectives import all_reduce_time_ms, bucket_time_ms
 from dcsched.sim.fused import Fused
 from dcsched.sim.result import SimResult
+from dcsched.sim.issue import bucket_indices
 from dcsched.sim.simulate import CompiledGraph
 
 #: How the step's kept parameters reach each graph (by name): kept past the forward, held from the backward's start.
@@ -177,3 +180,69 @@ def replicated_fused(compiled: CompiledGraph, buckets: list[list[int]], held: fr
     shards = {p for i in gathers for p in compiled.preds[i] if kind[p] == PLACEHOLDER}
     return dataclasses.replace(fused, held_bytes=fused.held_bytes - int(sum(compiled.size[p] for p in shards)),
                                all_reduces=frozenset(members[0] for members in all_reduces))
+
+
+def check_stored_plans(plans: Mapping[str, Plan], forms: Mapping[str, GraphForm]) -> None:
+    """Refuse a stored plan whose buckets cannot be issued in its graph's order: what every command that runs
+    or simulates a bundle's plans (``schedule``, ``replay``) checks before using them.
+
+    A loaded plan is sound in structure (:mod:`dcsched.bundle.plans`: members of the graph, of the bucket's
+    op, in one bucket each); whether its graph's order can issue each bucket where it stands (every member's
+    input run before the bucket's first member) is this check (:func:`dcsched.sim.issue.bucket_indices`, as
+    the simulator reads buckets).
+
+    Parameters
+    ----------
+    plans : Mapping of str to Plan
+        The plans by graph name (``bundle.plans``); an empty order is the graph's own.
+    forms : Mapping of str to GraphForm
+        The graphs by name (a :class:`~dcsched.sim.simulate.CompiledGraph` is one); a plan of a graph not
+        here is not checked.
+
+    Raises
+    ------
+    GraphError
+        One line naming the graph and the bucket that cannot be issued, and why.
+
+    Examples
+    --------
+    >>> from dcsched import replay
+    >>> from dcsched.plan import Bucket
+    >>> bundle = replay.example_bundle()
+    >>> reduces = [n.name for n in bundle.backward.nodes if n.name.startswith("reduce")]
+    >>> plans = {"backward": Plan((), [Bucket("reduce", reduces[:2], [2, 0])])}
+    >>> check_stored_plans(plans, {"backward": GraphForm(bundle.backward)})  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    dcsched.errors.GraphError: graph 'backward': its stored plan cannot run: bucket of ... is issued before ...
+    """
+    for name, plan in plans.items():
+        form = forms.get(name)
+        if form is None or not plan.buckets:
+            continue
+        try:
+            idx = [form.index[n] for n in plan.order] if plan.order else form.topo
+            bucket_indices(form, plan.buckets, idx)
+        except KeyError as exc:
+            raise GraphError(f"graph '{name}': its stored plan orders {exc.args[0]!r:.80}, which is not in the "
+                             "graph") from None
+        except GraphError as exc:
+            raise GraphError(f"graph '{name}': its stored plan cannot run: {exc}") from None
+
+
+def check_bundle_plans(bundle: Any) -> None:
+    """:func:`check_stored_plans` of ``bundle.plans`` against its graphs (their forms: nothing compiled, no
+    figure read).
+
+    Raises
+    ------
+    GraphError
+        As :func:`check_stored_plans`.
+
+    Examples
+    --------
+    >>> from dcsched import replay
+    >>> check_bundle_plans(replay.example_bundle())  # no plans: nothing to refuse
+    """
+    planned = [name for name, plan in bundle.plans.items() if plan.buckets and name in bundle.graph_names]
+    check_stored_plans(bundle.plans, {name: bundle.form(name) for name in planned})

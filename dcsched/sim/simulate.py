@@ -56,6 +56,7 @@ import torch.fx
 from dcsched.errors import GraphError
 from dcsched.sim.collectives import DEFAULT_LATENCY_MS, bucket_time_ms
 from dcsched.sim.fused import HELD, Fused
+from dcsched.sim.issue import bucket_indices
 from dcsched.sim.memory import MemoryModel
 from dcsched.sim.timeline import Timeline
 from dcsched.sim.result import Clocks, ParamLifetime, SimResult  # noqa: F401  (simulate's results, imported from here too)
@@ -419,47 +420,9 @@ class CompiledGraph(MemoryModel, Timeline, GraphForm):
         return [i for i in range(len(self.names)) if kind[i] == ALLGATHER and ds_id[i] in held]
 
     def bucket_indices(self, buckets: Sequence, idx: Sequence[int]) -> list[list[int]]:
-        """``buckets`` as lists of member numbers, each in the order ``idx`` runs them, checked against ``idx``.
-
-        Raises :class:`GraphError` for a member that is not a node, not an
-        all-gather or a reduce, of another kind than the bucket's other members,
-        in two buckets, or whose input runs after the bucket's first member in
-        ``idx`` (the bucket is issued there).
-        """
-        pos_of = [-1] * len(self.names)
-        for pos, i in enumerate(idx):
-            pos_of[i] = pos
-        kind, names, index = self.kind, self.names, self.index
-        seen: set[int] = set()
-        result: list[list[int]] = []
-        for bucket in buckets:
-            members = getattr(bucket, "members", bucket)
-            nodes: list[int] = []
-            for m in members:
-                found = m if isinstance(m, int) else index.get(m)
-                if found is None or not 0 <= found < len(names):
-                    raise GraphError(f"bucket member {m!r} is not in the graph")
-                i = found
-                if kind[i] not in COMM_KINDS:
-                    raise GraphError(f"bucket member {names[i]!r} is a {KIND_NAMES[kind[i]]}, not an all-gather "
-                                     "or a reduce")
-                if i in seen:
-                    raise GraphError(f"{names[i]!r} is in two buckets")
-                seen.add(i)
-                nodes.append(i)
-            if not nodes:
-                continue
-            if len({kind[i] for i in nodes}) > 1:
-                raise GraphError(f"bucket {names[nodes[0]]!r}... mixes all-gathers and reduces")
-            nodes.sort(key=pos_of.__getitem__)
-            first = pos_of[nodes[0]]
-            for i in nodes:
-                for p in self.preds[i]:
-                    if pos_of[p] > first:
-                        raise GraphError(f"bucket of {names[nodes[0]]!r} is issued before its member {names[i]!r}'s "
-                                         f"input {names[p]!r} has run")
-            result.append(nodes)
-        return result
+        """``buckets`` as lists of member numbers, each in the order ``idx`` runs them, checked against ``idx``
+        (:func:`dcsched.sim.issue.bucket_indices`: GraphError for a bucket that cannot be issued there)."""
+        return bucket_indices(self, buckets, idx)
 
     def simulate_with_frees(self, idx: list[int], *, detail: bool | str = "series",
                             buckets: list[list[int]] | None = None,
