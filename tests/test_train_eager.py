@@ -85,6 +85,10 @@ def test_the_uncompiled_module_runs_eagerly_with_its_gradients_in_the_shards():
     model.eval()
     with torch.no_grad():
         assert torch.equal(model(x), plain(x))
+    seen = []  # a forward hook registered after dcsched.shard sees the full weight in an eager call
+    model.norm.register_forward_hook(lambda module, _args, _out: seen.append(module.weight.sum()))
+    model(x)
+    assert torch.equal(seen[0], plain.norm.weight.sum())
     assert [type(p) for p in model.parameters()] == [torch.nn.Parameter] * 4  # the shards are back
 
 
@@ -151,7 +155,8 @@ def test_a_stand_in_answers_its_metadata_and_refuses_its_bytes():
                  lambda: torch.nn.functional.linear(torch.ones(6), stand_in)):
         assert _first_error(read).startswith("Linear's parameter lin.weight was read by eager code")
     # Outside a forward the parameter is this rank's shard, as the optimizer steps it.
-    assert model.lin.weight.shape == (36,) and float(model.lin.weight.sum()) == float(eager_runs.Hooked().lin.weight.sum())
+    assert model.lin.weight.shape == (36,)
+    assert float(model.lin.weight.sum()) == float(eager_runs.Hooked().lin.weight.sum())
 
 
 @pytest.fixture(scope="module")

@@ -55,10 +55,11 @@ from dcsched.runtime.distributed import padded_numel
 _METADATA = frozenset({
     "size", "dim", "ndimension", "numel", "nelement", "stride", "storage_offset", "is_contiguous",
     "element_size", "is_floating_point", "is_complex", "is_signed", "get_device", "untyped_storage", "data_ptr",
-    "requires_grad_", "__hash__", "type", "__len__",
+    "requires_grad_", "__hash__", "__len__",
 })
 #: Tensor properties that hand out the bytes (a view or a copy): refused like any other op.
 _READING_PROPERTIES = frozenset({"data", "T", "mT", "H", "mH", "real", "imag"})
+
 
 class StandIn(torch.Tensor):
     """A sharded parameter's full-shape stand-in (a storage of no bytes): traced by TorchDynamo, refused eagerly.
@@ -99,8 +100,9 @@ def _refuse(args, kwargs) -> None:
     owner = _owner_name(sharding.module, spec.name)
     raise ShardingError(
         f"{owner}'s parameter {spec.name} was read by eager code outside its module's call and outside the compiled "
-        "graphs (a graph break, a hook or a print inside the forward): dcsched.shard holds it sharded and gathers it "
-        "only there; compute with it inside the module's forward without a graph break, or read it whole outside "
+        "graphs (a graph break or a hook inside the compiled forward, or a frame TorchDynamo gave up compiling): "
+        "dcsched.shard keeps it sharded and gathers it only in those; compute with it in the module's forward "
+        "(compiled without a graph break there, or in an uncompiled call of the module), or read it whole outside "
         "the forward with model.state_dict() (on every rank)")
 
 
@@ -117,7 +119,7 @@ def stand_in(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -
     tensor = torch.empty(shape, dtype=dtype, device=device)
     tensor.untyped_storage().resize_(0)
     tensor.requires_grad_(True)
-    return tensor.as_subclass(StandIn)  # type: ignore[return-value]
+    return tensor.as_subclass(StandIn)
 
 
 # ---------------------------------------------------------------------------
@@ -179,12 +181,12 @@ class _Gather(torch.autograd.Function):
     """The full parameter from its shard; backward: the gradient reduce-scattered into the shard's."""
 
     @staticmethod
-    def forward(ctx, shard, sharding, spec):  # type: ignore[override]
+    def forward(ctx, shard, sharding, spec):
         ctx.sharding, ctx.spec = sharding, spec
         return full_of(sharding, spec, shard.detach())
 
     @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
+    def backward(ctx, grad):
         return shard_gradient(ctx.sharding, ctx.spec, grad), None, None
 
 
@@ -213,9 +215,10 @@ def _hook(module: nn.Module, sharding, own: list) -> None:
             if current is spec.param or current is spec.stand_in:  # the shard, or the forward's stand-in
                 full = _Gather.apply(spec.param, sharding, spec)
                 swapped.append((name, current, full))
-                module._parameters[name] = full  # type: ignore[assignment]
+                module._parameters[name] = full
         if swapped:
             calls.append(swapped)
+            module._forward_hooks.move_to_end(last.id)
         return None
 
     def put_back(_module, _args, _output):
@@ -223,8 +226,10 @@ def _hook(module: nn.Module, sharding, own: list) -> None:
             return None
         if all(module._parameters.get(name) is full for name, _before, full in calls[-1]):
             for name, before, _full in calls.pop():
-                module._parameters[name] = before  # type: ignore[assignment]
+                module._parameters[name] = before
         return None
 
-    module.register_forward_pre_hook(gather)
-    module.register_forward_hook(put_back, always_call=True)
+    # The gather runs before any other pre-hook and the put-back after every forward hook (moved last at each
+    # eager call), so the user's own hooks see the full parameters too.
+    module.register_forward_pre_hook(gather, prepend=True)
+    last = module.register_forward_hook(put_back, always_call=True)
