@@ -208,3 +208,49 @@ def test_a_hook_reading_a_parameter_stops_both_ranks_with_one_line(two_ranks):
     for rank in range(2):
         assert two_ranks[rank]["refused"].startswith(
             "ShardingError: LayerNorm's parameter norm.weight was read by eager code"), rank
+
+
+EVALUATES = """
+import sys, torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+x = torch.linspace(-1, 1, 8).view(2, 4)
+step = model if "--plain" in sys.argv else torch.compile(model)
+for _ in range(2):
+    step(x).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+model.eval()
+with torch.no_grad():
+    print("eval", model(x).flatten().tolist())
+"""
+
+PRINTS_IN_HOOK = """
+import torch
+model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+model[1].register_forward_hook(lambda module, args, out: print(module.weight))
+torch.compile(model)(torch.ones(2, 4)).sum().backward()
+"""
+
+
+def test_dcsched_train_evaluates_the_uncompiled_model_and_refuses_a_hook_print_in_one_line(tmp_path, capsys,
+                                                                                           monkeypatch):
+    import runpy
+    import sys
+
+    from dcsched.cli import run
+    torch._dynamo.reset()
+    (tmp_path / "evaluates.py").write_text(EVALUATES)
+    assert run(["train", str(tmp_path / "evaluates.py"), "--no-progress", "--cost-model", "analytic",
+                "--gpu", "h100"]) == 0
+    trained = [line for line in capsys.readouterr().out.splitlines() if line.startswith("eval")]
+    monkeypatch.setattr(sys, "argv", [str(tmp_path / "evaluates.py"), "--plain"])
+    runpy.run_path(str(tmp_path / "evaluates.py"), run_name="__main__")
+    plain = [line for line in capsys.readouterr().out.splitlines() if line.startswith("eval")]
+    assert len(trained) == 1 and trained == plain
+    (tmp_path / "prints.py").write_text(PRINTS_IN_HOOK)
+    assert run(["train", str(tmp_path / "prints.py"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dcsched: error: LayerNorm's parameter 1.weight was read by eager code"), err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
