@@ -17,7 +17,10 @@ names; an op target is called. So every one of them is checked here, at load:
   never by looking a stored name up as an attribute;
 * arguments nest at most :data:`MAX_DEPTH` deep and hold at most
   :data:`MAX_ITEMS` values per node, so a file of a few kilobytes cannot
-  expand (through shared references) into work without end.
+  expand (through shared references) into work without end; and a graph's
+  nodes together at most :func:`arguments_allowance` values (one node's
+  :data:`MAX_ITEMS` plus :data:`ITEMS_PER_NODE` per node), so nodes sharing
+  one large argument template (stored once) cannot expand either.
 
 Each check raises ``ValueError`` with the reason; the loader adds the path.
 
@@ -42,8 +45,46 @@ import torch.fx
 MAX_DEPTH = 32
 #: Most values (containers and leaves) in one node's arguments.
 MAX_ITEMS = 100_000
+#: Values a graph's nodes' arguments may hold per node on average, beyond one node's :data:`MAX_ITEMS`.
+#: Captured graphs use 9-12 per node (20 with their meta: the sample and benchmark graphs, measured),
+#: so 64 leaves room for unusual ops while a graph expands to no more than its node count implies.
+ITEMS_PER_NODE = 64
 #: Longest name a bundle may use.
 MAX_NAME = 256
+
+
+class TooManyValues(ValueError):
+    """Arguments holding more values than allowed (:func:`check_arguments`)."""
+
+
+def arguments_allowance(nodes: int) -> int:
+    """The most values the arguments of a graph of ``nodes`` nodes may hold in all (each node's expanded).
+
+    One node may hold :data:`MAX_ITEMS` (an output node lists every saved tensor); the rest
+    :data:`ITEMS_PER_NODE` each on average. The work of building the graph (FX copies every node's
+    arguments) is then proportional to its node count, however the file shares them.
+
+    >>> arguments_allowance(2000)
+    228000
+    """
+    return MAX_ITEMS + ITEMS_PER_NODE * nodes
+
+
+def check_total_arguments(total: int | None, nodes: int, where: str) -> None:
+    """Refuse a graph whose nodes' arguments hold more than :func:`arguments_allowance` values in all.
+
+    >>> check_total_arguments(2000 * 104_000, 2000, "graph 'forward'")
+    Traceback (most recent call last):
+    ...
+    ValueError: graph 'forward': its nodes' arguments hold 208000000 values in all, more than the 228000 allowed for 2000 nodes (100000 + 64 per node)
+
+    ``total`` None: more than allowed, counting stopped there.
+    """
+    allowance = arguments_allowance(nodes)
+    if total is None or total > allowance:
+        held = f"hold {total} values in all, more than" if total is not None else "hold more than"
+        raise ValueError(f"{where}: its nodes' arguments {held} the {allowance} allowed for {nodes} nodes "
+                         f"({MAX_ITEMS} + {ITEMS_PER_NODE} per node)")
 
 
 def _table(kind: type) -> dict[str, Any]:
@@ -116,8 +157,9 @@ def check_op(target: Any, name: str) -> None:
                          "not keep their order against the other readers of that tensor)")
 
 
-def check_arguments(value: Any, where: str, max_items: int = MAX_ITEMS) -> None:
-    """Refuse arguments nested deeper than :data:`MAX_DEPTH` or holding more than :data:`MAX_ITEMS` values.
+def check_arguments(value: Any, where: str, max_items: int = MAX_ITEMS) -> int:
+    """Refuse arguments nested deeper than :data:`MAX_DEPTH` or holding more than ``max_items`` values
+    (:class:`TooManyValues`); returns how many values (containers and leaves) they hold.
 
     >>> nested = [1]
     >>> for _ in range(60):
@@ -133,12 +175,13 @@ def check_arguments(value: Any, where: str, max_items: int = MAX_ITEMS) -> None:
         current, depth = stack.pop()
         items += 1
         if items > max_items:
-            raise ValueError(f"{where}: arguments hold more than {max_items} values")
+            raise TooManyValues(f"{where}: arguments hold more than {max_items} values")
         if isinstance(current, (list, tuple, dict)):
             if depth >= MAX_DEPTH:
                 raise ValueError(f"{where}: arguments nest deeper than {MAX_DEPTH} levels")
             children = current.values() if isinstance(current, dict) else current
             stack.extend((child, depth + 1) for child in children)
+    return items
 
 
 #: The integer arguments of the ZeRO-3 ops (after the tensor), by op name.
