@@ -167,3 +167,4 @@ def test_watchdog_stops_past_its_memory_limit():
             time.sleep(0.01)
         del block
     assert stops and "past its bound of 64.00 MiB" in stops[0], stops
+

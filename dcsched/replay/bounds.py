@@ -34,6 +34,7 @@ from dcsched.bundle.core import Bundle
 from dcsched.errors import DcschedError, GraphError
 from dcsched.graph.roles import is_view_like
 from dcsched.graph.specs import Spec, _specs, nbytes, node_specs, shard_numel
+from dcsched.replay.watchdog import Watchdog
 from dcsched.runtime import ops
 from dcsched.units import format_bytes, format_ms
 
@@ -268,10 +269,11 @@ def check_memory(bounds: Sequence[StepBounds], device: torch.device, available: 
     The orders run one at a time, each alive with the others' parameters and inputs (the timing rounds
     hold all of them): what the largest step holds, times ``margin``, plus the others' resident bytes.
 
-    >>> check_memory([StepBounds(2**30, 2**20, 1.0, 0.0)], torch.device("cpu"), available=2**30)
-    Traceback (most recent call last):
-    ...
-    dcsched.errors.DcschedError: the step needs up to 1.50 GiB (its simulated peak 1.00 GiB on verified sizes x 1.5) but only 1.00 GiB is free on cpu; nothing was allocated
+    >>> try:
+    ...     check_memory([StepBounds(2**30, 2**20, 1.0, 0.0)], torch.device("cpu"), available=2**30)
+    ... except DcschedError as exc:
+    ...     print(str(exc)[:60])
+    the step needs up to 1.50 GiB (its simulated peak 1.00 GiB o
     """
     from dcsched.replay.device import free_bytes
     if not bounds:
@@ -287,3 +289,21 @@ def check_memory(bounds: Sequence[StepBounds], device: torch.device, available: 
                            f"{format_bytes(bounds[largest].peak_bytes)} on verified sizes x {margin:g}{held}) but "
                            f"only {format_bytes(available)} is free on {device}; nothing was allocated")
     return need
+
+
+def watchdog_for(bounds: Sequence[StepBounds], need: int, device: torch.device,
+                 timeout: float | None = None) -> Watchdog:
+    """The watchdog of a bounded replay of steps ``bounds`` needing ``need`` bytes (:func:`check_memory`).
+
+    Each phase within the slower step's :meth:`StepBounds.step_seconds`, or ``timeout`` seconds for
+    everything; the process's memory within ``need``, plus each step's resident bytes again (the results
+    kept: gradients as large as the parameters), plus :data:`MEMORY_SLACK`.
+    """
+    slowest = max(bounds, key=lambda b: b.step_seconds())
+    if timeout is not None:
+        how = f"--timeout {timeout:g}"
+    else:
+        how = (f"a step may take {TIME_FACTOR} x the bundle's {slowest.recorded_ms:.3g} ms of recorded device "
+               f"time, at least {TIME_FLOOR_S:g} s; --timeout SECONDS sets another bound")
+    limit = need + sum(b.resident_bytes for b in bounds) + MEMORY_SLACK
+    return Watchdog(step_s=slowest.step_seconds(), total_s=timeout, memory_limit=limit, device=device, how=how)

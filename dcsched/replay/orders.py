@@ -14,15 +14,14 @@ from dcsched.runtime.select import runtime_for
 from dcsched.bundle.core import Bundle
 from dcsched.runtime.consensus import check_same, plan_fingerprints
 from dcsched.errors import DcschedError, ResultMismatch
-from dcsched.replay import bounds as limits
-from dcsched.replay.bounds import StepBounds, check_memory, check_step
+from dcsched.replay.bounds import check_memory, check_step, watchdog_for
 from dcsched.replay.compare import ResultComparison, compare
 from dcsched.replay.device import check_fits, resolve_device
 from dcsched.replay.measure import Measurement, clock_for, synchronize, time_step
 from dcsched.profile.measure import check_replayable
 from dcsched.replay.run import ReplayRun, deterministic, prepare, replay
 from dcsched.replay.simulated import percent_error, simulated_figures, timing_caveat
-from dcsched.replay.watchdog import Unwatched, Watchdog
+from dcsched.replay.watchdog import Unwatched
 from dcsched.runtime.step import DEFAULT_SEED, graph_placeholder_names, installed, run_step
 
 
@@ -233,25 +232,10 @@ def replay_orders(candidate: Bundle, baseline: Bundle | None = None, *, device: 
     if baseline is not None:
         loaded.update({f"baseline's {k}": v for k, v in plan_fingerprints(baseline).items()})
     check_same(loaded, "loaded")
-    watch = _watchdog(bounds, need, device, timeout) if bounded else contextlib.nullcontext(Unwatched())
+    watch = watchdog_for(bounds, need, device, timeout) if bounded else contextlib.nullcontext(Unwatched())
     with watch as watching:
         return _run_jobs(jobs, device=device, seed=seed, iters=iters, warmup=warmup, factory=factory, order=order,
                          exact=exact, labels=labels, watch=watching)
-
-
-def _watchdog(bounds: list[StepBounds], need: int, device: torch.device, timeout: float | None) -> Watchdog:
-    """The watchdog of a bounded replay: each phase within the slower order's step bound, or ``timeout`` in all."""
-    slowest = max(bounds, key=lambda b: b.step_seconds())
-    step_s = slowest.step_seconds()
-    if timeout is not None:
-        how = f"--timeout {timeout:g}"
-    else:
-        how = (f"a step may take {limits.TIME_FACTOR} x the bundle's {slowest.recorded_ms:.3g} ms of recorded "
-               f"device time, at least {limits.TIME_FLOOR_S:g} s; --timeout SECONDS sets another bound")
-    # What the process may add: the checked need, the results kept per order (gradients: about its resident
-    # tensors again) and what a process grows by beyond its tensors.
-    limit = need + sum(b.resident_bytes for b in bounds) + limits.MEMORY_SLACK
-    return Watchdog(step_s=step_s, total_s=timeout, memory_limit=limit, device=device, how=how)
 
 
 def _run_jobs(jobs, *, device: torch.device, seed: int, iters: int, warmup: int, factory, order, exact,

@@ -6,9 +6,10 @@ time or memory bound is ended by a watchdog thread that prints the reason and en
 rank runs its own watchdog on the same figures, so a rank waiting on a stopped peer stops too.
 
 Phases: :meth:`Watchdog.phase` arms a deadline for one piece of the replay (preparing a step, running
-one): ``steps`` times ``step_s``; with ``total_s`` (``--timeout``) one deadline covers the whole replay instead. Memory: with
-``memory_limit`` the watchdog also stops the process when the memory it holds beyond what it held when
-the watch started (CPU: resident set size; CUDA: allocated bytes) passes the limit.
+one): ``steps`` times ``step_s``; with ``total_s`` (``--timeout``) one deadline covers the whole replay
+instead. Memory: with ``memory_limit`` the watchdog also stops the process when the memory it holds
+beyond what it held when the watch started (CPU: resident set size; CUDA: allocated bytes) passes the
+limit.
 
 >>> stops = []
 >>> with Watchdog(step_s=5.0, on_stop=stops.append, poll_s=0.01) as watch:
