@@ -221,6 +221,16 @@ def _self_similar(levels: int = 60) -> list:
     return nested
 
 
+def _sharing(nodes: int, values: list) -> list:
+    """``nodes`` call nodes whose arguments are one list (pickle stores it once)."""
+    return [{"name": f"blowup_{i}", "op": "call_function", "target": "aten.zeros.default",
+             "args": {"$tuple": [values]}, "kwargs": {"$dict": []}, "meta": {}} for i in range(nodes)]
+
+
+def _insert_before_output(nodes: list, extra: list) -> None:
+    nodes[len(nodes) - 1:len(nodes) - 1] = extra
+
+
 #: Bundles built to run code, hang or crash a command: (case, edit of the plain data, words in the message).
 #: ``MARKER`` in an edit stands for a file the payload would create.
 HOSTILE = [
@@ -258,6 +268,9 @@ HOSTILE = [
      lambda d: _first_of(d, "allgather_param").update(args={"$tuple": _first_of(d, "allgather_param")["args"]
                                                              ["$tuple"][:1]}),
      "allgather_param has no graph_id argument"),
+    ("2000 nodes sharing one argument list",
+     lambda d: _insert_before_output(d["graphs"]["forward"]["nodes"], _sharing(2000, [0.5] * 90_000)),
+     "its nodes' arguments hold more than the"),
     ("output shape nan", lambda d: _first_call(d)["meta"].update(out={"shape": [float("nan")], "dtype": "float32"}),
      "output shape [nan] is not a list of non-negative integers"),
     ("from_file creating a file",

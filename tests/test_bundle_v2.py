@@ -7,6 +7,7 @@ import json
 import os
 import random
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -350,8 +351,28 @@ def _edit_strings(doc, old, new):
     strings[strings.index(old)] = new
 
 
+def _shared_template(doc, tensors, nodes=2000, values=104_000):
+    """``nodes`` nodes before the output, all calling with one template of ``values`` float literals (stored once:
+    about 0.5 MB; 2 * 10^8 values once every node's arguments are built)."""
+    g, p = doc["graphs"]["forward"], "graph.forward."
+    out = g["nodes"] - 1
+    g["templates"].append([{"$tuple": [[0.5] * values]}, {"$dict": []}])
+    g["strings"].append("aten.zeros.default")
+    _names(tensors, lambda names: names.__setitem__(slice(out, out), [f"blowup_{i}" for i in range(nodes)]))
+    for column, value in (("op", 1), ("target", len(g["strings"]) - 1), ("args", len(g["templates"]) - 1),
+                          ("meta", 0), ("device_time", 0.0), ("tensor_size", 0), ("figures", 0)):
+        c = tensors[p + column]
+        tensors[p + column] = torch.cat([c[:out], torch.full((nodes,), value, dtype=c.dtype), c[out:]])
+    for column in ("input_offsets", "int_offsets"):  # the new nodes read no node and no integer
+        c = tensors[p + column]
+        tensors[p + column] = torch.cat([c[:out + 1], torch.full((nodes,), int(c[out]), dtype=c.dtype), c[out + 1:]])
+    g["nodes"] += nodes
+
+
 #: (case, edit of (doc, tensors), words in the message). ``MARKER`` stands for a file a payload would create.
 HOSTILE_V2 = [
+    ("one template shared by 2000 nodes", _shared_template,
+     "its nodes' arguments hold 208012147 values in all, more than the 228960 allowed for 2015 nodes"),
     ("node name expression", lambda d, t: _names(t, lambda n: n.__setitem__(3, "x=(__import__('os').system("
                                                                              "'touch MARKER'),1)[1]")),
      "is not a plain identifier"),
@@ -471,6 +492,24 @@ def test_hostile_v2_bundles_run_no_code_and_stop_with_one_line(tmp_path, kind, c
     before = sorted(os.listdir(tmp_path))
     _one_line(run([command[0], str(path), *command[1:]]), capsys, words)
     assert sorted(os.listdir(tmp_path)) == before and not marker.exists()
+
+
+def test_shared_template_blow_up_refused_fast_by_every_command(tmp_path, capsys):
+    path, words, _marker = _hostile_v2(tmp_path, "one template shared by 2000 nodes")
+    assert path.stat().st_size < 600_000
+    for command in (["show"], ["schedule", "--algo", "none"], ["convert", str(tmp_path / "out.pt")], ["replay"]):
+        start = time.monotonic()
+        _one_line(run([command[0], str(path), *command[1:]]), capsys, words)
+        assert time.monotonic() - start < 10, command
+    assert sorted(os.listdir(tmp_path)) == ["hostile.pt"]
+
+
+def test_a_shared_template_within_the_allowance_loads(tmp_path):
+    doc, tensors = _raw()
+    _shared_template(doc, tensors, nodes=20, values=1000)
+    path = tmp_path / "fine.pt"
+    path.write_bytes(fileio.encode(doc, tensors))
+    assert len(dcsched.load(path).forward.nodes) == 35
 
 
 def _file_cases(tmp_path) -> dict[str, tuple[Path, str]]:

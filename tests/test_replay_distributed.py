@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -119,6 +120,23 @@ def test_torchrun_ranks_that_load_different_bundles_stop_before_any_collective(t
     assert lines and all(line == lines[0] for line in lines), done.stderr[-3000:]
     assert lines[0].startswith("dcsched: error: rank 1 loaded a different bundle's forward "), lines[0]
     assert "from rank 0" in lines[0] and "Traceback" not in done.stdout
+
+
+def test_every_torchrun_rank_stops_past_the_bound(tmp_path):
+    from test_replay_bounds import _chain
+
+    path = dcsched.save(_chain(20, 2048, 1.0), tmp_path / "slow.pt")
+    root = str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "PYTHONPATH": root}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+               "--master-port", str(free_port()), "-m", "dcsched", "replay", str(path), "--device", "cpu",
+               "--iters", "1", "--warmup", "0", "--timeout", "3"]
+    start = time.monotonic()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=170, env=env)
+    assert done.returncode != 0 and time.monotonic() - start < 120
+    lines = [line for line in done.stderr.splitlines() if line.startswith("dcsched: error:")]
+    assert lines and all("replay stopped: the replay ran past its bound of 3 s" in line for line in lines), \
+        done.stderr[-3000:]
 
 
 def _replay_all_main(rank: int, world_size: int, port: int, out_dir: str) -> None:

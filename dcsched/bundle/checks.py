@@ -18,7 +18,10 @@ names; an op target is called. So every one of them is checked here, at load:
   never by looking a stored name up as an attribute;
 * arguments nest at most :data:`MAX_DEPTH` deep and hold at most
   :data:`MAX_ITEMS` values per node, so a file of a few kilobytes cannot
-  expand (through shared references) into work without end;
+  expand (through shared references) into work without end; and a graph's
+  nodes together at most :func:`arguments_allowance` values (one node's
+  :data:`MAX_ITEMS` plus :data:`ITEMS_PER_NODE` per node), so nodes sharing
+  one large argument template (stored once) cannot expand either;
 * numbers the runtime and the simulator act on are believable: a shape's
   dimensions and bytes at most :data:`MAX_BYTES` (:func:`check_shape`), a
   ZeRO-3 op's ``id`` a parameter of the bundle's table and its ``graph_id``
@@ -49,6 +52,10 @@ import torch.fx
 MAX_DEPTH = 32
 #: Most values (containers and leaves) in one node's arguments.
 MAX_ITEMS = 100_000
+#: Values a graph's nodes' arguments may hold per node on average, beyond one node's :data:`MAX_ITEMS`.
+#: Captured graphs use 9-12 per node (20 with their meta: the sample and benchmark graphs, measured),
+#: so 64 leaves room for unusual ops while a graph expands to no more than its node count implies.
+ITEMS_PER_NODE = 64
 #: Longest name a bundle may use.
 MAX_NAME = 256
 #: Largest tensor a bundle may describe, in bytes (1 PiB), and so its largest dimension: beyond it a number
@@ -57,6 +64,41 @@ MAX_BYTES = 2**50
 #: Largest graph id, parameter id (ds_id) and use count: dcsched numbers graphs 0 (forward) and 1 (backward)
 #: and parameters 0 to P-1, and every runtime table keyed by them fits 31 bits.
 MAX_ID = 2**31 - 1
+
+
+class TooManyValues(ValueError):
+    """Arguments holding more values than allowed (:func:`check_arguments`)."""
+
+
+def arguments_allowance(nodes: int) -> int:
+    """The most values the arguments of a graph of ``nodes`` nodes may hold in all (each node's expanded).
+
+    One node may hold :data:`MAX_ITEMS` (an output node lists every saved tensor); the rest
+    :data:`ITEMS_PER_NODE` each on average. The work of building the graph (FX copies every node's
+    arguments) is then proportional to its node count, however the file shares them.
+
+    >>> arguments_allowance(2000)
+    228000
+    """
+    return MAX_ITEMS + ITEMS_PER_NODE * nodes
+
+
+def check_total_arguments(total: int | None, nodes: int, where: str) -> None:
+    """Refuse a graph whose nodes' arguments hold more than :func:`arguments_allowance` values in all.
+
+    ``total`` None: more than allowed, counting stopped there.
+
+    >>> try:
+    ...     check_total_arguments(2000 * 104_000, 2000, "graph 'forward'")
+    ... except ValueError as exc:
+    ...     print(str(exc)[:80])
+    graph 'forward': its nodes' arguments hold 208000000 values in all, more than th
+    """
+    allowance = arguments_allowance(nodes)
+    if total is None or total > allowance:
+        held = f"hold {total} values in all, more than" if total is not None else "hold more than"
+        raise ValueError(f"{where}: its nodes' arguments {held} the {allowance} allowed for {nodes} nodes "
+                         f"({MAX_ITEMS} + {ITEMS_PER_NODE} per node)")
 
 
 def _table(kind: type) -> dict[str, Any]:
@@ -129,8 +171,9 @@ def check_op(target: Any, name: str) -> None:
                          "not keep their order against the other readers of that tensor)")
 
 
-def check_arguments(value: Any, where: str, max_items: int = MAX_ITEMS) -> None:
-    """Refuse arguments nested deeper than :data:`MAX_DEPTH` or holding more than :data:`MAX_ITEMS` values.
+def check_arguments(value: Any, where: str, max_items: int = MAX_ITEMS) -> int:
+    """Refuse arguments nested deeper than :data:`MAX_DEPTH` or holding more than ``max_items`` values
+    (:class:`TooManyValues`); returns how many values (containers and leaves) they hold.
 
     >>> nested = [1]
     >>> for _ in range(60):
@@ -146,12 +189,13 @@ def check_arguments(value: Any, where: str, max_items: int = MAX_ITEMS) -> None:
         current, depth = stack.pop()
         items += 1
         if items > max_items:
-            raise ValueError(f"{where}: arguments hold more than {max_items} values")
+            raise TooManyValues(f"{where}: arguments hold more than {max_items} values")
         if isinstance(current, (list, tuple, dict)):
             if depth >= MAX_DEPTH:
                 raise ValueError(f"{where}: arguments nest deeper than {MAX_DEPTH} levels")
             children = current.values() if isinstance(current, dict) else current
             stack.extend((child, depth + 1) for child in children)
+    return items
 
 
 #: The integer arguments of the ZeRO-3 ops (after the tensor), by op name.

@@ -73,9 +73,10 @@ class CheckedColumns(ColumnStore):
         # JSON shares nothing, so a template's size is the file's: beyond the usual limit, a template may refer
         # to every node once (an output node lists every tensor the forward saves), two values each.
         max_items = loadchecks.MAX_ITEMS + 2 * n
+        sizes = []
         for i, tpl in enumerate(self.templates):
             try:
-                loadchecks.check_arguments(tpl, "", max_items)
+                sizes.append(loadchecks.check_arguments(tpl, "", max_items))
                 value, nodes_used, ints_used = _decode_template(tpl)
             except (ValueError, TypeError, KeyError, RuntimeError, AttributeError) as exc:
                 user = self._first(args, i)
@@ -85,6 +86,9 @@ class CheckedColumns(ColumnStore):
             decoded.append(value)
             node_slots.append(nodes_used)
             int_slots.append(ints_used)
+        # Every node expands its template: the graph's total is counted per template, times its uses.
+        total = int(torch.tensor(sizes, dtype=torch.long)[args].sum()) if n else 0
+        loadchecks.check_total_arguments(total, n, where)
         self._check_counts(self.int_offsets, len(self.ints), args, torch.tensor(int_slots, dtype=torch.long),
                            "integers", where)
         self._check_inputs(args, torch.tensor(node_slots, dtype=torch.long), where)

@@ -190,10 +190,18 @@ def decode_graph(nodes: list[dict], graph_name: str, constants: set[str] | None 
         raise ValueError(f"graph '{graph_name}' holds a node without a name")
     if len(set(names)) != len(names):
         raise ValueError(f"graph '{graph_name}' holds two nodes of one name")
+    allowance, used = loadchecks.arguments_allowance(len(nodes)), 0
     for entry in nodes:
         loadchecks.check_identifier(entry["name"], f"graph '{graph_name}': node name")
-        loadchecks.check_arguments([entry.get("args"), entry.get("kwargs"), entry.get("meta")],
-                                   f"graph '{graph_name}': node {entry['name']}")
+        left = allowance - used  # a pickle shares lists between nodes: the graph's total is bounded too
+        try:
+            used += loadchecks.check_arguments([entry.get("args"), entry.get("kwargs"), entry.get("meta")],
+                                               f"graph '{graph_name}': node {entry['name']}",
+                                               min(loadchecks.MAX_ITEMS, left))
+        except loadchecks.TooManyValues:
+            if left >= loadchecks.MAX_ITEMS:
+                raise
+            loadchecks.check_total_arguments(None, len(nodes), f"graph '{graph_name}'")
     _check_references(nodes, set(names), graph_name)
     for entry in nodes:
         meta = entry.get("meta") or {}

@@ -82,11 +82,19 @@ def replay(
     exact: Optional[bool] = typer.Option(None, "--exact/--tolerant", help="Ask for bit-for-bit equal results "
                                          "(default on the CPU) or equality within tolerance (default on a GPU)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON (bytes and ms)."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", min=0.001, help="Seconds the whole replay may "
+                                            "take; past them it stops with one line (exit code 2). Default: each "
+                                            "step within 10,000 x the bundle's recorded device time, at least "
+                                            "60 s."),
 ) -> None:
     """Run a bundle's training step for real, measure it, and check it computes what --baseline computes.
 
     Measured peak memory (bytes of live tensors) and step time (ms) stand next to the simulator's, for
     the bundle and its baseline; differing results are exit code 1.
+
+    Before anything runs, every node's output is checked against the bundle's figures (shapes, dtypes,
+    tensor_size) and the step's simulated peak (x1.5) against the free memory; a step past its time bound
+    (or --timeout) stops with one line, exit code 2.
 
     Under [bold]torchrun --nproc-per-node W -m dcsched replay ...[/] the parameters are sharded over W
     ranks (gloo on CPU, NCCL on CUDA); only rank 0 prints."""
@@ -102,7 +110,7 @@ def replay(
         target = launch.device
     try:
         report = replay_orders(candidate, reference, device=target, seed=seed, iters=iters, warmup=warmup,
-                               exact=exact,
+                               exact=exact, bounded=True, timeout=timeout,
                                paths=(str(baseline) if baseline else None, str(path)))
     except BaseException:
         if launch is not None:

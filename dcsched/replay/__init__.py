@@ -33,7 +33,9 @@ report), :func:`build_step`, :func:`make_state`, :func:`run_step`,
 The step itself (runnable modules, seeded parameters and inputs, one step) is
 :mod:`dcsched.runtime.step`, shared with the profiler and training; its API is
 re-exported here. Modules, in the order a replay uses them: ``device`` (devices,
-memory estimates, the fit check), ``measure`` (peak memory, timing), ``run`` (one bundle's
+memory estimates, the fit check), ``bounds`` (every node's output and FLOPs checked
+against the bundle's figures before anything runs; the step's memory and time
+bounds), ``watchdog`` (stops a replay past them), ``measure`` (peak memory, timing), ``run`` (one bundle's
 replay), ``compare`` (two runs' results), ``simulated`` (the simulator's
 figures for the report), ``orders`` (a reordered bundle beside its baseline),
 ``transforms`` (orders for tests), ``example`` (a hand-written bundle).
@@ -42,6 +44,8 @@ figures for the report), ``orders`` (a reordered bundle beside its baseline),
 from __future__ import annotations
 
 from dcsched.replay.device import resolve_device, estimate_bytes, free_bytes, check_fits
+from dcsched.replay.bounds import StepBounds, check_step, check_memory
+from dcsched.replay.watchdog import Watchdog
 from dcsched.runtime.step import DEFAULT_SEED, Step, build_step, StepState, make_param, make_input, make_state, run_step
 from dcsched.replay.measure import Measurement, measure_memory, time_step, measure
 from dcsched.runtime.step import installed
@@ -57,6 +61,10 @@ __all__ = [
     "estimate_bytes",
     "free_bytes",
     "check_fits",
+    "StepBounds",
+    "check_step",
+    "check_memory",
+    "Watchdog",
     "DEFAULT_SEED",
     "Step",
     "build_step",

@@ -9,6 +9,7 @@ import time
 import torch
 import torch.fx
 
+from dcsched.replay.watchdog import Unwatched
 from dcsched.runtime.memtrack import LiveBytes
 from dcsched.runtime.step import Step, StepState, run_step
 
@@ -135,12 +136,21 @@ def time_step(step: Step, state: StepState, clock) -> tuple[float, float]:
     return clock.split_ms()
 
 
-def measure(step: Step, state: StepState, *, iters: int = 5, warmup: int = 1) -> Measurement:
-    """Warm up, measure peak memory over one step, then time ``iters`` steps."""
-    for _ in range(max(warmup, 0)):
-        run_step(step, state)
-    synchronize(step.device)
-    peak, resident, memory_source = measure_memory(step, state)
+def measure(step: Step, state: StepState, *, iters: int = 5, warmup: int = 1, watch=None) -> Measurement:
+    """Warm up, measure peak memory over one step, then time ``iters`` steps.
+
+    ``watch``: a :class:`dcsched.replay.watchdog.Watchdog` bounding each step (none by default).
+    """
+    watch = watch or Unwatched()
+    for k in range(max(warmup, 0)):
+        with watch.phase(f"warm-up step {k + 1}"):
+            run_step(step, state)
+            synchronize(step.device)
+    with watch.phase("the step measuring memory"):
+        peak, resident, memory_source = measure_memory(step, state)
     clock = clock_for(step.device)
-    times = [time_step(step, state, clock) for _ in range(max(iters, 0))]
+    times = []
+    for k in range(max(iters, 0)):
+        with watch.phase(f"timed step {k + 1}"):
+            times.append(time_step(step, state, clock))
     return Measurement.from_samples(step.device, warmup, times, peak, resident, clock.name, memory_source)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Callable
 
@@ -13,12 +14,14 @@ from dcsched.runtime.select import runtime_for
 from dcsched.bundle.core import Bundle
 from dcsched.runtime.consensus import check_same, plan_fingerprints
 from dcsched.errors import DcschedError, ResultMismatch
+from dcsched.replay.bounds import check_memory, check_step, watchdog_for
 from dcsched.replay.compare import ResultComparison, compare
 from dcsched.replay.device import check_fits, resolve_device
 from dcsched.replay.measure import Measurement, clock_for, synchronize, time_step
 from dcsched.profile.measure import check_replayable
 from dcsched.replay.run import ReplayRun, deterministic, prepare, replay
 from dcsched.replay.simulated import percent_error, simulated_figures, timing_caveat
+from dcsched.replay.watchdog import Unwatched
 from dcsched.sim.plans import check_bundle_plans
 from dcsched.runtime.step import DEFAULT_SEED, graph_placeholder_names, installed, run_step
 
@@ -116,25 +119,29 @@ def _slowest_rank(measurement: Measurement) -> Measurement:
 
 def _time_interleaved(bundles: list[Bundle], *, device: torch.device, seed: int, iters: int, warmup: int,
                       factory: Callable[[Bundle], ops.Zero3Runtime],
-                      placeholder_order) -> list[list[tuple[float, float]]]:
+                      placeholder_order, watch=None,
+                      labels: tuple[str, ...] = ()) -> list[list[tuple[float, float]]]:
     """Per bundle, ``iters`` (forward ms, backward ms) samples, timed in alternating rounds.
 
     Round r runs every order once (A B, then B A, ...), so load that comes and
     goes on the machine falls on both orders alike.
     """
     times: list[list[tuple[float, float]]] = [[] for _ in bundles]
+    watch = watch or Unwatched()
+    names = list(labels) + [f"order {k + 1}" for k in range(len(labels), len(bundles))]
     ready = []
-    for bundle in bundles:
+    for k, bundle in enumerate(bundles):
         runtime = factory(bundle)
-        ready.append((runtime, *prepare(bundle, device=device, seed=seed, runtime=runtime,
-                                        placeholder_order=placeholder_order)))
+        with watch.phase(f"preparing the {names[k]} step for timing"):
+            ready.append((runtime, *prepare(bundle, device=device, seed=seed, runtime=runtime,
+                                            placeholder_order=placeholder_order)))
     clock = clock_for(device)
     with deterministic():
         for round_ in range(max(warmup, 0) + iters):
             turn = range(len(ready)) if round_ % 2 == 0 else reversed(range(len(ready)))
             for k in turn:
                 runtime, step, state = ready[k]
-                with installed(runtime):
+                with installed(runtime), watch.phase(f"round {round_ + 1} of the {names[k]} step"):
                     if round_ < warmup:
                         run_step(step, state)
                         synchronize(device)
@@ -147,7 +154,8 @@ def replay_orders(candidate: Bundle, baseline: Bundle | None = None, *, device: 
                   seed: int = DEFAULT_SEED, iters: int = 5, warmup: int = 1,
                   runtime_factory: Callable[[Bundle], ops.Zero3Runtime] | None = None,
                   exact: bool | None = None, labels: tuple[str, str] = ("baseline", "scheduled"),
-                  paths: tuple[str | None, str | None] = (None, None)) -> ReplayReport:
+                  paths: tuple[str | None, str | None] = (None, None), bounded: bool = False,
+                  timeout: float | None = None) -> ReplayReport:
     """Replay ``baseline`` (when given) and ``candidate``, measure both, check they agree.
 
     Each order first runs alone for its results and peak memory; the results
@@ -172,6 +180,12 @@ def replay_orders(candidate: Bundle, baseline: Bundle | None = None, *, device: 
         Bit-for-bit equality (default on the CPU), else :data:`TOLERANCES`.
     labels, paths : tuple
         How the report names the two orders.
+    bounded : bool
+        Run under a :class:`~dcsched.replay.watchdog.Watchdog` that ends the process (one line, exit code
+        2) when a phase outlasts its bound (:meth:`~dcsched.replay.bounds.StepBounds.step_seconds` of the
+        slower order) or the process's memory passes the checked need; what ``dcsched replay`` does.
+    timeout : float, optional
+        With ``bounded``: seconds the whole replay may take instead of the per-phase bounds.
 
     Returns
     -------
@@ -184,9 +198,9 @@ def replay_orders(candidate: Bundle, baseline: Bundle | None = None, *, device: 
         The orders computed different results (names the first differing output).
     DcschedError
         A bundle that cannot run here (planned without data, too big for the
-        device, or ranks that loaded different bundles), or whose stored plan
-        cannot be issued in its order (:func:`dcsched.sim.plans.check_stored_plans`,
-        as ``schedule`` refuses it).
+        device, figures that do not describe its nodes, or ranks that loaded
+        different bundles), or whose stored plan cannot be issued in its order
+        (:func:`dcsched.sim.plans.check_stored_plans`, as ``schedule`` refuses it).
 
     Examples
     --------
@@ -208,23 +222,35 @@ def replay_orders(candidate: Bundle, baseline: Bundle | None = None, *, device: 
                                                              graph_ids=bundle.graph_ids))
     exact = (device.type == "cpu") if exact is None else exact
     order = None
-    runs: list[tuple[str, str | None, Bundle, ReplayRun]] = []
     if baseline is not None:
         check_same_step(candidate, baseline)
         order = placeholder_names(baseline)
     check_fits(candidate, device, _world_size())
+    jobs = ([(labels[0], paths[0], baseline)] if baseline is not None else []) + [(labels[1], paths[1], candidate)]
+    # Every node's output against the figures, then the memory all orders need, before anything is allocated.
+    bounds = [check_step(bundle, device, factory(bundle), order) for _label, _path, bundle in jobs]
+    need = check_memory(bounds, device)
     # Under torchrun: every rank loaded the same bundles (in the same order) before any collective pairs up.
     loaded = {f"bundle's {k}": v for k, v in plan_fingerprints(candidate).items()}
     if baseline is not None:
         loaded.update({f"baseline's {k}": v for k, v in plan_fingerprints(baseline).items()})
     check_same(loaded, "loaded")
-    jobs = ([(labels[0], paths[0], baseline)] if baseline is not None else []) + [(labels[1], paths[1], candidate)]
+    watch = watchdog_for(bounds, need, device, timeout) if bounded else contextlib.nullcontext(Unwatched())
+    with watch as watching:
+        return _run_jobs(jobs, device=device, seed=seed, iters=iters, warmup=warmup, factory=factory, order=order,
+                         exact=exact, labels=labels, watch=watching)
+
+
+def _run_jobs(jobs, *, device: torch.device, seed: int, iters: int, warmup: int, factory, order, exact,
+              labels: tuple[str, str], watch) -> ReplayReport:
+    """Each order run alone (results and peak memory), compared, then both timed in alternating rounds."""
+    runs: list[tuple[str, str | None, Bundle, ReplayRun]] = []
     for label, path, bundle in jobs:  # results and peak memory, one order at a time
         run = replay(bundle, device=device, seed=seed, iters=0, warmup=1, runtime=factory(bundle),
-                     placeholder_order=order, check_memory=False, memory=True)
+                     placeholder_order=order, check_memory=False, memory=True, watch=watch)
         runs.append((label, path, bundle, run))
     comparison = None
-    if baseline is not None:
+    if len(runs) > 1:  # a baseline and the candidate
         error = None
         try:
             comparison = compare(runs[0][3].results, runs[1][3].results, exact=exact, names=labels)
@@ -235,7 +261,8 @@ def replay_orders(candidate: Bundle, baseline: Bundle | None = None, *, device: 
             raise ResultMismatch(error)
     # then the time, both orders in alternating rounds
     times = _time_interleaved([job[2] for job in jobs], device=device, seed=seed, iters=iters, warmup=warmup,
-                              factory=factory, placeholder_order=order)
+                              factory=factory, placeholder_order=order, watch=watch,
+                              labels=tuple(job[0] for job in jobs))
     for k, (_label, _path, _bundle, run) in enumerate(runs):
         m = run.measurement
         assert m is not None  # each order ran alone above, measured

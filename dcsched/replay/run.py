@@ -14,7 +14,9 @@ from dcsched.runtime import ops
 from dcsched.runtime.commplan import comm_plan
 from dcsched.bundle.core import Bundle
 from dcsched.profile.measure import check_replayable
+from dcsched.replay.bounds import check_memory as check_bounds, check_step
 from dcsched.replay.device import check_fits, resolve_device
+from dcsched.replay.watchdog import Unwatched
 from dcsched.replay.measure import Measurement, synchronize, measure
 from dcsched.runtime.step import DEFAULT_SEED, Step, StepState, build_step, installed, make_state, run_step
 
@@ -73,7 +75,8 @@ def as_shards(bundle: Bundle, results: dict[str, torch.Tensor], runtime: ops.Zer
 def replay(bundle: Bundle, *, device: torch.device | str = "cpu", seed: int = DEFAULT_SEED, iters: int = 5,
            warmup: int = 1, runtime: ops.Zero3Runtime | None = None, check_memory: bool = True,
            values: Mapping[str, torch.Tensor] | None = None,
-           placeholder_order: Mapping[str, list[str]] | None = None, memory: bool | None = None) -> ReplayRun:
+           placeholder_order: Mapping[str, list[str]] | None = None, memory: bool | None = None,
+           watch=None) -> ReplayRun:
     """Run ``bundle``'s step: results of one step and, with ``iters`` > 0, measured figures.
 
     ``runtime`` defaults to a fresh single-process :class:`~dcsched.runtime.ops.Zero3Runtime`
@@ -83,6 +86,9 @@ def replay(bundle: Bundle, *, device: torch.device | str = "cpu", seed: int = DE
     ``placeholder_order``: per graph, the placeholder names in the order the
     bundle's placeholder tables describe them (see :func:`build_step`).
     ``memory`` (default: ``iters > 0``) measures peak memory even when nothing is timed.
+    ``check_memory``: before allocating anything, check every node's output against the bundle's figures
+    and the step's memory against the device's (:func:`dcsched.replay.bounds.check_step`).
+    ``watch``: a :class:`dcsched.replay.watchdog.Watchdog` bounding each phase (none by default).
     """
     check_replayable(bundle)
     device = resolve_device(device) if isinstance(device, str) else device
@@ -92,14 +98,18 @@ def replay(bundle: Bundle, *, device: torch.device | str = "cpu", seed: int = DE
     memory = iters > 0 if memory is None else memory
     if check_memory:
         check_fits(bundle, device, runtime.world_size)
+        check_bounds([check_step(bundle, device, runtime, placeholder_order)], device)
+    watch = watch or Unwatched()
     with installed(runtime), deterministic():
-        step, state = prepare(bundle, device=device, seed=seed, runtime=runtime, values=values,
-                              placeholder_order=placeholder_order)
-        results = {name: value.detach().to("cpu", copy=True)
-                   for name, value in as_shards(bundle, run_step(step, state), runtime).items()}
-        synchronize(device)
+        with watch.phase("preparing the step"):
+            step, state = prepare(bundle, device=device, seed=seed, runtime=runtime, values=values,
+                                  placeholder_order=placeholder_order)
+        with watch.phase("the first step"):
+            results = {name: value.detach().to("cpu", copy=True)
+                       for name, value in as_shards(bundle, run_step(step, state), runtime).items()}
+            synchronize(device)
         measurement = None
         if memory or iters > 0:  # the results' step above was the first warm-up step
-            measurement = measure(step, state, iters=iters, warmup=max(warmup - 1, 0))
+            measurement = measure(step, state, iters=iters, warmup=max(warmup - 1, 0), watch=watch)
             measurement = dataclasses.replace(measurement, warmup=max(warmup, 1))
     return ReplayRun(results, measurement, runtime.world_size, runtime.rank)
