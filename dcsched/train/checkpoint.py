@@ -1,34 +1,40 @@
 """Checkpoints of a (sharded) module and its optimizer through ``torch.distributed.checkpoint`` (DCP).
 
 :func:`save_checkpoint` writes one DCP checkpoint directory; every rank calls
-it, each writing its own shards. The state dict it saves is flat:
+it, each writing its own shards. Its state dict is the one FSDP2 users save
+(``{"model": ..., "optim": ...}`` of ``get_state_dict``, flattened by DCP):
 
-- ``model.<name>``: each parameter :func:`dcsched.shard` sharded, as a
-  DTensor ``Shard(0)`` over the process group of the *flattened* parameter
-  (global shape ``(numel,)``); rank r's local part is the unpadded prefix of
-  its padded 1-D shard, which is exactly ``torch.chunk``'s split, so the
-  checkpoint carries no padding and does not depend on the world size it was
-  written at. Without a process group (world size 1) the same tensor is
-  stored plain. Buffers (BatchNorm statistics), frozen, unsharded and
-  replicated parameters (``replicate_below``) are stored whole, as
-  replicated tensors (written once; a replicated one as the flattened
-  parameter, shape ``(numel,)`` as a sharded one's);
+- ``model.<name>``: each parameter and buffer in its full shape. A parameter
+  :func:`dcsched.shard` sharded is stored as the rectangular blocks of its
+  full shape that the rank's range of the flattened parameter makes up, each
+  at its offset (:mod:`dcsched.train.checkpoint_layout`): chunks of a
+  full-shape tensor, as DCP stores FSDP2's ``Shard(0)`` DTensors, without the
+  padding and independent of the world size. Buffers (BatchNorm statistics),
+  frozen, unsharded and replicated parameters (``replicate_below``) are
+  stored whole, written once; a tied parameter under each of its names;
 - ``optim.state.<name>.<key>``: the optimizer state of each parameter
-  (AdamW's ``exp_avg``, ``exp_avg_sq``, ``step``), a tensor the shape of the
-  shard stored like its parameter, anything else whole;
-- ``optim.param_groups``: the hyperparameters of each group, parameters by
-  name;
+  (AdamW's ``exp_avg``, ``exp_avg_sq``, ``step``), a tensor of the shard's
+  shape stored like its parameter, anything else whole;
+- ``optim.param_groups.<group>.<setting>``: each hyperparameter of each
+  group, and ``params``, the group's parameters by name;
 - ``extra.<key>``: whatever the caller passes as ``extra`` (a step counter,
   a data generator's state): tensors, or plain data.
 
+So torch's own tools read it (``dcp_to_torch_save`` gives a plain state dict
+whose ``model.`` part loads into the unsharded model), FSDP2 resumes from it,
+and :func:`load_checkpoint` resumes from FSDP2's. It also reads the earlier
+layout, which stored a sharded parameter flattened (shape ``(numel,)``) and
+the groups as one ``optim.param_groups`` item.
+
 Values that are not tensors (the groups, ``extra``'s counters) are stored as
-JSON, not pickled (:mod:`dcsched.train.checkpoint_objects`); reading a
+``torch.save`` archives that name no class (or dcsched's JSON where those
+cannot hold them: :mod:`dcsched.train.checkpoint_objects`); reading a
 checkpoint runs nothing from it and opens nothing outside its directory
 (:mod:`dcsched.train.checkpoint_files`).
 
 The schedule is not part of the state: a checkpoint resumes under any
 algorithm. A module that was never sharded (a plain run) saves its ordinary
-state dict the same way, and loads back into an unsharded module.
+state dict the same way; either loads into a sharded or an unsharded module.
 
 :func:`load_checkpoint` reads one back in place into a model and optimizer
 built as before (same module, ``dcsched.shard`` called, optimizer built, no
@@ -140,9 +146,9 @@ class _Layout:
         for spec in self.spec_of.values():
             state[MODEL + spec.name] = self.stored(spec.param, spec, flat=spec.name in flat)
         for name, param in self.module.named_parameters(remove_duplicate=False):
-            spec = self.spec_of.get(id(param))
-            if spec is not None and name != spec.name and (tied is None or MODEL + name in tied):
-                state[MODEL + name] = state[MODEL + spec.name]  # a tied parameter under each name, as torch's
+            first = self.spec_of[id(param)].name if id(param) in self.spec_of else name
+            if name != first and (tied is None or MODEL + name in tied):
+                state[MODEL + name] = state[MODEL + first]  # a tied parameter under each name, as torch's
         return state
 
     def flat_in(self, metadata: dict) -> frozenset[str]:
@@ -228,8 +234,8 @@ def save_checkpoint(path, model: nn.Module, optimizer: torch.optim.Optimizer | N
     path : str or os.PathLike
         The checkpoint directory (``torch.distributed.checkpoint`` layout).
     model : torch.nn.Module
-        A module sharded with :func:`dcsched.shard` (each rank writes its
-        shards as DTensor shards) or a plain one.
+        A module sharded with :func:`dcsched.shard` (each rank writes the
+        blocks of the full-shape tensors its shards hold) or a plain one.
     optimizer : torch.optim.Optimizer, optional
         Its state is saved sharded alike.
     extra : dict, optional
@@ -346,7 +352,8 @@ def _check_model_keys(path: Path, state: dict, metadata: dict) -> None:
             raise CheckpointError(f"{path}: the checkpoint has no tensor for {key[len(MODEL):]!r} (another model?)")
         if tuple(stored.size) != tuple(value.shape):
             raise CheckpointError(f"{path}: {key[len(MODEL):]!r} is {tuple(stored.size)} in the checkpoint, "
-                                  f"{tuple(value.shape)} here (another model, or sharded vs unsharded?)")
+                                  f"{tuple(value.shape)} here (another model, or a flattened checkpoint of the "
+                                  "earlier layout in an unsharded one?)")
 
 
 def _destination(layout: _Layout, metadata: dict, key: str, param, buffers: dict):
@@ -374,7 +381,9 @@ def load_checkpoint(path, model: nn.Module, optimizer: torch.optim.Optimizer | N
     Parameters
     ----------
     path : str or os.PathLike
-        A directory :func:`save_checkpoint` wrote.
+        A directory :func:`save_checkpoint` wrote, or FSDP2's ``dcp.save`` of
+        ``{"model": ..., "optim": ...}`` (``get_state_dict``; an
+        ``"extra"`` dict there is returned).
     model : torch.nn.Module
         The same architecture, sharded with :func:`dcsched.shard` or not.
     optimizer : torch.optim.Optimizer, optional

@@ -121,5 +121,5 @@ class FlatPieces(torch.Tensor):
                 return self._piece(block)
         raise ValueError(f"{index.fqn!r} has no block at {tuple(index.offset or ())} on this rank")
 
-    def __repr__(self) -> str:  # type: ignore[override]
+    def __repr__(self) -> str:
         return f"FlatPieces(shape={tuple(self.shape)}, elements {self._start}..{self._start + self._flat.numel()})"
