@@ -14,10 +14,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
 import dcsched
 import train_runs as runs
 from dcsched.train import CheckpointError
+from dcsched.train.checkpoint_layout import blocks
 
 from gloo import GLOO_MARKS
 
@@ -213,3 +215,21 @@ def test_a_flat_checkpoint_of_the_earlier_layout_still_resumes_sharded():
     assert torch.allclose(model.bias, whole.bias.detach(), rtol=0, atol=1e-7)
     with pytest.raises(CheckpointError, match=r"'weight' is \(6,\) in the checkpoint, \(2, 3\) here"):
         dcsched.load_checkpoint(FLAT, _linear())  # flattened: only a sharded model reads it
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(1, 5), min_size=1, max_size=4).flatmap(
+    lambda shape: st.tuples(st.just(tuple(shape)), st.integers(0, math.prod(shape)), st.integers(0, math.prod(shape)))))
+def test_a_flat_range_is_a_few_blocks_that_tile_it_in_order(case):
+    shape, start, stop = case
+    start, stop = min(start, stop), max(start, stop)
+    full = torch.arange(math.prod(shape)).view(shape)
+    found = blocks(shape, start, stop)
+    assert len(found) <= 2 * len(shape) - 1
+    flat = start
+    for offsets, sizes, first in found:  # each block holds the next elements of the range, contiguous
+        assert first == flat
+        region = full[tuple(slice(o, o + s) for o, s in zip(offsets, sizes))]
+        assert torch.equal(region.reshape(-1), torch.arange(flat, flat + math.prod(sizes)))
+        flat += math.prod(sizes)
+    assert flat == stop
