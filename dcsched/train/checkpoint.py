@@ -1,34 +1,40 @@
 """Checkpoints of a (sharded) module and its optimizer through ``torch.distributed.checkpoint`` (DCP).
 
 :func:`save_checkpoint` writes one DCP checkpoint directory; every rank calls
-it, each writing its own shards. The state dict it saves is flat:
+it, each writing its own shards. Its state dict is the one FSDP2 users save
+(``{"model": ..., "optim": ...}`` of ``get_state_dict``, flattened by DCP):
 
-- ``model.<name>``: each parameter :func:`dcsched.shard` sharded, as a
-  DTensor ``Shard(0)`` over the process group of the *flattened* parameter
-  (global shape ``(numel,)``); rank r's local part is the unpadded prefix of
-  its padded 1-D shard, which is exactly ``torch.chunk``'s split, so the
-  checkpoint carries no padding and does not depend on the world size it was
-  written at. Without a process group (world size 1) the same tensor is
-  stored plain. Buffers (BatchNorm statistics), frozen, unsharded and
-  replicated parameters (``replicate_below``) are stored whole, as
-  replicated tensors (written once; a replicated one as the flattened
-  parameter, shape ``(numel,)`` as a sharded one's);
+- ``model.<name>``: each parameter and buffer in its full shape. A parameter
+  :func:`dcsched.shard` sharded is stored as the rectangular blocks of its
+  full shape that the rank's range of the flattened parameter makes up, each
+  at its offset (:mod:`dcsched.train.checkpoint_layout`): chunks of a
+  full-shape tensor, as DCP stores FSDP2's ``Shard(0)`` DTensors, without the
+  padding and independent of the world size. Buffers (BatchNorm statistics),
+  frozen, unsharded and replicated parameters (``replicate_below``) are
+  stored whole, written once; a tied parameter under each of its names;
 - ``optim.state.<name>.<key>``: the optimizer state of each parameter
-  (AdamW's ``exp_avg``, ``exp_avg_sq``, ``step``), a tensor the shape of the
-  shard stored like its parameter, anything else whole;
-- ``optim.param_groups``: the hyperparameters of each group, parameters by
-  name;
+  (AdamW's ``exp_avg``, ``exp_avg_sq``, ``step``), a tensor of the shard's
+  shape stored like its parameter, anything else whole;
+- ``optim.param_groups.<group>.<setting>``: each hyperparameter of each
+  group, and ``params``, the group's parameters by name;
 - ``extra.<key>``: whatever the caller passes as ``extra`` (a step counter,
   a data generator's state): tensors, or plain data.
 
+So torch's own tools read it (``dcp_to_torch_save`` gives a plain state dict
+whose ``model.`` part loads into the unsharded model), FSDP2 resumes from it,
+and :func:`load_checkpoint` resumes from FSDP2's. It also reads the earlier
+layout, which stored a sharded parameter flattened (shape ``(numel,)``) and
+the groups as one ``optim.param_groups`` item.
+
 Values that are not tensors (the groups, ``extra``'s counters) are stored as
-JSON, not pickled (:mod:`dcsched.train.checkpoint_objects`); reading a
+``torch.save`` archives that name no class (or dcsched's JSON where those
+cannot hold them: :mod:`dcsched.train.checkpoint_objects`); reading a
 checkpoint runs nothing from it and opens nothing outside its directory
 (:mod:`dcsched.train.checkpoint_files`).
 
 The schedule is not part of the state: a checkpoint resumes under any
 algorithm. A module that was never sharded (a plain run) saves its ordinary
-state dict the same way, and loads back into an unsharded module.
+state dict the same way; either loads into a sharded or an unsharded module.
 
 :func:`load_checkpoint` reads one back in place into a model and optimizer
 built as before (same module, ``dcsched.shard`` called, optimizer built, no
@@ -62,14 +68,21 @@ import torch.nn as nn
 from dcsched.errors import DcschedError
 from dcsched.train.checkpoint_files import (CheckpointError, SafeLoadPlanner, SafeReader, check_storage,
                                             verify_checksums, write_checksums)
+from dcsched.train.checkpoint_layout import FlatPieces
 from dcsched.train.checkpoint_objects import check_encodable
-from dcsched.train.checkpoint_writer import JsonSavePlanner, SafeWriter
+from dcsched.train.checkpoint_writer import PlainSavePlanner, SafeWriter
 from dcsched.train.full_state import local_state_dict
 from dcsched.train.sharding import Sharding, sharding_of
 
 MODEL, STATE, GROUPS, EXTRA = "model.", "optim.state.", "optim.param_groups", "extra."
 
 __all__ = ["CheckpointError", "load_checkpoint", "save_checkpoint"]
+
+
+def _size(stored) -> tuple[int, ...] | None:
+    """A checkpoint item's full shape; None for an object."""
+    size = getattr(stored, "size", None)
+    return tuple(size) if size is not None else None
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
@@ -105,28 +118,44 @@ class _Layout:
             group = self.sharding.group or dist.group.WORLD
             self.mesh = DeviceMesh.from_group(group, specs[0].param.device.type)
 
-    def stored(self, local: torch.Tensor, spec) -> torch.Tensor:
-        """What the checkpoint holds for a padded 1-D shard ``local`` of ``spec``'s parameter (the whole flattened
-        parameter, plain, for a replicated one)."""
+    def stored(self, local: torch.Tensor, spec, flat: bool = False) -> torch.Tensor:
+        """What the checkpoint holds for a padded 1-D shard ``local`` of ``spec``'s parameter: this rank's range
+        of the full-shape tensor as blocks at their offsets (the whole parameter, plain, for a replicated one);
+        ``flat``: the flattened parameter's range instead, the layout of checkpoints written before."""
         if spec.replicated:
-            return local.detach()
+            whole = local.detach()[:spec.numel]
+            return whole if flat else whole.view(spec.shape)
         chunk = local.numel()
         rank = self.sharding.rank if self.sharding is not None else 0
-        valid = max(0, min(chunk, spec.numel - rank * chunk))
-        part = local.detach()[:valid]
+        start = min(rank * chunk, spec.numel)
+        part = local.detach()[:max(0, min(chunk, spec.numel - start))]
+        if not flat:
+            return FlatPieces(part, start, spec.shape)
         if self.mesh is None:
             return part
         from torch.distributed.tensor import DTensor, Shard
         return DTensor.from_local(part, self.mesh, [Shard(0)], run_check=False, shape=torch.Size([spec.numel]),
                                   stride=(1,))
 
-    def model_state(self) -> dict:
+    def model_state(self, flat: frozenset[str] = frozenset(), tied=None) -> dict:
+        """The model's checkpoint items; the parameters named in ``flat`` in the earlier, flattened layout; the
+        second names of tied parameters only those in ``tied`` when given (the earlier layout has none)."""
         with local_state_dict():  # the shards as they are: each rank stores its own
             state = {MODEL + name: value for name, value in self.module.state_dict().items()
                      if name not in self.aliases}
         for spec in self.spec_of.values():
-            state[MODEL + spec.name] = self.stored(spec.param, spec)
+            state[MODEL + spec.name] = self.stored(spec.param, spec, flat=spec.name in flat)
+        for name, param in self.module.named_parameters(remove_duplicate=False):
+            first = self.spec_of[id(param)].name if id(param) in self.spec_of else name
+            if name != first and (tied is None or MODEL + name in tied):
+                state[MODEL + name] = state[MODEL + first]  # a tied parameter under each name, as torch's
         return state
+
+    def flat_in(self, metadata: dict) -> frozenset[str]:
+        """The sharded parameters ``metadata`` stores flattened (``(numel,)``, not their shape): a checkpoint
+        of the earlier layout."""
+        return frozenset(spec.name for spec in self.spec_of.values()
+                         if len(spec.shape) != 1 and _size(metadata.get(MODEL + spec.name)) == (spec.numel,))
 
     def param_name(self, param) -> str:
         name = self.name_of.get(id(param))
@@ -137,16 +166,15 @@ class _Layout:
 
     def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
         state: dict = {}
-        groups = []
-        for group in optimizer.param_groups:
-            groups.append({**{k: v for k, v in group.items() if k != "params"},
-                           "params": [self.param_name(p) for p in group["params"]]})
+        for index, group in enumerate(optimizer.param_groups):  # one item per setting, as DCP flattens them
+            for key, value in group.items():
+                state[f"{GROUPS}.{index}.{key}"] = value if key != "params" else \
+                    [self.param_name(p) for p in group["params"]]
             for param in group["params"]:
                 spec = self.spec_of.get(id(param))
                 for key, value in optimizer.state.get(param, {}).items():
                     sharded = spec is not None and isinstance(value, torch.Tensor) and value.shape == param.shape
                     state[f"{STATE}{self.param_name(param)}.{key}"] = self.stored(value, spec) if sharded else value
-        state[GROUPS] = groups
         return state
 
 
@@ -206,8 +234,8 @@ def save_checkpoint(path, model: nn.Module, optimizer: torch.optim.Optimizer | N
     path : str or os.PathLike
         The checkpoint directory (``torch.distributed.checkpoint`` layout).
     model : torch.nn.Module
-        A module sharded with :func:`dcsched.shard` (each rank writes its
-        shards as DTensor shards) or a plain one.
+        A module sharded with :func:`dcsched.shard` (each rank writes the
+        blocks of the full-shape tensors its shards hold) or a plain one.
     optimizer : torch.optim.Optimizer, optional
         Its state is saved sharded alike.
     extra : dict, optional
@@ -249,8 +277,8 @@ def save_checkpoint(path, model: nn.Module, optimizer: torch.optim.Optimizer | N
 
     _on_rank0(path, prepare)
     try:
-        with _quiet():  # one key per value: the optimizer's groups are one object, not flattened
-            dcp.save(state, storage_writer=SafeWriter(str(partial)), planner=JsonSavePlanner())
+        with _quiet():  # one key per value: the state is flattened here, as DCP flattens it
+            dcp.save(state, storage_writer=SafeWriter(str(partial)), planner=PlainSavePlanner())
     except _failures() as error:  # DCP wraps every rank's failure
         _on_rank0(path, lambda: shutil.rmtree(partial, ignore_errors=True))
         raise CheckpointError(_write_failed(path, error)) from None
@@ -324,7 +352,8 @@ def _check_model_keys(path: Path, state: dict, metadata: dict) -> None:
             raise CheckpointError(f"{path}: the checkpoint has no tensor for {key[len(MODEL):]!r} (another model?)")
         if tuple(stored.size) != tuple(value.shape):
             raise CheckpointError(f"{path}: {key[len(MODEL):]!r} is {tuple(stored.size)} in the checkpoint, "
-                                  f"{tuple(value.shape)} here (another model, or sharded vs unsharded?)")
+                                  f"{tuple(value.shape)} here (another model, or a flattened checkpoint of the "
+                                  "earlier layout in an unsharded one?)")
 
 
 def _destination(layout: _Layout, metadata: dict, key: str, param, buffers: dict):
@@ -334,9 +363,10 @@ def _destination(layout: _Layout, metadata: dict, key: str, param, buffers: dict
         return None
     dtype = stored.properties.dtype
     spec = layout.spec_of.get(id(param)) if param is not None else None
-    if spec is not None and tuple(stored.size) == (spec.numel,):
+    size = tuple(stored.size)
+    if spec is not None and size and size in {(spec.numel,), spec.shape}:  # the shard's state: this rank's range
         buffers[key] = torch.zeros(param.shape, dtype=dtype, device=param.device)
-        return layout.stored(buffers[key], spec)
+        return layout.stored(buffers[key], spec, flat=size != spec.shape)
     device = param.device if param is not None else "cpu"
     buffers[key] = torch.zeros(tuple(stored.size), dtype=dtype, device=device)
     return buffers[key]
@@ -351,7 +381,9 @@ def load_checkpoint(path, model: nn.Module, optimizer: torch.optim.Optimizer | N
     Parameters
     ----------
     path : str or os.PathLike
-        A directory :func:`save_checkpoint` wrote.
+        A directory :func:`save_checkpoint` wrote, or FSDP2's ``dcp.save`` of
+        ``{"model": ..., "optim": ...}`` (``get_state_dict``; an
+        ``"extra"`` dict there is returned).
     model : torch.nn.Module
         The same architecture, sharded with :func:`dcsched.shard` or not.
     optimizer : torch.optim.Optimizer, optional
@@ -380,16 +412,17 @@ def load_checkpoint(path, model: nn.Module, optimizer: torch.optim.Optimizer | N
     verify_checksums(path, {".metadata", *check_storage(path, whole)})
     metadata = whole.state_dict_metadata
     layout = _Layout(model)
-    state = layout.model_state()
+    state = layout.model_state(flat=layout.flat_in(metadata), tied=metadata)
     _check_model_keys(path, state, metadata)
     buffers: dict = {}
     params = {layout.name_of[id(p)]: p for p in layout.module.parameters()}
     if optimizer is not None:
-        if GROUPS not in metadata:
+        if not any(key == GROUPS or key.startswith(GROUPS + ".") for key in metadata):
             raise CheckpointError(f"{path}: the checkpoint holds no optimizer state")
-        state[GROUPS] = None
         for key in metadata:
-            if key.startswith(STATE):
+            if key == GROUPS or key.startswith(GROUPS + "."):
+                state[key] = None  # an object: its setting, or (a checkpoint of the earlier layout) every group
+            elif key.startswith(STATE):
                 name = key[len(STATE):].rpartition(".")[0]
                 if name not in params:
                     raise CheckpointError(f"{path}: optimizer state for {name!r}, which this model lacks")
@@ -408,15 +441,36 @@ def load_checkpoint(path, model: nn.Module, optimizer: torch.optim.Optimizer | N
     return {key[len(EXTRA):]: buffers.get(key, state[key]) for key in state if key.startswith(EXTRA)}
 
 
+def _saved_groups(path: Path, state: dict) -> list:
+    """The optimizer's parameter groups the checkpoint holds: one item per setting
+    (``optim.param_groups.<group>.<setting>``, as DCP flattens a torch optimizer state dict), or all groups in
+    one item (the earlier layout)."""
+    if GROUPS in state:
+        saved = state[GROUPS]
+        if not isinstance(saved, list) or not all(isinstance(group, dict) for group in saved):
+            raise CheckpointError(f"{path}: {GROUPS} is not a list of parameter groups")
+        return saved
+    groups: dict[int, dict] = {}
+    for key, value in state.items():
+        if key.startswith(GROUPS + "."):
+            index, _, setting = key[len(GROUPS) + 1:].partition(".")
+            if not (index.isascii() and index.isdigit() and len(index) < 7) or not setting:
+                raise CheckpointError(f"{path}: {key[:120]!r} names no parameter group and setting")
+            groups.setdefault(int(index), {})[setting] = value
+    if sorted(groups) != list(range(len(groups))) or not all("params" in group for group in groups.values()):
+        raise CheckpointError(f"{path}: the optimizer's parameter groups are incomplete in the checkpoint")
+    return [groups[index] for index in range(len(groups))]
+
+
 def _load_optimizer(path: Path, layout: _Layout, optimizer, state: dict, buffers: dict) -> None:
-    saved_groups = state[GROUPS]
+    saved_groups = _saved_groups(path, state)
     if len(saved_groups) != len(optimizer.param_groups):
         raise CheckpointError(f"{path}: {len(saved_groups)} optimizer parameter groups in the checkpoint, "
                               f"{len(optimizer.param_groups)} here")
     index, groups, per_param = 0, [], {}
     for saved, group in zip(saved_groups, optimizer.param_groups):
         names = [layout.param_name(p) for p in group["params"]]
-        if names != list(saved["params"]):
+        if not isinstance(saved.get("params"), (list, tuple)) or names != list(saved["params"]):
             raise CheckpointError(f"{path}: the optimizer's parameters differ from the checkpoint's")
         groups.append({**saved, "params": list(range(index, index + len(names)))})
         for name in names:

@@ -1,21 +1,26 @@
-"""A checkpoint's non-tensor items (step counters, optimizer hyperparameters) as JSON, read without unpickling code.
+"""A checkpoint's non-tensor items (step counters, optimizer hyperparameters) as plain data, read without running code.
 
 ``torch.distributed.checkpoint`` stores every state-dict value that is not a
-tensor as a byte item, by default a ``torch.save`` stream that it reads back
-with ``torch.load(weights_only=False)``: any pickle planted there runs.
-dcsched writes those items as JSON (:func:`encode_object`) and reads them with
-:func:`decode_object`, which builds plain data only: ``None``, bools, ints,
-floats, strings, lists, tuples, dicts with string keys, and small tensors held
-inside them (an ``lr`` given as a tensor). JSON has no tuples or tensors, so
-they are tagged, as dicts are, to keep the three apart::
+tensor as a byte item, a ``torch.save`` archive that it reads back with
+``torch.load(weights_only=False)``: any pickle planted there runs.
+:func:`decode_object` reads byte items without that risk, building plain data
+only (``None``, bools, ints, floats, strings, lists, tuples, dicts with string
+keys):
+
+- a ``torch.save`` archive (what DCP and FSDP2 write, and what
+  :func:`encode_item` writes, so that torch's own readers read a dcsched
+  checkpoint) is read by an unpickler that knows no class at all: the opcodes
+  that build plain data need none, so a pickle that names any callable
+  (``os.system``) stops there;
+- dcsched's JSON item (:func:`encode_object`), which also carries small
+  tensors held inside plain data (an ``lr`` given as a tensor), which a pickle
+  could only carry through torch's classes. JSON has no tuples or tensors, so
+  they are tagged, as dicts are, to keep the three apart::
 
     {"dcsched_object": 1, "value": {"dict": {"lr": 0.01, "betas": {"tuple": [0.9, 0.999]}}}}
 
-Byte items of checkpoints written before (``torch.save`` zip archives holding
-only a ``data.pkl``) are read by an unpickler that knows no class at all: the
-opcodes that build plain data need none, so a pickle that names any callable
-(``os.system``) stops there. Any other byte stream (a bare pickle, the
-pre-zip ``torch.save`` format) is refused.
+Any other byte stream (a bare pickle, the pre-zip ``torch.save`` format) is
+refused.
 
 >>> decode_object(encode_object({"step": 3, "betas": (0.9, 0.999), "fused": None}), what="extra")
 {'step': 3, 'betas': (0.9, 0.999), 'fused': None}
@@ -181,6 +186,38 @@ def decode_object(data: bytes, what: str) -> Any:
         raise ValueError(f"{what} is a dcsched item of format {str(document['dcsched_object'])[:20]!r}; "
                          f"this dcsched reads format {FORMAT}")
     return _decode(document["value"], what)
+
+
+def _holds_tensor(value: Any) -> bool:
+    if isinstance(value, (list, tuple)):
+        return any(_holds_tensor(item) for item in value)
+    if isinstance(value, dict):
+        return any(_holds_tensor(item) for item in value.values())
+    return isinstance(value, torch.Tensor)
+
+
+def encode_item(value: Any, what: str = "the value") -> bytes:
+    """The byte item dcsched writes for the plain data ``value``: a ``torch.save`` archive that names no class
+    (read by torch's readers and :func:`decode_object` alike), or where that cannot be (a tensor inside, a
+    ``str`` subclass) :func:`encode_object`'s JSON. ValueError naming ``what`` when ``value`` is not plain data.
+
+    >>> item = encode_item({"betas": (0.9, 0.999), "fused": None}, "group")
+    >>> item[:4], decode_object(item, what="group")
+    (b'PK\\x03\\x04', {'betas': (0.9, 0.999), 'fused': None})
+    >>> encode_item({"lr": torch.tensor(0.5)})[:18]
+    b'{"dcsched_object":'
+    """
+    document = encode_object(value, what)
+    if _holds_tensor(value):
+        return document
+    stream = io.BytesIO()
+    torch.save(value, stream)
+    archive = stream.getvalue()
+    try:
+        decode_object(archive, what)  # plain pickle opcodes only: no class named
+    except ValueError:
+        return document
+    return archive
 
 
 def check_encodable(value: Any, what: str) -> None:

@@ -1,9 +1,11 @@
-"""Writing a checkpoint's files: non-tensor items as JSON, and a failed write reported as the OS said it.
+"""Writing a checkpoint's files: non-tensor items as plain data, and a failed write reported as the OS said it.
 
-DCP's default save planner pickles every non-tensor item with ``torch.save``;
-:class:`JsonSavePlanner` writes them as :func:`~dcsched.train.checkpoint_objects.encode_object`
-JSON instead, so a checkpoint dcsched writes holds no pickle but DCP's own
-``.metadata``.
+DCP's default save planner pickles every non-tensor item with ``torch.save``,
+whatever it holds; :class:`PlainSavePlanner` writes them with
+:func:`~dcsched.train.checkpoint_objects.encode_item`: a ``torch.save``
+archive naming no class (so torch's own readers, ``dcp_to_torch_save`` and
+FSDP2's ``dcp.load``, read the checkpoint), or dcsched's JSON where plain
+pickle cannot hold the value.
 
 ``torch.save`` turns an ``OSError`` from the stream it writes (a full disk)
 into ``RuntimeError: [enforce fail at inline_container.cc] ... unexpected
@@ -23,11 +25,11 @@ from torch.distributed.checkpoint import DefaultSavePlanner, FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
 
 from dcsched.train import checkpoint_files
-from dcsched.train.checkpoint_objects import encode_object
+from dcsched.train.checkpoint_objects import encode_item
 
 
-class JsonSavePlanner(DefaultSavePlanner):
-    """DCP's save planner (one item per key: no flattening) writing non-tensor items as JSON."""
+class PlainSavePlanner(DefaultSavePlanner):
+    """DCP's save planner (one item per key: no flattening) writing non-tensor items as plain data."""
 
     def __init__(self) -> None:
         super().__init__(flatten_state_dict=False)
@@ -35,7 +37,7 @@ class JsonSavePlanner(DefaultSavePlanner):
     def transform_object(self, write_item, object):
         from torch.distributed.checkpoint.planner import WriteItemType
         if write_item.type == WriteItemType.BYTE_IO:
-            return io.BytesIO(encode_object(object, write_item.index.fqn))
+            return io.BytesIO(encode_item(object, write_item.index.fqn))
         return object
 
 
