@@ -32,6 +32,7 @@ import torch
 
 from dcsched.errors import DcschedError
 from dcsched.profile.scripts import compile_interceptor, describe_exception, run_script
+from dcsched.train import hf_trainer
 from dcsched.train.backend import Backend
 from dcsched.train.options import ScriptOptions, TrainOptions
 from dcsched.train.program import ScheduledProgram
@@ -162,6 +163,8 @@ class _Interceptor:
         self.sharded.update({id(spec.param): spec.name for spec in sharding.specs})
         backend = _RecordingBackend(self.options.train, type(module).__name__, self.options.measure, self.compiling)
         self.backends.append(backend)
+        if sharding.world_size > 1:  # a Trainer the script loaded saves by gathering on every rank
+            hf_trainer.patch_loaded_trainer()
         compiled = self.real_compile(model, backend=backend, dynamic=False, fullgraph=bool(kwargs.get("fullgraph")))
         if isinstance(compiled, torch.nn.Module):
             compiled.register_forward_hook(backend.record_loss)
@@ -211,7 +214,8 @@ def train_script(path: str | os.PathLike, argv: Sequence[str] = (), options: Scr
     from torch.optim.optimizer import register_optimizer_step_pre_hook
     hook = register_optimizer_step_pre_hook(interceptor.before_optimizer_step)
     try:
-        run = run_script(path, argv, interceptor.compile)
+        with hf_trainer.saving_on_every_rank():
+            run = run_script(path, argv, interceptor.compile)
     except BaseException as exc:
         message = str(exc) if isinstance(exc, DcschedError) else describe_exception(exc)
         if watch is not None:
