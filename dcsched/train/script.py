@@ -32,7 +32,7 @@ import torch
 
 from dcsched.errors import DcschedError
 from dcsched.profile.scripts import compile_interceptor, describe_exception, run_script
-from dcsched.train import hf_trainer
+from dcsched.train import agreement, hf_trainer
 from dcsched.train.backend import Backend
 from dcsched.train.options import ScriptOptions, TrainOptions
 from dcsched.train.program import ScheduledProgram
@@ -265,11 +265,17 @@ def _rank_and_size() -> tuple[int, int]:
 
 def _meeting_after(compiling: Callable[[str], ContextManager], watch) -> Callable[[str], ContextManager]:
     """``compiling`` followed by a meeting of all ranks: the first collective after a compile waits for no one."""
+    met = [0]
+
     @contextlib.contextmanager
     def phase(name: str):
         with compiling(name):
             yield
-        watch.meet(name)
+        # A compile that ran without the other ranks (its shapes were its own: dcsched.train.agreement) is not
+        # met; the others are counted alike on every rank, so each meeting pairs up.
+        if not agreement.compiled_alone():
+            met[0] += 1
+            watch.meet(f"compile {met[0]}")
 
     return phase
 

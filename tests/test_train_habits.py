@@ -1,0 +1,144 @@
+"""A real script's habits on several gloo ranks, with the default (measured) cost model and ``overlap-plan``.
+
+* A parameter frozen at the compile and unfrozen later (the backbone unfrozen after N steps) trains from then on
+  with its gradient averaged across the ranks: the ranks' mean loss equals one eager process on the global batch.
+* Batches whose shapes differ between ranks (an uneven last batch of 4, 4 and 3 rows; each rank padding its batch
+  to its own length) train: every rank agrees how each step runs before any collective
+  (:mod:`dcsched.train.agreement`), and the ranks' mean loss equals eager's mean of the same per-rank losses.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import train_runs as runs
+from gloo import GLOO_MARKS
+
+pytestmark = GLOO_MARKS
+
+#: Per step, each rank's (rows, length) of the GPT runs: an uneven last batch (a global batch of 11 on 3 ranks,
+#: then a full one again); each rank padding to its own length.
+SHAPES = {
+    "uneven": [[(4, 8)] * 3, [(4, 8)] * 3, [(4, 8), (4, 8), (3, 8)], [(4, 8)] * 3],
+    "padded": [[(2, 8)] * 3, [(2, 5), (2, 8), (2, 6)], [(2, 8), (2, 5), (2, 5)], [(2, 8)] * 3],
+}
+
+
+def _gpt_batches(shapes: list[list[tuple[int, int]]]) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+    """Per step, each rank's (tokens, targets) of its own rows and length."""
+    generator = torch.Generator().manual_seed(1234)
+    vocab = runs.CONFIGS["gpt"]["vocab"]
+    out = []
+    for step in shapes:
+        ranks = []
+        for rows, length in step:
+            tokens = torch.randint(0, vocab, (rows, length + 1), generator=generator)
+            ranks.append((tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()))
+        out.append(ranks)
+    return out
+
+
+def _gpt_steps(shapes: str, rank: int | None) -> dict:
+    """The GPT example trained on ``SHAPES[shapes]``: on ``rank`` under dcsched (``losses``: the ranks' mean loss per
+    step; ``captured``: the steps this rank ran as captured, not planned), or eagerly in one process (``rank`` None:
+    the mean of every rank's loss, the gradient of their mean)."""
+    import dcsched
+    torch._dynamo.reset()
+    model, _ = runs.model_of("gpt")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=runs.LR)
+    run, backend = model, dcsched.backend(algo="overlap-plan")
+    if rank is not None:
+        dcsched.shard(model)
+        run = torch.compile(model, backend=backend, dynamic=False)
+    losses = []
+    for step in _gpt_batches(SHAPES[shapes]):
+        if rank is None:
+            loss = torch.stack([run(*inputs) for inputs in step]).mean()
+        else:
+            loss = run(*step[rank])
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(runs.mean_over_ranks(loss) if rank is not None else float(loss.detach()))
+    return {"losses": losses, "captured": sum(program.captured_steps for program in backend.programs)}
+
+
+def _llama_unfrozen(rank: int | None, world_size: int = 2, steps: int = 3, unfreeze_at: int | None = 1) -> list[float]:
+    """Hugging Face Llama with its embeddings frozen, unfrozen before step ``unfreeze_at``; a global batch of 2 rows,
+    each rank taking its share (``rank`` None: one eager process on the whole batch)."""
+    import dcsched
+    import hf_models
+    torch._dynamo.reset()
+    model = hf_models.build("llama")
+    model.train()
+    embeddings = model.get_input_embeddings().weight
+    embeddings.requires_grad_(False)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=hf_models.LR)
+    run = model
+    if rank is not None:
+        dcsched.shard(model)
+        run = torch.compile(model, backend=dcsched.backend(algo="overlap-plan"), dynamic=False)
+    losses = []
+    for step, batch in enumerate(hf_models.batches("llama", steps)):
+        if step == unfreeze_at:
+            embeddings.requires_grad_(True)  # the habit: unfreeze after N steps
+        rows = {key: value[:2] for key, value in batch.items()}
+        if rank is not None:
+            share = 2 // world_size
+            rows = {key: value[rank * share:(rank + 1) * share].clone() for key, value in rows.items()}
+        loss = run(**rows).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(runs.mean_over_ranks(loss) if rank is not None else float(loss.detach()))
+    return losses
+
+
+def _spawned(rank: int, world_size: int, port: int, out_dir: str, what: list[str]) -> None:
+    from dcsched.errors import DcschedError
+    from dcsched.profile.scripts import unwrap_dynamo_error
+    from dcsched.runtime.distributed import shutdown
+    runs.init_gloo(rank, world_size, port)
+    try:
+        results: dict = {}
+        for label in what:
+            try:
+                results[label] = _llama_unfrozen(rank, world_size) if label == "unfrozen" else _gpt_steps(label, rank)
+            except Exception as exc:  # noqa: BLE001 (TorchDynamo wraps the backend's errors)
+                error = unwrap_dynamo_error(exc)
+                if not isinstance(error, DcschedError):
+                    raise
+                results[label] = {"error": str(error)}
+        torch.save(results, Path(out_dir) / f"habits{rank}.pt")
+    finally:
+        shutdown()
+
+
+def _spawn(tmp_path: Path, world_size: int, what: list[str]) -> list[dict]:
+    import torch.multiprocessing as mp
+    mp.spawn(_spawned, args=(world_size, runs.free_port(), str(tmp_path), what), nprocs=world_size, join=True)
+    return [torch.load(tmp_path / f"habits{rank}.pt", weights_only=True) for rank in range(world_size)]
+
+
+def test_a_parameter_unfrozen_after_the_compile_trains_with_its_gradient_averaged(tmp_path):
+    pytest.importorskip("transformers")
+    plain = _llama_unfrozen(None)
+    results = _spawn(tmp_path, 2, ["unfrozen"])
+    for rank in range(2):
+        assert results[rank]["unfrozen"] == pytest.approx(plain, rel=1e-5), rank
+    # unfrozen, the embeddings train: step 2's loss is not the one of a run that never unfreezes them
+    never = _llama_unfrozen(None, unfreeze_at=None)
+    assert never[:2] == plain[:2] and never[2] != pytest.approx(plain[2], rel=1e-5)
+
+
+def test_batches_of_other_shapes_on_some_ranks_train_as_eager(tmp_path):
+    results = _spawn(tmp_path, 3, ["uneven", "padded"])
+    for shapes, captured in (("uneven", 1), ("padded", 2)):
+        plain = _gpt_steps(shapes, None)["losses"]
+        for rank in range(3):
+            assert results[rank][shapes]["losses"] == pytest.approx(plain, rel=1e-5), (shapes, rank)
+            # the steps whose shapes differ ran as captured on every rank, the others (the last too) as planned
+            assert results[rank][shapes]["captured"] == captured, (shapes, rank)
