@@ -24,6 +24,8 @@ pytestmark = GLOO_MARKS
 SHAPES = {
     "uneven": [[(4, 8)] * 3, [(4, 8)] * 3, [(4, 8), (4, 8), (3, 8)], [(4, 8)] * 3],
     "padded": [[(2, 8)] * 3, [(2, 5), (2, 8), (2, 6)], [(2, 8), (2, 5), (2, 5)], [(2, 8)] * 3],
+    # rank 2 builds another model (d_model 16) and takes 3 rows: its step differs in structure, not only in shape
+    "other-model": [[(4, 8), (4, 8), (3, 8)]],
 }
 
 
@@ -47,7 +49,7 @@ def _gpt_steps(shapes: str, rank: int | None) -> dict:
     the mean of every rank's loss, the gradient of their mean)."""
     import dcsched
     torch._dynamo.reset()
-    model, _ = runs.model_of("gpt")
+    model, _ = runs.model_of("gpt", **({"d_model": 16} if shapes == "other-model" and rank == 2 else {}))
     optimizer = torch.optim.AdamW(model.parameters(), lr=runs.LR)
     run, backend = model, dcsched.backend(algo="overlap-plan")
     if rank is not None:
@@ -134,11 +136,17 @@ def test_a_parameter_unfrozen_after_the_compile_trains_with_its_gradient_average
     assert never[:2] == plain[:2] and never[2] != pytest.approx(plain[2], rel=1e-5)
 
 
-def test_batches_of_other_shapes_on_some_ranks_train_as_eager(tmp_path):
-    results = _spawn(tmp_path, 3, ["uneven", "padded"])
+def test_batches_of_other_shapes_on_some_ranks_train_as_eager_and_other_steps_stop_with_one_line(tmp_path):
+    results = _spawn(tmp_path, 3, ["uneven", "padded", "other-model"])
     for shapes, captured in (("uneven", 1), ("padded", 2)):
         plain = _gpt_steps(shapes, None)["losses"]
         for rank in range(3):
             assert results[rank][shapes]["losses"] == pytest.approx(plain, rel=1e-5), (shapes, rank)
             # the steps whose shapes differ ran as captured on every rank, the others (the last too) as planned
             assert results[rank][shapes]["captured"] == captured, (shapes, rank)
+    # A step that differs in structure (another model on rank 2) stops every rank with one line naming it.
+    for rank in range(3):
+        message = results[rank]["other-model"]["error"]
+        assert "\n" not in message
+        assert message.startswith("rank 2 of GPT ran a step of another structure than ranks 0, 1 (inputs rank 2: "
+                                  "(3, 8) int64, (3, 8) int64; rank 0: (4, 8) int64, (4, 8) int64)"), message

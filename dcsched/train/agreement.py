@@ -61,10 +61,11 @@ def shapes_of(sharding, inputs: Sequence) -> str:
 
 
 def captured_collectives(bundle) -> int:
-    """A digest of the collectives a bundle's graphs issue in their own order, one per parameter: the all-gathers
-    and reduce-scatters by ds_id (shapes are not in it: a parameter's collective has its size)."""
+    """A digest of the collectives a bundle's graphs issue in their own order, one per parameter: the parameter
+    table (what sizes each ds_id's collectives have) and the all-gathers and reduce-scatters by ds_id; the inputs'
+    shapes are not in it."""
     from dcsched.graph.roles import Role, comm_ids, role_of
-    parts = []
+    parts = [";".join(f"{p.name}:{tuple(p.shape)}:{p.dtype}" for p in bundle.params)]
     for name, graph in bundle.graphs.items():
         ops = [f"{role_of(node).value}:{comm_ids(node)[1]}" for node in graph.nodes
                if role_of(node) in (Role.ALLGATHER, Role.REDUCE)]
