@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -150,3 +151,24 @@ def test_batches_of_other_shapes_on_some_ranks_train_as_eager_and_other_steps_st
         assert "\n" not in message
         assert message.startswith("rank 2 of GPT ran a step of another structure than ranks 0, 1 (inputs rank 2: "
                                   "(3, 8) int64, (3, 8) int64; rank 0: (4, 8) int64, (4, 8) int64)"), message
+
+
+def test_dcsched_train_with_an_uneven_batch_on_three_ranks_trains_as_eager(tmp_path):
+    # Under torchrun the ranks meet after each compile they make together; rank 2's compile for its 3 rows is its
+    # own (not met), and the compile every rank makes next (2 rows each) meets as one.
+    import subprocess
+    import sys
+
+    from test_cli_train_distributed import _env, torchrun
+    script = Path(__file__).with_name("uneven_batch_script.py")
+    eager = subprocess.run([sys.executable, str(script), "eager"], env=_env(), capture_output=True, text=True,
+                           timeout=300)
+    assert eager.returncode == 0, eager.stderr[-3000:]
+    trained = subprocess.run([*torchrun(), "--nproc-per-node", "3", "--master-port", str(runs.free_port()), "-m",
+                              "dcsched", "train", str(script), "--algo", "overlap-plan", "--no-progress",
+                              "--timeout", "60"], env=_env(), capture_output=True, text=True, timeout=600)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+
+    def losses(out: str) -> list[float]:
+        return next(json.loads(line.split(" ", 1)[1]) for line in out.splitlines() if line.startswith("losses "))
+    assert losses(trained.stdout) == pytest.approx(losses(eager.stdout), rel=1e-5)
