@@ -172,3 +172,56 @@ def test_dcsched_train_with_an_uneven_batch_on_three_ranks_trains_as_eager(tmp_p
     def losses(out: str) -> list[float]:
         return next(json.loads(line.split(" ", 1)[1]) for line in out.splitlines() if line.startswith("losses "))
     assert losses(trained.stdout) == pytest.approx(losses(eager.stdout), rel=1e-5)
+
+
+class _Net(torch.nn.Module):
+    """Two linear layers; ``extra``, where set, scales the output (a parameter added after dcsched.shard)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.first, self.second = torch.nn.Linear(4, 8), torch.nn.Linear(8, 1)
+
+    def forward(self, x):
+        out = self.second(torch.relu(self.first(x))).sum()
+        extra = self.__dict__.get("late")
+        return out * extra.sum() if extra is not None else out
+
+
+def test_freezing_and_unfreezing_after_the_compile_train_as_eager_in_one_process():
+    import dcsched
+    model = _Net()
+    eager = _Net()
+    dcsched.shard(model)
+    compiled = torch.compile(model, backend=dcsched.backend(algo="overlap"), dynamic=False)
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, eager)]
+    generator = torch.Generator().manual_seed(0)
+    for step in range(4):
+        for m in (model, eager):  # frozen at step 1, unfrozen again at step 3
+            m.first.weight.requires_grad_(step not in (1, 2))
+        x = torch.randn(3, 4, generator=generator)
+        ours, theirs = compiled(x), eager(x)
+        assert torch.allclose(ours, theirs, rtol=1e-6, atol=1e-7), step
+        ours.backward()
+        theirs.backward()
+        assert (model.first.weight.grad is None) == (step in (1, 2))
+        for optimizer in optimizers:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+
+def test_a_graph_taking_a_trainable_parameter_dcsched_did_not_shard_is_one_line():
+    import dcsched
+    from dcsched.profile.scripts import unwrap_dynamo_error
+    from dcsched.train import ShardingError
+    model = _Net()
+    dcsched.shard(model)
+    model.__dict__["late"] = torch.nn.Parameter(torch.ones(2))  # after the shard: never sharded
+    compiled = torch.compile(model, backend=dcsched.backend(), dynamic=False)
+    with pytest.raises(Exception) as raised:
+        compiled(torch.randn(3, 4))
+    error = unwrap_dynamo_error(raised.value)
+    assert isinstance(error, ShardingError)
+    assert str(error).startswith("a trainable parameter of shape (2,) from outside _Net is not sharded by "
+                                 "dcsched.shard"), str(error)
+    assert "\n" not in str(error)

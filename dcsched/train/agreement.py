@@ -117,7 +117,7 @@ def announce(sharding, inputs: Sequence, *, compiling: bool, plan: int, captured
         return decision
     described: list = [None] * sharding.world_size
     dist.all_gather_object(described, shapes, group=group)
-    odd = _differing([entry[3] for entry in announced])
+    odd = _differing([entry[3].to_bytes(8, "little") for entry in announced])
     others = [rank for rank in range(sharding.world_size) if rank not in odd]
     raise RankMismatch(f"{_ranks(odd)} of {what} ran a step of another structure than {_ranks(others)} "
                        f"(inputs {'; '.join(f'rank {r}: {described[r]}' for r in odd)}; rank {others[0]}: "

@@ -50,7 +50,7 @@ def _save_model(original):
         if self.args.push_to_hub and not _internal_call:
             self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
 
-    save_model.__wrapped__ = original  # type: ignore[attr-defined]
+    save_model.__wrapped__ = original
     return save_model
 
 
