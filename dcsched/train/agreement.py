@@ -41,6 +41,7 @@ from typing import Sequence
 import torch
 
 from dcsched.runtime.consensus import RankMismatch, _differing, _ranks
+from dcsched.runtime.distributed import note_issued
 
 #: The agreement's own gloo group per sharding's process group (made at the first compile, on every rank).
 _GROUPS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -93,8 +94,19 @@ def _group(sharding):
     key = sharding.group if sharding.group is not None else dist.group.WORLD
     group = _GROUPS.get(key)
     if group is None:  # gloo whatever the training backend: the numbers live on the CPU, no device sync
-        group = _GROUPS[key] = dist.new_group(dist.get_process_group_ranks(key), backend="gloo")
+        group = _GROUPS[key] = dist.new_group(dist.get_process_group_ranks(key), backend="gloo",
+                                              timeout=_timeout_of(key))
     return group
+
+
+def _timeout_of(group):
+    """The training group's timeout (``dcsched train --timeout``), which the agreement's group takes too; None
+    (torch's default) where it cannot be read."""
+    try:
+        device = torch.device("cuda") if group._get_backend_name() == "nccl" else torch.device("cpu")
+        return group._get_backend(device).options._timeout
+    except (AttributeError, RuntimeError):
+        return None
 
 
 def announce(sharding, inputs: Sequence, *, compiling: bool, plan: int, captured: int, what: str) -> str:
@@ -110,6 +122,9 @@ def announce(sharding, inputs: Sequence, *, compiling: bool, plan: int, captured
     shapes = shapes_of(sharding, inputs)
     mine = torch.tensor([int(compiling), digest(shapes), plan, captured], dtype=torch.int64)
     everyone = [torch.empty_like(mine) for _ in range(sharding.world_size)]
+    # Counted as a collective the step issues: a peer stuck between steps leaves this rank waiting here, one
+    # collective ahead of it, which is how the failure watch names it.
+    note_issued()
     dist.all_gather(everyone, mine, group=group)
     announced = [[int(v) for v in t.tolist()] for t in everyone]
     decision = decide(announced)
