@@ -94,11 +94,24 @@ def _trainer_losses(tmp_path: Path, dcsched_algo: str | None) -> list[dict]:
     return [json.loads(line.split(" ", 1)[1]) for line in done.stdout.splitlines() if line.startswith("logged ")]
 
 
+def _saved_weights(directory: Path) -> dict:
+    from safetensors.torch import load_file
+    return load_file(str(directory / "model.safetensors"))
+
+
 def test_trainer_with_torch_compile_on_two_ranks_trains_as_one_process(tmp_path):
     # accelerate wraps the model in DDP under torchrun; dcsched compiles the module inside (DDP stays idle).
+    # The saving arguments are the defaults: the Trainer's checkpoint at the end and save_model(), both written by
+    # the main process, gather on every rank under dcsched train.
     plain = _trainer_losses(tmp_path, None)
     scheduled = _trainer_losses(tmp_path, "overlap")
     assert len(plain) == len(scheduled) == 4
     for mine, theirs in zip(scheduled, plain):
         assert mine["loss"] == pytest.approx(theirs["loss"], rel=1e-5)
         assert mine["grad_norm"] == pytest.approx(theirs["grad_norm"], rel=1e-5)  # the global norm, clipped alike
+    for saved in (Path("checkpoint-4"), Path(".")):
+        ours, theirs = _saved_weights(tmp_path / "dcsched" / saved), _saved_weights(tmp_path / "plain" / saved)
+        assert sorted(ours) == sorted(theirs)
+        for name, value in theirs.items():
+            assert ours[name].shape == value.shape, name
+            torch.testing.assert_close(ours[name], value, rtol=1e-5, atol=1e-6, msg=name)

@@ -102,6 +102,11 @@ def collectives_issued() -> int:
     return _ISSUED[0]
 
 
+def note_issued() -> None:
+    """Count one collective more that every rank issues at the same point of the step (a step's agreement)."""
+    _ISSUED[0] += 1
+
+
 def padded_numel(numel: int, world_size: int) -> int:
     """``numel`` rounded up to a multiple of ``world_size`` (DeepSpeed's ZeRO-3 padding)."""
     return -(-numel // world_size) * world_size

@@ -44,6 +44,7 @@ from dcsched.runtime.consensus import check_same, plan_fingerprints
 from dcsched.profile.measure import profile_bundle
 from dcsched.schedulers import run_step
 from dcsched.sim.collectives import latency_from_provenance
+from dcsched.train import agreement
 from dcsched.train.program import ScheduledProgram
 from dcsched.train.full_state import any_sharded
 from dcsched.train.options import TrainOptions
@@ -65,6 +66,7 @@ class Backend:
         sharding = sharding_for_inputs(example_inputs)
         if sharding is None:
             return _without_parameters(gm, example_inputs)
+        _refuse_unsharded(sharding, example_inputs)
         # A call without gradients (evaluation under no_grad or inference_mode) compiles the same training step
         # (captured with gradients on); run without gradients, its forward alone runs, gathers and releases
         # included, and nothing is kept for a backward.
@@ -86,6 +88,20 @@ def _without_parameters(gm: torch.fx.GraphModule, example_inputs):
         raise ShardingError("the compiled module is not sharded: call dcsched.shard(model) before "
                             "torch.compile(model, backend=dcsched.backend(...))")
     return gm.forward
+
+
+def _refuse_unsharded(sharding, example_inputs) -> None:
+    """Refuse a graph that takes a trainable parameter :func:`dcsched.shard` did not shard (one added to the
+    module after it, or another module's): its gradient would be this rank's alone, never averaged."""
+    sharded = {id(spec.param) for spec in sharding.specs}
+    for value in example_inputs:
+        if isinstance(value, torch.nn.Parameter) and value.requires_grad and id(value) not in sharded:
+            names = [name for name, p in sharding.module.named_parameters() if p is value]
+            what = f"{type(sharding.module).__name__}.{names[0]}" if names else \
+                f"a trainable parameter of shape {tuple(value.shape)} from outside {type(sharding.module).__name__}"
+            raise ShardingError(f"{what} is not sharded by dcsched.shard, so its gradient would not be averaged "
+                                "across the ranks: add parameters before dcsched.shard (before torch.compile), or "
+                                "freeze it (requires_grad=False)")
 
 
 def backend(algo: str = "none", memory_budget: float | int | str | None = None, **options) -> Backend:
@@ -178,13 +194,27 @@ def asynchrony(budget: Budget | None, scheduled, *, staging: bool) -> dict[str, 
     return chosen
 
 
+def _traced_stand_ins(sharding, example_inputs) -> list[tuple[str, torch.Tensor]]:
+    """Each parameter's stand-in as the graph takes it (the one requiring grad or the frozen one), by ds_id."""
+    present = {id(value) for value in example_inputs if isinstance(value, torch.Tensor)}
+    return [(spec.name, next((s for s in spec.stand_ins if id(s) in present), spec.stand_in))
+            for spec in sharding.specs]
+
+
 def compile_program(gm: torch.fx.GraphModule, example_inputs, sharding, options: TrainOptions) -> ScheduledProgram:
     """Capture, profile and schedule ``gm`` (a TorchDynamo graph of the sharded module) into a program."""
     from dcsched.replay.simulated import simulated_figures
 
     with torch.random.fork_rng(devices=_rng_devices(sharding)):
         captured = capture_compiled(gm, example_inputs, sharding.module,
-                                    [(spec.name, spec.stand_in) for spec in sharding.specs])
+                                    _traced_stand_ins(sharding, example_inputs))
+        # Before any collective of the compile: whether every rank compiles this step with these shapes.
+        captured_digest = agreement.captured_collectives(captured.bundle)
+        decision = agreement.announce(sharding, example_inputs, compiling=True, plan=0, captured=captured_digest,
+                                      what=type(sharding.module).__name__)
+        agreement.mark_compiled_alone(decision != "planned")
+        if decision != "planned":
+            return _as_captured(sharding, captured, captured_digest, options, decision)
         profiled = profile_bundle(captured.bundle, options.profile_options(sharding.world_size),
                                   inputs=captured.inputs)
     staging = stages_collectives(sharding)
@@ -199,10 +229,25 @@ def compile_program(gm: torch.fx.GraphModule, example_inputs, sharding, options:
     scheduled.provenance["algo"] = options.algo
     # Agreed figures make equal plans; checked anyway before the first step's collectives, since a plan that
     # differed would pair one rank's gathers with another's parameters.
-    check_same(plan_fingerprints(scheduled), "scheduled", group=sharding.group)
+    fingerprints = plan_fingerprints(scheduled)
+    check_same(fingerprints, "scheduled", group=sharding.group)
     ways = asynchrony(budget, scheduled, staging=staging)
     # the reduce-scatters are the backward's: its way is the figures' (and the default of any other graph)
     async_reduce = ways.get("backward", (True, True))[1]
     figures, _note = simulated_figures(scheduled, async_reduce=async_reduce and sharding.world_size > 1)
-    return ScheduledProgram(sharding, scheduled, profiled, captured.mutated_inputs, options.algo, figures,
-                            compute=options.compute, async_reduce=async_reduce, asynchrony=ways)
+    program = ScheduledProgram(sharding, scheduled, profiled, captured.mutated_inputs, options.algo, figures,
+                               compute=options.compute, async_reduce=async_reduce, asynchrony=ways)
+    program.plan_digest = agreement.digest(b"".join(name.encode() + b"\0" + value
+                                                    for name, value in sorted(fingerprints.items())))
+    program.captured_digest, program.pending = captured_digest, decision
+    return program
+
+
+def _as_captured(sharding, captured, captured_digest: int, options: TrainOptions, decision: str) -> ScheduledProgram:
+    """The step as captured, one collective per parameter in the captured order, not profiled or planned: what a
+    rank compiling while others do not (or with other shapes) runs, the others running their steps alike
+    (:mod:`dcsched.train.agreement`)."""
+    program = ScheduledProgram(sharding, captured.bundle, captured.bundle, captured.mutated_inputs, "none",
+                               compute=options.compute)
+    program.captured_digest, program.pending = captured_digest, decision
+    return program

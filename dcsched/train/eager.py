@@ -114,11 +114,12 @@ def _owner_name(module: nn.Module, name: str) -> str:
         return type(module).__name__
 
 
-def stand_in(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> StandIn:
+def stand_in(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+             requires_grad: bool = True) -> StandIn:
     """A full-shape :class:`StandIn` whose storage holds no bytes (allocated once, then shrunk)."""
     tensor = torch.empty(shape, dtype=dtype, device=device)
     tensor.untyped_storage().resize_(0)
-    tensor.requires_grad_(True)
+    tensor.requires_grad_(requires_grad)
     return tensor.as_subclass(StandIn)
 
 
@@ -212,7 +213,7 @@ def _hook(module: nn.Module, sharding, own: list) -> None:
         swapped = []
         for name, spec in own:
             current = module._parameters.get(name)
-            if current is spec.param or current is spec.stand_in:  # the shard, or the forward's stand-in
+            if current is spec.param or any(current is s for s in spec.stand_ins):  # the shard, or a forward's stand-in
                 full = _Gather.apply(spec.param, sharding, spec)
                 swapped.append((name, current, full))
                 module._parameters[name] = full

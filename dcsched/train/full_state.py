@@ -86,8 +86,9 @@ def _all_ranks_ask(sharding, group) -> None:
     except RuntimeError as error:  # gloo's timeout: the other ranks are not gathering
         raise ShardingError(f"{type(sharding.module).__name__}.state_dict() gathers the full weights from every "
                             f"rank, and not every rank called it within {STATE_DICT_WAIT_S:g} s: call it (or "
-                            "save_pretrained, get_model_state_dict) on every rank, saving on one "
-                            f"({first_line(error)})") from None
+                            "save_pretrained, get_model_state_dict) on every rank, saving on one; a Hugging Face "
+                            "Trainer does so under dcsched train, elsewhere pass TrainingArguments("
+                            f"save_strategy=\"no\") ({first_line(error)})") from None
 
 
 def full_parameter(sharding, spec, group=None) -> torch.Tensor:

@@ -110,6 +110,16 @@ class ScheduledProgram:
                          for pos, entry in enumerate(bundle.forward_placeholders) if entry.get("kind") == "param"}
         self.mutated_inputs = list(mutated_inputs)
         self.num_outputs = bundle.num_user_outputs - len(self.mutated_inputs)
+        self.original = original
+        #: Under a process group, each call first agrees with the other ranks how the step runs
+        #: (:mod:`dcsched.train.agreement`): digests of this program's plan (0: none, it runs as captured) and of
+        #: its step as captured; ``pending``: the decision its compile took for its first call.
+        self.plan_digest = 0
+        self.captured_digest = 0
+        self.pending: str | None = None
+        self._as_captured: ScheduledProgram | None = None
+        #: The calls that ran the step as captured rather than planned.
+        self.captured_steps = 0
         #: Set True to time every graph run and track its peak memory (for --report); stats go to ``stats``.
         self.measure = False
         #: With ``measure``: track memory too (the tracker slows the run; False: time alone, ``peak_bytes`` None).
@@ -119,13 +129,33 @@ class ScheduledProgram:
 
     def __call__(self, *args):
         self.sharding.check_intact()
-        forward_args = [self.param_at[pos].param if pos in self.param_at else value
+        program = self._agreed(args)
+        forward_args = [program.param_at[pos].param if pos in program.param_at else value
                         for pos, value in enumerate(args)]
-        outputs = _ScheduledStep.apply(self, *forward_args)
+        outputs = _ScheduledStep.apply(program, *forward_args)
         with torch.no_grad():
-            for k, pos in enumerate(self.mutated_inputs):
-                args[pos].copy_(outputs[self.num_outputs + k])
-        return list(outputs[:self.num_outputs])
+            for k, pos in enumerate(program.mutated_inputs):
+                args[pos].copy_(outputs[program.num_outputs + k])
+        return list(outputs[:program.num_outputs])
+
+    def _agreed(self, args) -> "ScheduledProgram":
+        """This program, or its step as captured where the ranks agreed on that (:mod:`dcsched.train.agreement`)."""
+        if self.sharding.world_size < 2:
+            return self
+        decision, self.pending = self.pending, None
+        if decision is None:  # a cached program: the others may be compiling, or hold other shapes
+            from dcsched.train.agreement import announce
+            decision = announce(self.sharding, args, compiling=False, plan=self.plan_digest,
+                                captured=self.captured_digest, what=type(self.sharding.module).__name__)
+        if decision == "planned":
+            return self
+        self.captured_steps += 1
+        if self.plan_digest == 0:  # compiled while the ranks' shapes differed: it has no plan
+            return self
+        if self._as_captured is None:  # the captured order, one collective per parameter: what every rank runs
+            self._as_captured = ScheduledProgram(self.sharding, self.original, self.original, self.mutated_inputs,
+                                                 "none", compute=self.compute)
+        return self._as_captured
 
     # -- the two graphs ----------------------------------------------------
     def _timed(self, run, tracked: list):

@@ -32,6 +32,7 @@ import torch
 
 from dcsched.errors import DcschedError
 from dcsched.profile.scripts import compile_interceptor, describe_exception, run_script
+from dcsched.train import agreement, hf_trainer
 from dcsched.train.backend import Backend
 from dcsched.train.options import ScriptOptions, TrainOptions
 from dcsched.train.program import ScheduledProgram
@@ -162,6 +163,8 @@ class _Interceptor:
         self.sharded.update({id(spec.param): spec.name for spec in sharding.specs})
         backend = _RecordingBackend(self.options.train, type(module).__name__, self.options.measure, self.compiling)
         self.backends.append(backend)
+        if sharding.world_size > 1:  # a Trainer the script loaded saves by gathering on every rank
+            hf_trainer.patch_loaded_trainer()
         compiled = self.real_compile(model, backend=backend, dynamic=False, fullgraph=bool(kwargs.get("fullgraph")))
         if isinstance(compiled, torch.nn.Module):
             compiled.register_forward_hook(backend.record_loss)
@@ -211,7 +214,8 @@ def train_script(path: str | os.PathLike, argv: Sequence[str] = (), options: Scr
     from torch.optim.optimizer import register_optimizer_step_pre_hook
     hook = register_optimizer_step_pre_hook(interceptor.before_optimizer_step)
     try:
-        run = run_script(path, argv, interceptor.compile)
+        with hf_trainer.saving_on_every_rank():
+            run = run_script(path, argv, interceptor.compile)
     except BaseException as exc:
         message = str(exc) if isinstance(exc, DcschedError) else describe_exception(exc)
         if watch is not None:
@@ -261,11 +265,17 @@ def _rank_and_size() -> tuple[int, int]:
 
 def _meeting_after(compiling: Callable[[str], ContextManager], watch) -> Callable[[str], ContextManager]:
     """``compiling`` followed by a meeting of all ranks: the first collective after a compile waits for no one."""
+    met = [0]
+
     @contextlib.contextmanager
     def phase(name: str):
         with compiling(name):
             yield
-        watch.meet(name)
+        # A compile that ran without the other ranks (its shapes were its own: dcsched.train.agreement) is not
+        # met; the others are counted alike on every rank, so each meeting pairs up.
+        if not agreement.compiled_alone():
+            met[0] += 1
+            watch.meet(f"compile {met[0]}")
 
     return phase
 

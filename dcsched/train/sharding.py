@@ -1,12 +1,12 @@
 """``dcsched.shard``: a module's parameters become this rank's 1-D ZeRO-3 shards, in place.
 
-Each trainable parameter (a tied one once, under its first name) keeps its
-``nn.Parameter`` object, so an optimizer built before or after holds the same
-objects; its ``.data`` becomes this rank's slice of the flattened parameter,
-zero-padded to ``ceil(numel / W)`` elements (:func:`dcsched.runtime.distributed.shard_of`).
-Buffers (BatchNorm statistics) and frozen parameters stay whole on every rank.
-So do, with ``replicate_below=N`` over more than one rank, the trainable
-parameters of fewer than N elements (DeepSpeed's
+Each parameter, frozen or trainable (a tied one once, under its first name),
+keeps its ``nn.Parameter`` object, so an optimizer built before or after
+holds the same objects; its ``.data`` becomes this rank's slice of the
+flattened parameter, zero-padded to ``ceil(numel / W)`` elements
+(:func:`dcsched.runtime.distributed.shard_of`). Buffers (BatchNorm
+statistics) stay whole on every rank. So do, with ``replicate_below=N`` over
+more than one rank, the parameters of fewer than N elements (DeepSpeed's
 ``stage3_param_persistence_threshold``): their ``.data`` is the whole
 flattened parameter, their :class:`ShardSpec` says ``replicated``, and the
 backend runs them as the plan's ``'replicated'`` residency (no gather, the
@@ -21,6 +21,14 @@ stand-ins in place of the shards. The traced graph takes the stand-ins as
 inputs; :func:`dcsched.backend` recognises them by identity and substitutes
 the shards at run time. Guards see the stand-ins' unchanging full shapes, so
 the module compiles once.
+
+Each parameter has two stand-ins, one requiring grad and one not, and the
+forward hands the traced graph the one that matches the parameter's
+``requires_grad`` when TorchDynamo traces it. TorchDynamo guards on what the
+traced code read, so a parameter frozen or unfrozen after the compile (the
+backbone unfrozen after N steps) makes it trace again: the new graph computes
+the gradient of every parameter that now requires one, and the backend
+reduce-scatters it like any other.
 
 Compiled, a sharded module runs with ``backend=dcsched.backend(...)``
 (another backend would read the stand-ins' empty storage). Called eagerly
@@ -68,9 +76,23 @@ class ShardSpec:
     dtype: torch.dtype
     #: The module's own parameter object, now holding this rank's 1-D padded shard.
     param: nn.Parameter
-    #: Full shape, no storage: what the traced graph takes in the parameter's place.
+    #: Full shape, no storage: what the traced graph takes in the parameter's place while it requires grad.
     stand_in: torch.Tensor
     replicated: bool = False
+    #: The same without grad: what the traced graph takes while the parameter is frozen (None: ``stand_in``,
+    #: for a parameter that cannot require grad).
+    frozen_stand_in: torch.Tensor | None = None
+
+    @property
+    def stand_ins(self) -> tuple[torch.Tensor, ...]:
+        """Every stand-in of the parameter (what a traced graph may take in its place)."""
+        return (self.stand_in,) if self.frozen_stand_in is None else (self.stand_in, self.frozen_stand_in)
+
+    def traced_stand_in(self) -> torch.Tensor:
+        """The stand-in matching the parameter's ``requires_grad`` now (read under tracing: guarded)."""
+        if self.frozen_stand_in is None or self.param.requires_grad:
+            return self.stand_in
+        return self.frozen_stand_in
 
     @property
     def numel(self) -> int:
@@ -91,7 +113,7 @@ class Sharding:
         return self._by_stand_in.get(id(tensor))
 
     def __post_init__(self) -> None:
-        self._by_stand_in = {id(spec.stand_in): spec for spec in self.specs}
+        self._by_stand_in = {id(stand_in): spec for spec in self.specs for stand_in in spec.stand_ins}
         self._paths = [(spec.name.split(".")[:-1], spec.name.rpartition(".")[2], spec) for spec in self.specs]
 
     def check_intact(self) -> None:
@@ -107,7 +129,7 @@ class Sharding:
             found = module._parameters.get(leaf) if module is not None else None
             # The stand-in is there while the forward runs (functional_call swaps it in; a graph break runs
             # this step inside that swap).
-            if found is not spec.param and found is not spec.stand_in:
+            if found is not spec.param and not any(found is stand_in for stand_in in spec.stand_ins):
                 raise ShardingError(f"{type(self.module).__name__}.{spec.name} was replaced after dcsched.shard: "
                                     "the compiled step trains the parameters it sharded; change the module "
                                     "before torch.compile, or shard and compile the changed module anew")
@@ -163,25 +185,30 @@ class _ClassForward(nn.Module):
 
 def _install_forward(module: nn.Module, specs: list[ShardSpec]) -> None:
     holder = _ClassForward(module)
-    stand_ins = {f"inner.{spec.name}": spec.stand_in for spec in specs}
+    keys = [(f"inner.{spec.name}", spec) for spec in specs]
     own = [(f"inner.{spec.name}", spec) for spec in specs if "." not in spec.name]  # the module's own
 
     def forward(*args, **kwargs):
+        # Reading each parameter's requires_grad here makes TorchDynamo guard on it: freezing or unfreezing one
+        # after the compile traces the step again, with the gradients it now needs.
+        stand_ins = {key: spec.traced_stand_in() for key, spec in keys}
         if torch.compiler.is_compiling():
             return torch.func.functional_call(holder, stand_ins, args, kwargs)
         # Eagerly, the module's own parameters were gathered by its pre-hook (dcsched.train.eager): those stay;
         # every other one is its stand-in until its own module's call gathers it.
-        present = dict(stand_ins)
         for key, spec in own:
             if module._parameters.get(spec.name) is not spec.param:
-                del present[key]
-        return torch.func.functional_call(holder, present, args, kwargs)
+                del stand_ins[key]
+        return torch.func.functional_call(holder, stand_ins, args, kwargs)
 
     module.forward = forward
 
 
 def shard(module: nn.Module, group=None, replicate_below: int = 0) -> Sharding:
-    """Shard ``module``'s trainable parameters over ``group`` (default: the default process group) in place.
+    """Shard ``module``'s parameters over ``group`` (default: the default process group) in place.
+
+    Frozen parameters are sharded too, so one unfrozen after the compile
+    trains like the others (see the module docstring).
 
     Call it before the optimizer takes its first step (the optimizer then sees
     the shards, whether it was built before or after). Without a process
@@ -191,11 +218,11 @@ def shard(module: nn.Module, group=None, replicate_below: int = 0) -> Sharding:
     Parameters
     ----------
     module : torch.nn.Module
-        The module whose trainable parameters become this rank's 1-D shards (a tied parameter once).
+        The module whose parameters become this rank's 1-D shards (a tied parameter once).
     group : torch.distributed.ProcessGroup, optional
         The ranks to shard over; by default the default process group, or none (world size 1).
     replicate_below : int, optional
-        Over more than one rank, a trainable parameter of fewer elements stays whole (flattened) on every
+        Over more than one rank, a parameter of fewer elements stays whole (flattened) on every
         rank: no all-gather, its gradient all-reduced (the plan's ``'replicated'`` residency), as DeepSpeed's
         ``stage3_param_persistence_threshold`` keeps small parameters. Default 0: every one sharded.
 
@@ -230,27 +257,28 @@ def shard(module: nn.Module, group=None, replicate_below: int = 0) -> Sharding:
                             "the module itself, before torch.compile")
     rank, world_size = _process_group(group)
     specs: list[ShardSpec] = []
+    if not any(param.requires_grad for param in module.parameters()):
+        raise ShardingError(f"{type(module).__name__} has no trainable parameters to shard")
     for name, param in module.named_parameters():  # a tied parameter once, under its first name
-        if not param.requires_grad:
-            continue
         full = param.detach()
         shape = tuple(full.shape)
         # At world size 1 every shard is whole already: nothing to replicate, the plans stay as they were.
         whole = world_size > 1 and full.numel() < replicate_below
-        stand_in = eager.stand_in(shape, full.dtype, full.device)
+        trainable = full.is_floating_point() or full.is_complex()  # an integer parameter never requires grad
+        stand_in = eager.stand_in(shape, full.dtype, full.device, requires_grad=trainable)
+        frozen = eager.stand_in(shape, full.dtype, full.device, requires_grad=False) if trainable else None
         grad, param.grad = param.grad, None  # a gradient accumulated eagerly before: sharded alike
         with torch.no_grad():
             param.data = full.reshape(-1).clone() if whole else shard_of(full, rank, world_size)
             if grad is not None:
                 param.grad = grad.reshape(-1).clone() if whole else shard_of(grad, rank, world_size)
-        specs.append(ShardSpec(name, len(specs), shape, full.dtype, param, stand_in, whole))
-    if not specs:
-        raise ShardingError(f"{type(module).__name__} has no trainable parameters to shard")
+        specs.append(ShardSpec(name, len(specs), shape, full.dtype, param, stand_in, whole, frozen))
     sharding = Sharding(module, specs, rank, world_size, group)
     _install_forward(module, specs)
     module.__dict__[ATTRIBUTE] = sharding
     full_state.install(sharding)  # full weights in state_dict(), the global norm in clip_grad_norm_
     eager.install(sharding)  # eager module calls gather their own parameters
     for spec in specs:
-        _BY_STAND_IN[id(spec.stand_in)] = sharding
+        for stand_in in spec.stand_ins:
+            _BY_STAND_IN[id(stand_in)] = sharding
     return sharding
