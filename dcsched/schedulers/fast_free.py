@@ -162,8 +162,7 @@ class FastFreeRun:
         self.release_mask = {d: pack(union(unpack(anc[r]) for r in rels)) for d, rels in releases.items()}
         self.size_of_bit = [g.size[ag] for ag in by_last]
         self.pending = (1 << len(ags)) - 1
-        self.heap = [(packed_count(anc[last[ag]]), ag) for ag in ags]
-        heapq.heapify(self.heap)
+        self._group_by_last_use()
         # The all-gathers whose count is 1 (only their own bit: it stays so until they run), with lower
         # bounds on their number of all-gathers scheduled (see _one_tier).
         self.one: list[tuple[int, int, int]] = []
@@ -183,6 +182,42 @@ class FastFreeRun:
                 self.ready_now.append(t)
         self.reduce_rank = {r: k for k, r in enumerate(reduces)}
         self.output_rank = {o: k for k, o in enumerate(outputs)}
+
+    def _group_by_last_use(self) -> None:
+        """The tier heap, one entry per last use (its all-gathers share their count), and per last use
+        the members that :meth:`_choose` can rank by size alone.
+
+        A member whose only ancestor all-gather is itself and whose releases need no all-gather its last
+        use does not need (the usual case: a fan-in's concatenation reads every member's wait) scores
+        ``(T - size, count, size)``, ``T`` the bytes its last use waits for: among them only the largest
+        can win a round, so they sit in a heap by size (:attr:`by_size`) and a round looks at the
+        largest only, not at every member (a fan-in of N parameters took N rounds of N members each).
+        The others (:attr:`scored_alone`) are scored one by one each round.
+        """
+        g, ags, anc, last = self.g, self.ags, self.anc, self.last
+        # Sizes that are ints subtract exactly; any other figure is summed member by member as before.
+        exact = all(type(g.size[ag]) is int for ag in ags)
+        members: dict[int, list[int]] = {}
+        for ag in ags:
+            members.setdefault(last[ag], []).append(ag)
+        self.members = members
+        self.by_size: dict[int, list[tuple[int, int]]] = {}
+        self.scored_alone: dict[int, list[int]] = {}
+        for use, group in members.items():
+            at_use = unpack(anc[use])
+            heap, alone = [], []
+            for ag in group:
+                extra = unpack(self.release_mask.get(g.ds_id[ag], EMPTY)) & ~at_use
+                if exact and use != ag and packed_count(anc[ag]) == 1 and not extra:
+                    heap.append((-g.size[ag], ag))
+                else:
+                    alone.append(ag)
+            heapq.heapify(heap)
+            self.by_size[use], self.scored_alone[use] = heap, alone
+        # The bytes each last use waits for, as last computed: (pending set then, its bytes).
+        self.waited_bytes: dict[int, tuple[int, int]] = {}
+        self.heap = [(packed_count(anc[use]), use) for use in members]
+        heapq.heapify(self.heap)
 
     def run(self) -> list[int]:
         """The order: rounds until every all-gather ran, then the rest in input order."""
@@ -205,36 +240,39 @@ class FastFreeRun:
 
     # -- one round ---------------------------------------------------------------
     def _tier(self) -> list[int] | None:
-        """The pending all-gathers of the smallest count (all-gathers their last use waits for); None
-        when that count is 1: the tier is then :attr:`one`'s pending entries.
+        """The last uses of the smallest count (pending all-gathers they wait for) among those of pending
+        all-gathers; None when that count is 1: the tier is then :attr:`one`'s pending entries.
 
-        A heap entry's key minus the all-gathers scheduled so far is a lower
-        bound on its current count. An all-gather found at count 1 moves to
-        :attr:`one` for good (its own bit stays pending until it runs), so a
-        candidate that loses round after round (a parallel branch's
+        All-gathers sharing a last use share its count, so the heap holds last uses. A heap entry's key
+        minus the all-gathers scheduled so far is a lower bound on its current count. A last use found at
+        count 1 has one pending all-gather, which moves to :attr:`one` for good (its own bit stays
+        pending until it runs), so a candidate that loses round after round (a parallel branch's
         all-gather, an expert beside its siblings) is not counted again.
         """
-        heap, scheduled, anc, last, pending = self.heap, self.scheduled, self.anc, self.last, self.pending
+        heap, anc, pending = self.heap, self.anc, self.pending
         done = self.n_scheduled_ags
         limit = 1 if self.n_one else None  # no count above it is in the tier
         best = None
         tier: list[int] = []
         evaluated = []
         while heap and (limit is None or heap[0][0] - done <= limit):
-            _, ag = heapq.heappop(heap)
-            if scheduled[ag]:  # no longer pending
+            _, use = heapq.heappop(heap)
+            count = (unpack(anc[use]) & pending).bit_count()
+            if count == 0:  # every all-gather it waits for ran
                 continue
-            count = (unpack(anc[last[ag]]) & pending).bit_count()
             if count == 1:
-                self._join_one(ag)
-                if limit is None:
-                    limit = 1
+                if self._pending_member(use) is not None:
+                    self._join_one(self._pending_member(use))
+                    if limit is None:
+                        limit = 1
                 continue
-            evaluated.append((count + done, ag))
+            if self._pending_member(use) is None:  # its members ran; it waits on others' all-gathers
+                continue
+            evaluated.append((count + done, use))
             if best is None or count < best:
-                best, tier = count, [ag]
+                best, tier = count, [use]
             elif count == best:
-                tier.append(ag)
+                tier.append(use)
             if limit is None or count < limit:
                 limit = count
         for entry in evaluated:
@@ -242,6 +280,16 @@ class FastFreeRun:
         if self.n_one and (best is None or best > 1):
             return None
         return tier
+
+    def _pending_member(self, use: int) -> int | None:
+        """A pending all-gather whose last use is ``use`` (None when all of them ran); drops those that ran
+        from the end of the member list, so the scan is paid once per member."""
+        group, scheduled = self.members[use], self.scheduled
+        while group and scheduled[group[-1]]:
+            group.pop()
+        if group:
+            return group[-1]
+        return None
 
     def _join_one(self, ag: int) -> None:
         """Move ``ag`` (count 1) to :attr:`one`, keyed by a lower bound on its score."""
@@ -282,31 +330,72 @@ class FastFreeRun:
         return self._break_tie(tied)
 
     def _choose(self, tier: list[int]) -> tuple[int, bool]:
-        """The tier's best candidate, and whether it frees (needs no other all-gather before its last use).
+        """The best candidate among the tier's last uses' pending all-gathers, and whether it frees (needs
+        no other all-gather before its last use).
 
         Integer parts of the scores from the bitsets; the device-time sum
         (which needs the path) only when they tie.
         """
-        g, anc, last, pending, bit_of, size = self.g, self.anc, self.last, self.pending, self.bit_of, self.g.size
         # (free_acc, n_ags, ag_acc, ag), then (n_ags, ag_acc, ag) once only freeing ones are left
         scored: list[tuple[int, ...]] = []
-        for ag in tier:
-            at_last = unpack(anc[last[ag]]) & pending  # holds the all-gather's own bit
-            if packed_count(anc[ag]) == 1:  # the usual case: no all-gather before this one
-                before = at_last ^ (1 << bit_of[ag])
-                ag_acc = size[ag]
-            else:
-                own = unpack(anc[ag]) & pending
-                before = at_last & ~own
-                ag_acc = total_size(own, self.size_of_bit)
-            free_acc = total_size(before, self.size_of_bit) if before else 0
-            n_ags = ((at_last | unpack(self.release_mask.get(g.ds_id[ag], EMPTY))) & pending).bit_count()
-            scored.append((free_acc, n_ags, ag_acc, ag))
+        for use in tier:
+            at_last = unpack(self.anc[use]) & self.pending  # holds each member's own bit
+            largest = self._largest_members(use)
+            if largest:
+                total = self._waited_bytes(use, at_last)
+                count = at_last.bit_count()
+                scored.extend((total - self.g.size[ag], count, self.g.size[ag], ag) for ag in largest)
+            alone = self.scored_alone[use]
+            alone[:] = [ag for ag in alone if not self.scheduled[ag]]
+            scored.extend(self._score(ag, at_last) for ag in alone)
         freeing = any(t[0] == 0 for t in scored)
         if freeing:
             scored = [(n_ags, ag_acc, ag) for free_acc, n_ags, ag_acc, ag in scored if free_acc == 0]
         best_int = min(t[:-1] for t in scored)
         return self._break_tie([t[-1] for t in scored if t[:-1] == best_int]), freeing
+
+    def _score(self, ag: int, at_last: int) -> tuple[int, ...]:
+        """``(free_acc, n_ags, ag_acc, ag)`` of a candidate, ``at_last`` its last use's pending all-gathers."""
+        g, anc, pending, bit_of, size = self.g, self.anc, self.pending, self.bit_of, self.g.size
+        if packed_count(anc[ag]) == 1:  # the usual case: no all-gather before this one
+            before = at_last ^ (1 << bit_of[ag])
+            ag_acc = size[ag]
+        else:
+            own = unpack(anc[ag]) & pending
+            before = at_last & ~own
+            ag_acc = total_size(own, self.size_of_bit)
+        free_acc = total_size(before, self.size_of_bit) if before else 0
+        n_ags = ((at_last | unpack(self.release_mask.get(g.ds_id[ag], EMPTY))) & pending).bit_count()
+        return free_acc, n_ags, ag_acc, ag
+
+    def _largest_members(self, use: int) -> list[int]:
+        """The pending members of :attr:`by_size` of ``use`` of the largest size (each stays in the heap)."""
+        heap, scheduled = self.by_size[use], self.scheduled
+        while heap and scheduled[heap[0][1]]:
+            heapq.heappop(heap)
+        if not heap:
+            return []
+        top = heap[0][0]
+        largest, kept = [], []
+        while heap and heap[0][0] == top:
+            entry = heapq.heappop(heap)
+            if not scheduled[entry[1]]:
+                largest.append(entry[1])
+                kept.append(entry)
+        for entry in kept:
+            heapq.heappush(heap, entry)
+        return largest
+
+    def _waited_bytes(self, use: int, at_last: int) -> int:
+        """The bytes of the pending all-gathers ``at_last`` that ``use`` waits for, from the last figure
+        less what ran since (each all-gather subtracted once)."""
+        then, total = self.waited_bytes.get(use, (0, 0))
+        if then:
+            total -= total_size(then & ~at_last, self.size_of_bit)
+        else:
+            total = total_size(at_last, self.size_of_bit)
+        self.waited_bytes[use] = (at_last, total)
+        return total
 
     def _break_tie(self, tied: list[int]) -> int:
         """Of candidates tied on the integer parts of their scores, the one of least device time from the
