@@ -51,12 +51,15 @@ from __future__ import annotations
 import heapq
 import math
 
+import numpy as np
+
 
 from dcsched.graph.lastuse import last_use_indices
 from dcsched.graph.form import PLACEHOLDER, REDUCE, GraphForm, schedule_indexed
 from dcsched.schedulers.gather_sets import (EMPTY, Packed, allgather_ancestors, pack, packed_count, total_size, union,
                                             unpack)
 from dcsched.plan import Plan
+from dcsched.schedulers.free_costs import FOLDS_ARE_SEQUENTIAL, skip_one_folds
 from dcsched.schedulers.registry import register
 
 
@@ -155,7 +158,7 @@ class FastFreeRun:
         outputs = [p for p in preds[g.output] if kind[p] != REDUCE] if g.output is not None else []
         targets = set(last.values()) | set(reduces) | set(outputs) | set(ags)
         targets.update(r for rels in releases.values() for r in rels)
-        targets.update(p for ag in ags for p in preds[last[ag]])
+        targets.update(p for use in set(last.values()) for p in preds[use])
         # Packed sets (see pack): read through unpack.
         self.anc = anc = allgather_ancestors(g, bit_of, targets)
         # All-gathers among the ancestors of a parameter's releases (static).
@@ -170,6 +173,10 @@ class FastFreeRun:
         self.in_one = bytearray(len(g))
         # Candidates that lost a tie to a rival whose path shares none of theirs (see _break_tie).
         self.lost_tie = bytearray(len(g))
+        # Last uses' requirements as first built, for _fold_winner: (node ids, device times).
+        self.free_paths: dict[int, tuple] = {}
+        self.bucket_mark = np.zeros(len(g), dtype=bool)  # the bucket _bucket_winner looks at
+        self.name_rank: np.ndarray | None = None
         self.n_one = 0
         # Reduces and outputs wait on one pending all-gather of their set at a time.
         self.waiting: dict[int, list[int]] = {}
@@ -187,33 +194,44 @@ class FastFreeRun:
         """The tier heap, one entry per last use (its all-gathers share their count), and per last use
         the members that :meth:`_choose` can rank by size alone.
 
-        A member whose only ancestor all-gather is itself and whose releases need no all-gather its last
-        use does not need (the usual case: a fan-in's concatenation reads every member's wait) scores
-        ``(T - size, count, size)``, ``T`` the bytes its last use waits for: among them only the largest
-        can win a round, so they sit in a heap by size (:attr:`by_size`) and a round looks at the
-        largest only, not at every member (a fan-in of N parameters took N rounds of N members each).
-        The others (:attr:`scored_alone`) are scored one by one each round.
+        A member that reads only placeholders, has no ancestor all-gather but itself and whose releases
+        need no all-gather its last use does not need (the usual case: a fan-in's concatenation reads
+        every member's wait) scores ``(T - size, count, size)``, ``T`` the bytes its last use waits
+        for: only the largest can win a round, and those tie on every integer part. So they sit in
+        buckets by size (:attr:`by_size`), and a round looks at the largest bucket only, as one
+        candidate: its best by free cost and name (:meth:`_bucket_winner`), not at every member (a
+        fan-in of N parameters took N rounds of N members each). The others (:attr:`scored_alone`) are
+        scored one by one each round.
         """
         g, ags, anc, last = self.g, self.ags, self.anc, self.last
-        # Sizes that are ints subtract exactly; any other figure is summed member by member as before.
-        exact = all(type(g.size[ag]) is int for ag in ags)
+        # Sizes that are ints subtract exactly; and the bucket's free costs are DeepSpeed's sums where
+        # Python's sum adds left to right. Otherwise every member is scored alone, as DeepSpeed does.
+        bucketed = FOLDS_ARE_SEQUENTIAL and self.sum_error != math.inf and min(g.time, default=0) >= 0 and \
+            all(type(g.size[ag]) is int for ag in ags)
         members: dict[int, list[int]] = {}
         for ag in ags:
             members.setdefault(last[ag], []).append(ag)
+        self.in_bucket = np.zeros(len(g), dtype=bool)
         self.members = members
-        self.by_size: dict[int, list[tuple[int, int]]] = {}
+        self.by_size: dict[int, tuple[list[int], dict]] = {}
         self.scored_alone: dict[int, list[int]] = {}
         for use, group in members.items():
             at_use = unpack(anc[use])
-            heap, alone = [], []
+            buckets: dict[int, list[int]] = {}
+            alone = []
             for ag in group:
                 extra = unpack(self.release_mask.get(g.ds_id[ag], EMPTY)) & ~at_use
-                if exact and use != ag and packed_count(anc[ag]) == 1 and not extra:
-                    heap.append((-g.size[ag], ag))
+                if bucketed and use != ag and packed_count(anc[ag]) == 1 and not extra and \
+                        all(g.kind[p] == PLACEHOLDER for p in g.preds[ag]):
+                    buckets.setdefault(g.size[ag], []).append(ag)
                 else:
                     alone.append(ag)
-            heapq.heapify(heap)
-            self.by_size[use], self.scored_alone[use] = heap, alone
+            sizes = [-size for size in buckets]
+            heapq.heapify(sizes)
+            self.by_size[use] = (sizes, {size: np.array(b, dtype=np.int64) for size, b in buckets.items()})
+            for bucket in buckets.values():
+                self.in_bucket[bucket] = True
+            self.scored_alone[use] = alone
         # The bytes each last use waits for, as last computed: (pending set then, its bytes).
         self.waited_bytes: dict[int, tuple[int, int]] = {}
         self.heap = [(packed_count(anc[use]), use) for use in members]
@@ -340,11 +358,10 @@ class FastFreeRun:
         scored: list[tuple[int, ...]] = []
         for use in tier:
             at_last = unpack(self.anc[use]) & self.pending  # holds each member's own bit
-            largest = self._largest_members(use)
-            if largest:
-                total = self._waited_bytes(use, at_last)
-                count = at_last.bit_count()
-                scored.extend((total - self.g.size[ag], count, self.g.size[ag], ag) for ag in largest)
+            best = self._bucket_winner(use)
+            if best is not None:
+                size = self.g.size[best]
+                scored.append((self._waited_bytes(use, at_last) - size, at_last.bit_count(), size, best))
             alone = self.scored_alone[use]
             alone[:] = [ag for ag in alone if not self.scheduled[ag]]
             scored.extend(self._score(ag, at_last) for ag in alone)
@@ -368,23 +385,50 @@ class FastFreeRun:
         n_ags = ((at_last | unpack(self.release_mask.get(g.ds_id[ag], EMPTY))) & pending).bit_count()
         return free_acc, n_ags, ag_acc, ag
 
-    def _largest_members(self, use: int) -> list[int]:
-        """The pending members of :attr:`by_size` of ``use`` of the largest size (each stays in the heap)."""
-        heap, scheduled = self.by_size[use], self.scheduled
-        while heap and scheduled[heap[0][1]]:
-            heapq.heappop(heap)
-        if not heap:
-            return []
-        top = heap[0][0]
-        largest, kept = [], []
-        while heap and heap[0][0] == top:
-            entry = heapq.heappop(heap)
-            if not scheduled[entry[1]]:
-                largest.append(entry[1])
-                kept.append(entry)
-        for entry in kept:
-            heapq.heappush(heap, entry)
-        return largest
+    def _bucket_winner(self, use: int) -> int | None:
+        """The best pending member of the largest bucket of :attr:`by_size` of ``use`` (None where it has
+        none): the least DeepSpeed free cost, then the least name (the members tie on the rest).
+
+        Each one's free path is ``use``'s requirements less the all-gather itself, and the requirements
+        with more nodes scheduled are the earlier requirements less those nodes (the scheduled set only
+        grows by whole ancestor sets), so ``use``'s are built once and filtered each round; the sums
+        come from :func:`skip_one_folds`.
+        """
+        sizes, buckets = self.by_size[use]
+        scheduled = np.frombuffer(self.scheduled, dtype=np.uint8)
+        while sizes:
+            bucket = buckets[-sizes[0]]
+            bucket = buckets[-sizes[0]] = bucket[scheduled[bucket] == 0]
+            if len(bucket):
+                break
+            del buckets[-heapq.heappop(sizes)]
+        else:
+            return None
+        if len(bucket) == 1:
+            return int(bucket[0])
+        cached = self.free_paths.get(use)
+        if cached is None:
+            ids = np.array(self._requirements_of(use), dtype=np.int64)
+            cached = (ids, np.array([self.g.time[v] for v in ids.tolist()]))
+        ids, times = cached
+        mark = self.bucket_mark
+        mark[bucket] = True
+        is_member = mark[ids]
+        mark[bucket] = False
+        # Scheduled nodes leave for good; so do the others of time 0 that no bucket holds, as adding +0.0
+        # changes no sum of non-negative terms.
+        keep = (scheduled[ids] == 0) & ((times != 0.0) | self.in_bucket[ids])
+        ids, times, is_member = ids[keep], times[keep], is_member[keep]
+        self.free_paths[use] = (ids, times)
+        folds = skip_one_folds(times, np.flatnonzero(is_member))
+        members = ids[is_member]
+        least = members[folds == folds.min()]
+        if len(least) == 1:
+            return int(least[0])
+        if self.name_rank is None:  # each node's place among the names, sorted as str compares them
+            self.name_rank = np.empty(len(self.g), dtype=np.int64)
+            self.name_rank[sorted(range(len(self.g)), key=self.g.names.__getitem__)] = np.arange(len(self.g))
+        return int(least[np.argmin(self.name_rank[least])])
 
     def _waited_bytes(self, use: int, at_last: int) -> int:
         """The bytes of the pending all-gathers ``at_last`` that ``use`` waits for, from the last figure
@@ -664,3 +708,4 @@ def _late_topological_rank(g: GraphForm) -> list[int]:
                 rank[v] = counter
                 counter += 1
     return rank
+
