@@ -78,3 +78,47 @@ def test_a_long_head_is_cut_in_runs():
     for count, pieces in cuts.items():
         assert len(pieces) == count
         assert sorted(m for piece in pieces for m in piece) == sorted(gathers)
+
+
+def fan_in_bundle(n_params: int):
+    import torch
+
+    from dcsched.bundle.core import Bundle, InputInfo, ParamInfo
+
+    return Bundle(forward=fanin_graph(n_params), backward=None,
+                  params=[ParamInfo(f"experts.{i}.weight", (64, 64), torch.float32, i) for i in range(n_params)],
+                  inputs=[InputInfo("x", (4,), torch.float32)],
+                  forward_placeholders=[{"kind": "param", "ds_id": i} for i in range(n_params)]
+                  + [{"kind": "input", "index": 0}],
+                  backward_placeholders=[], provenance={"device_time": "synthetic", "tensor_size": "synthetic"})
+
+
+def test_schedule_json_stays_clean_with_progress(tmp_path, capsys):
+    import json
+
+    import dcsched
+    from dcsched.cli import run as cli
+
+    path = dcsched.save(fan_in_bundle(40), tmp_path / "fanin.pt")
+    assert cli(["schedule", str(path), "--algo", "fast-free,overlap", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["algorithms"] == ["fast-free", "overlap"]
+    assert "scheduling 40 all-gathers" in err
+
+
+def test_ticker_shows_the_running_step_on_a_terminal(monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    import dcsched.cli.schedule as schedule_cli
+
+    stream = io.StringIO()
+    monkeypatch.setattr(schedule_cli, "err_console", Console(file=stream, force_terminal=True, width=100))
+    with schedule_cli._Ticker() as tick:
+        assert tick.display is not None
+        tick("forward: scheduling 3 all-gathers of 9 nodes with fast-free")
+    assert "scheduling 3 all-gathers" in stream.getvalue()
+    monkeypatch.setattr(schedule_cli, "err_console", Console(file=io.StringIO(), force_terminal=False))
+    with schedule_cli._Ticker() as tick:
+        assert tick.display is None  # not a terminal: the plain lines only
