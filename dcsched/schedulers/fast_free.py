@@ -21,6 +21,10 @@ What remains runs in input order at the end.
 
 The implementation is incremental, so a round costs about what it changes,
 not the size of the graph: a scheduled-mark array instead of rebuilt sets; the
+candidates grouped by last use, a group's plain members as size buckets whose
+largest competes as one candidate (:mod:`dcsched.schedulers.fast_free_groups`:
+a fan-in of N parameters is N rounds of one candidate each, its free costs
+summed for the whole bucket at once by :mod:`dcsched.schedulers.free_costs`); the
 pending all-gathers as one bitset (a Python int) and each last use's
 all-gather ancestors as another, so a tier count is one ``&`` and a popcount
 (kept packed, :mod:`dcsched.schedulers.gather_sets`, so they take memory linear in the graph);
@@ -51,15 +55,14 @@ from __future__ import annotations
 import heapq
 import math
 
-import numpy as np
-
 
 from dcsched.graph.lastuse import last_use_indices
 from dcsched.graph.form import PLACEHOLDER, REDUCE, GraphForm, schedule_indexed
 from dcsched.schedulers.gather_sets import (EMPTY, Packed, allgather_ancestors, pack, packed_count, total_size, union,
                                             unpack)
 from dcsched.plan import Plan
-from dcsched.schedulers.free_costs import FOLDS_ARE_SEQUENTIAL, skip_one_folds
+from dcsched.schedulers.free_costs import FOLDS_ARE_SEQUENTIAL
+from dcsched.schedulers.fast_free_groups import SizeBuckets
 from dcsched.schedulers.registry import register
 
 
@@ -165,7 +168,14 @@ class FastFreeRun:
         self.release_mask = {d: pack(union(unpack(anc[r]) for r in rels)) for d, rels in releases.items()}
         self.size_of_bit = [g.size[ag] for ag in by_last]
         self.pending = (1 << len(ags)) - 1
-        self._group_by_last_use()
+        # Sizes that are ints subtract exactly, and the buckets' free costs are DeepSpeed's sums where
+        # Python's sum adds left to right; otherwise every member is scored alone, as DeepSpeed does.
+        bucketed = FOLDS_ARE_SEQUENTIAL and self.sum_error != math.inf and min(g.time, default=0) >= 0 and \
+            all(type(g.size[ag]) is int for ag in ags)
+        self.groups = SizeBuckets(g, ags, last, anc, self.release_mask, bucketed=bucketed)
+        # The tier heap: one entry per last use (its all-gathers share their count).
+        self.heap = [(packed_count(anc[use]), use) for use in self.groups.members]
+        heapq.heapify(self.heap)
         # The all-gathers whose count is 1 (only their own bit: it stays so until they run), with lower
         # bounds on their number of all-gathers scheduled (see _one_tier).
         self.one: list[tuple[int, int, int]] = []
@@ -173,10 +183,6 @@ class FastFreeRun:
         self.in_one = bytearray(len(g))
         # Candidates that lost a tie to a rival whose path shares none of theirs (see _break_tie).
         self.lost_tie = bytearray(len(g))
-        # Last uses' requirements as first built, for _fold_winner: (node ids, device times).
-        self.free_paths: dict[int, tuple] = {}
-        self.bucket_mark = np.zeros(len(g), dtype=bool)  # the bucket _bucket_winner looks at
-        self.name_rank: np.ndarray | None = None
         self.n_one = 0
         # Reduces and outputs wait on one pending all-gather of their set at a time.
         self.waiting: dict[int, list[int]] = {}
@@ -189,53 +195,6 @@ class FastFreeRun:
                 self.ready_now.append(t)
         self.reduce_rank = {r: k for k, r in enumerate(reduces)}
         self.output_rank = {o: k for k, o in enumerate(outputs)}
-
-    def _group_by_last_use(self) -> None:
-        """The tier heap, one entry per last use (its all-gathers share their count), and per last use
-        the members that :meth:`_choose` can rank by size alone.
-
-        A member that reads only placeholders, has no ancestor all-gather but itself and whose releases
-        need no all-gather its last use does not need (the usual case: a fan-in's concatenation reads
-        every member's wait) scores ``(T - size, count, size)``, ``T`` the bytes its last use waits
-        for: only the largest can win a round, and those tie on every integer part. So they sit in
-        buckets by size (:attr:`by_size`), and a round looks at the largest bucket only, as one
-        candidate: its best by free cost and name (:meth:`_bucket_winner`), not at every member (a
-        fan-in of N parameters took N rounds of N members each). The others (:attr:`scored_alone`) are
-        scored one by one each round.
-        """
-        g, ags, anc, last = self.g, self.ags, self.anc, self.last
-        # Sizes that are ints subtract exactly; and the bucket's free costs are DeepSpeed's sums where
-        # Python's sum adds left to right. Otherwise every member is scored alone, as DeepSpeed does.
-        bucketed = FOLDS_ARE_SEQUENTIAL and self.sum_error != math.inf and min(g.time, default=0) >= 0 and \
-            all(type(g.size[ag]) is int for ag in ags)
-        members: dict[int, list[int]] = {}
-        for ag in ags:
-            members.setdefault(last[ag], []).append(ag)
-        self.in_bucket = np.zeros(len(g), dtype=bool)
-        self.members = members
-        self.by_size: dict[int, tuple[list[int], dict]] = {}
-        self.scored_alone: dict[int, list[int]] = {}
-        for use, group in members.items():
-            at_use = unpack(anc[use])
-            buckets: dict[int, list[int]] = {}
-            alone = []
-            for ag in group:
-                extra = unpack(self.release_mask.get(g.ds_id[ag], EMPTY)) & ~at_use
-                if bucketed and use != ag and packed_count(anc[ag]) == 1 and not extra and \
-                        all(g.kind[p] == PLACEHOLDER for p in g.preds[ag]):
-                    buckets.setdefault(g.size[ag], []).append(ag)
-                else:
-                    alone.append(ag)
-            sizes = [-size for size in buckets]
-            heapq.heapify(sizes)
-            self.by_size[use] = (sizes, {size: np.array(b, dtype=np.int64) for size, b in buckets.items()})
-            for bucket in buckets.values():
-                self.in_bucket[bucket] = True
-            self.scored_alone[use] = alone
-        # The bytes each last use waits for, as last computed: (pending set then, its bytes).
-        self.waited_bytes: dict[int, tuple[int, int]] = {}
-        self.heap = [(packed_count(anc[use]), use) for use in members]
-        heapq.heapify(self.heap)
 
     def run(self) -> list[int]:
         """The order: rounds until every all-gather ran, then the rest in input order."""
@@ -278,13 +237,13 @@ class FastFreeRun:
             count = (unpack(anc[use]) & pending).bit_count()
             if count == 0:  # every all-gather it waits for ran
                 continue
-            if count == 1:
-                if self._pending_member(use) is not None:
-                    self._join_one(self._pending_member(use))
-                    if limit is None:
-                        limit = 1
+            member = self.groups.pending_member(use, self.scheduled)
+            if member is None:  # its members ran; it waits on others' all-gathers
                 continue
-            if self._pending_member(use) is None:  # its members ran; it waits on others' all-gathers
+            if count == 1:
+                self._join_one(member)
+                if limit is None:
+                    limit = 1
                 continue
             evaluated.append((count + done, use))
             if best is None or count < best:
@@ -298,16 +257,6 @@ class FastFreeRun:
         if self.n_one and (best is None or best > 1):
             return None
         return tier
-
-    def _pending_member(self, use: int) -> int | None:
-        """A pending all-gather whose last use is ``use`` (None when all of them ran); drops those that ran
-        from the end of the member list, so the scan is paid once per member."""
-        group, scheduled = self.members[use], self.scheduled
-        while group and scheduled[group[-1]]:
-            group.pop()
-        if group:
-            return group[-1]
-        return None
 
     def _join_one(self, ag: int) -> None:
         """Move ``ag`` (count 1) to :attr:`one`, keyed by a lower bound on its score."""
@@ -358,11 +307,11 @@ class FastFreeRun:
         scored: list[tuple[int, ...]] = []
         for use in tier:
             at_last = unpack(self.anc[use]) & self.pending  # holds each member's own bit
-            best = self._bucket_winner(use)
+            best = self.groups.winner(use, self.scheduled, self._requirements_of)
             if best is not None:
-                size = self.g.size[best]
-                scored.append((self._waited_bytes(use, at_last) - size, at_last.bit_count(), size, best))
-            alone = self.scored_alone[use]
+                size, waited = self.g.size[best], self.groups.waited_bytes(use, at_last, self.size_of_bit)
+                scored.append((waited - size, at_last.bit_count(), size, best))
+            alone = self.groups.scored_alone[use]
             alone[:] = [ag for ag in alone if not self.scheduled[ag]]
             scored.extend(self._score(ag, at_last) for ag in alone)
         freeing = any(t[0] == 0 for t in scored)
@@ -384,62 +333,6 @@ class FastFreeRun:
         free_acc = total_size(before, self.size_of_bit) if before else 0
         n_ags = ((at_last | unpack(self.release_mask.get(g.ds_id[ag], EMPTY))) & pending).bit_count()
         return free_acc, n_ags, ag_acc, ag
-
-    def _bucket_winner(self, use: int) -> int | None:
-        """The best pending member of the largest bucket of :attr:`by_size` of ``use`` (None where it has
-        none): the least DeepSpeed free cost, then the least name (the members tie on the rest).
-
-        Each one's free path is ``use``'s requirements less the all-gather itself, and the requirements
-        with more nodes scheduled are the earlier requirements less those nodes (the scheduled set only
-        grows by whole ancestor sets), so ``use``'s are built once and filtered each round; the sums
-        come from :func:`skip_one_folds`.
-        """
-        sizes, buckets = self.by_size[use]
-        scheduled = np.frombuffer(self.scheduled, dtype=np.uint8)
-        while sizes:
-            bucket = buckets[-sizes[0]]
-            bucket = buckets[-sizes[0]] = bucket[scheduled[bucket] == 0]
-            if len(bucket):
-                break
-            del buckets[-heapq.heappop(sizes)]
-        else:
-            return None
-        if len(bucket) == 1:
-            return int(bucket[0])
-        cached = self.free_paths.get(use)
-        if cached is None:
-            ids = np.array(self._requirements_of(use), dtype=np.int64)
-            cached = (ids, np.array([self.g.time[v] for v in ids.tolist()]))
-        ids, times = cached
-        mark = self.bucket_mark
-        mark[bucket] = True
-        is_member = mark[ids]
-        mark[bucket] = False
-        # Scheduled nodes leave for good; so do the others of time 0 that no bucket holds, as adding +0.0
-        # changes no sum of non-negative terms.
-        keep = (scheduled[ids] == 0) & ((times != 0.0) | self.in_bucket[ids])
-        ids, times, is_member = ids[keep], times[keep], is_member[keep]
-        self.free_paths[use] = (ids, times)
-        folds = skip_one_folds(times, np.flatnonzero(is_member))
-        members = ids[is_member]
-        least = members[folds == folds.min()]
-        if len(least) == 1:
-            return int(least[0])
-        if self.name_rank is None:  # each node's place among the names, sorted as str compares them
-            self.name_rank = np.empty(len(self.g), dtype=np.int64)
-            self.name_rank[sorted(range(len(self.g)), key=self.g.names.__getitem__)] = np.arange(len(self.g))
-        return int(least[np.argmin(self.name_rank[least])])
-
-    def _waited_bytes(self, use: int, at_last: int) -> int:
-        """The bytes of the pending all-gathers ``at_last`` that ``use`` waits for, from the last figure
-        less what ran since (each all-gather subtracted once)."""
-        then, total = self.waited_bytes.get(use, (0, 0))
-        if then:
-            total -= total_size(then & ~at_last, self.size_of_bit)
-        else:
-            total = total_size(at_last, self.size_of_bit)
-        self.waited_bytes[use] = (at_last, total)
-        return total
 
     def _break_tie(self, tied: list[int]) -> int:
         """Of candidates tied on the integer parts of their scores, the one of least device time from the
