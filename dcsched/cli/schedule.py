@@ -268,6 +268,31 @@ def progress(message: str) -> None:
     err_console.print(f"[dim]{safe_text(message)}[/]", highlight=False)
 
 
+class _Ticker:
+    """:func:`progress`, and on a terminal below the last message a transient spinner with the seconds it
+    has taken so far, so a scheduler that runs long shows it is running (stderr only: stdout, ``--json``
+    included, is untouched; off where stderr is not a terminal)."""
+
+    def __enter__(self) -> "_Ticker":
+        self.display = None
+        if err_console.is_terminal:
+            from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+            self.display = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                                    console=err_console, transient=True)
+            self.task = self.display.add_task("", total=None)
+            self.display.start()
+        return self
+
+    def __call__(self, message: str) -> None:
+        progress(message)
+        if self.display is not None:
+            self.display.reset(self.task, description=f"[dim]{safe_text(message)}[/]")
+
+    def __exit__(self, *exc) -> None:
+        if self.display is not None:
+            self.display.stop()
+
+
 def run_comparison(bundle: bundle_io.Bundle, algorithms: list[str], options: dict[str, dict], *,
                    assume_zero: bool, budget: Budget, skip_failing: bool) -> Comparison:
     """Schedule and simulate every graph (:func:`dcsched.report.compare.compare_bundle`), saying on stderr what was
@@ -275,9 +300,10 @@ def run_comparison(bundle: bundle_io.Bundle, algorithms: list[str], options: dic
     from dcsched.report.compare import compare_bundle
     # With 'all', a scheduler that cannot run with the options given (a budget too small for it, say)
     # is left out with a note rather than stopping the comparison of the others.
-    comparison = compare_bundle(bundle, algorithms, assume_zero=assume_zero, progress=progress, options=options,
-                                skip_failing=skip_failing, budget=budget,
-                                describe=lambda exc: in_flags(exc, "schedule"))
+    with _Ticker() as tick:
+        comparison = compare_bundle(bundle, algorithms, assume_zero=assume_zero, progress=tick, options=options,
+                                    skip_failing=skip_failing, budget=budget,
+                                    describe=lambda exc: in_flags(exc, "schedule"))
     for algo_name, reason in comparison.skipped.items():
         err_console.print(f"[yellow]{algo_name}: skipped: {safe_text(reason)}[/]", highlight=False)
     for name, cmp in comparison.graphs.items():

@@ -21,6 +21,10 @@ What remains runs in input order at the end.
 
 The implementation is incremental, so a round costs about what it changes,
 not the size of the graph: a scheduled-mark array instead of rebuilt sets; the
+candidates grouped by last use, a group's plain members as size buckets whose
+largest competes as one candidate (:mod:`dcsched.schedulers.fast_free_groups`:
+a fan-in of N parameters is N rounds of one candidate each, its free costs
+summed for the whole bucket at once by :mod:`dcsched.schedulers.free_costs`); the
 pending all-gathers as one bitset (a Python int) and each last use's
 all-gather ancestors as another, so a tier count is one ``&`` and a popcount
 (kept packed, :mod:`dcsched.schedulers.gather_sets`, so they take memory linear in the graph);
@@ -57,6 +61,8 @@ from dcsched.graph.form import PLACEHOLDER, REDUCE, GraphForm, schedule_indexed
 from dcsched.schedulers.gather_sets import (EMPTY, Packed, allgather_ancestors, pack, packed_count, total_size, union,
                                             unpack)
 from dcsched.plan import Plan
+from dcsched.schedulers.free_costs import FOLDS_ARE_SEQUENTIAL
+from dcsched.schedulers.fast_free_groups import SizeBuckets
 from dcsched.schedulers.registry import register
 
 
@@ -155,14 +161,20 @@ class FastFreeRun:
         outputs = [p for p in preds[g.output] if kind[p] != REDUCE] if g.output is not None else []
         targets = set(last.values()) | set(reduces) | set(outputs) | set(ags)
         targets.update(r for rels in releases.values() for r in rels)
-        targets.update(p for ag in ags for p in preds[last[ag]])
+        targets.update(p for use in set(last.values()) for p in preds[use])
         # Packed sets (see pack): read through unpack.
         self.anc = anc = allgather_ancestors(g, bit_of, targets)
         # All-gathers among the ancestors of a parameter's releases (static).
         self.release_mask = {d: pack(union(unpack(anc[r]) for r in rels)) for d, rels in releases.items()}
         self.size_of_bit = [g.size[ag] for ag in by_last]
         self.pending = (1 << len(ags)) - 1
-        self.heap = [(packed_count(anc[last[ag]]), ag) for ag in ags]
+        # Sizes that are ints subtract exactly, and the buckets' free costs are DeepSpeed's sums where
+        # Python's sum adds left to right; otherwise every member is scored alone, as DeepSpeed does.
+        bucketed = FOLDS_ARE_SEQUENTIAL and self.sum_error != math.inf and min(g.time, default=0) >= 0 and \
+            all(type(g.size[ag]) is int for ag in ags)
+        self.groups = SizeBuckets(g, ags, last, anc, self.release_mask, bucketed=bucketed)
+        # The tier heap: one entry per last use (its all-gathers share their count).
+        self.heap = [(packed_count(anc[use]), use) for use in self.groups.members]
         heapq.heapify(self.heap)
         # The all-gathers whose count is 1 (only their own bit: it stays so until they run), with lower
         # bounds on their number of all-gathers scheduled (see _one_tier).
@@ -205,36 +217,39 @@ class FastFreeRun:
 
     # -- one round ---------------------------------------------------------------
     def _tier(self) -> list[int] | None:
-        """The pending all-gathers of the smallest count (all-gathers their last use waits for); None
-        when that count is 1: the tier is then :attr:`one`'s pending entries.
+        """The last uses of the smallest count (pending all-gathers they wait for) among those of pending
+        all-gathers; None when that count is 1: the tier is then :attr:`one`'s pending entries.
 
-        A heap entry's key minus the all-gathers scheduled so far is a lower
-        bound on its current count. An all-gather found at count 1 moves to
-        :attr:`one` for good (its own bit stays pending until it runs), so a
-        candidate that loses round after round (a parallel branch's
+        All-gathers sharing a last use share its count, so the heap holds last uses. A heap entry's key
+        minus the all-gathers scheduled so far is a lower bound on its current count. A last use found at
+        count 1 has one pending all-gather, which moves to :attr:`one` for good (its own bit stays
+        pending until it runs), so a candidate that loses round after round (a parallel branch's
         all-gather, an expert beside its siblings) is not counted again.
         """
-        heap, scheduled, anc, last, pending = self.heap, self.scheduled, self.anc, self.last, self.pending
+        heap, anc, pending = self.heap, self.anc, self.pending
         done = self.n_scheduled_ags
         limit = 1 if self.n_one else None  # no count above it is in the tier
         best = None
         tier: list[int] = []
         evaluated = []
         while heap and (limit is None or heap[0][0] - done <= limit):
-            _, ag = heapq.heappop(heap)
-            if scheduled[ag]:  # no longer pending
+            _, use = heapq.heappop(heap)
+            count = (unpack(anc[use]) & pending).bit_count()
+            if count == 0:  # every all-gather it waits for ran
                 continue
-            count = (unpack(anc[last[ag]]) & pending).bit_count()
+            member = self.groups.pending_member(use, self.scheduled)
+            if member is None:  # its members ran; it waits on others' all-gathers
+                continue
             if count == 1:
-                self._join_one(ag)
+                self._join_one(member)
                 if limit is None:
                     limit = 1
                 continue
-            evaluated.append((count + done, ag))
+            evaluated.append((count + done, use))
             if best is None or count < best:
-                best, tier = count, [ag]
+                best, tier = count, [use]
             elif count == best:
-                tier.append(ag)
+                tier.append(use)
             if limit is None or count < limit:
                 limit = count
         for entry in evaluated:
@@ -282,31 +297,42 @@ class FastFreeRun:
         return self._break_tie(tied)
 
     def _choose(self, tier: list[int]) -> tuple[int, bool]:
-        """The tier's best candidate, and whether it frees (needs no other all-gather before its last use).
+        """The best candidate among the tier's last uses' pending all-gathers, and whether it frees (needs
+        no other all-gather before its last use).
 
         Integer parts of the scores from the bitsets; the device-time sum
         (which needs the path) only when they tie.
         """
-        g, anc, last, pending, bit_of, size = self.g, self.anc, self.last, self.pending, self.bit_of, self.g.size
         # (free_acc, n_ags, ag_acc, ag), then (n_ags, ag_acc, ag) once only freeing ones are left
         scored: list[tuple[int, ...]] = []
-        for ag in tier:
-            at_last = unpack(anc[last[ag]]) & pending  # holds the all-gather's own bit
-            if packed_count(anc[ag]) == 1:  # the usual case: no all-gather before this one
-                before = at_last ^ (1 << bit_of[ag])
-                ag_acc = size[ag]
-            else:
-                own = unpack(anc[ag]) & pending
-                before = at_last & ~own
-                ag_acc = total_size(own, self.size_of_bit)
-            free_acc = total_size(before, self.size_of_bit) if before else 0
-            n_ags = ((at_last | unpack(self.release_mask.get(g.ds_id[ag], EMPTY))) & pending).bit_count()
-            scored.append((free_acc, n_ags, ag_acc, ag))
+        for use in tier:
+            at_last = unpack(self.anc[use]) & self.pending  # holds each member's own bit
+            best = self.groups.winner(use, self.scheduled, self._requirements_of)
+            if best is not None:
+                size, waited = self.g.size[best], self.groups.waited_bytes(use, at_last, self.size_of_bit)
+                scored.append((waited - size, at_last.bit_count(), size, best))
+            alone = self.groups.scored_alone[use]
+            alone[:] = [ag for ag in alone if not self.scheduled[ag]]
+            scored.extend(self._score(ag, at_last) for ag in alone)
         freeing = any(t[0] == 0 for t in scored)
         if freeing:
             scored = [(n_ags, ag_acc, ag) for free_acc, n_ags, ag_acc, ag in scored if free_acc == 0]
         best_int = min(t[:-1] for t in scored)
         return self._break_tie([t[-1] for t in scored if t[:-1] == best_int]), freeing
+
+    def _score(self, ag: int, at_last: int) -> tuple[int, ...]:
+        """``(free_acc, n_ags, ag_acc, ag)`` of a candidate, ``at_last`` its last use's pending all-gathers."""
+        g, anc, pending, bit_of, size = self.g, self.anc, self.pending, self.bit_of, self.g.size
+        if packed_count(anc[ag]) == 1:  # the usual case: no all-gather before this one
+            before = at_last ^ (1 << bit_of[ag])
+            ag_acc = size[ag]
+        else:
+            own = unpack(anc[ag]) & pending
+            before = at_last & ~own
+            ag_acc = total_size(own, self.size_of_bit)
+        free_acc = total_size(before, self.size_of_bit) if before else 0
+        n_ags = ((at_last | unpack(self.release_mask.get(g.ds_id[ag], EMPTY))) & pending).bit_count()
+        return free_acc, n_ags, ag_acc, ag
 
     def _break_tie(self, tied: list[int]) -> int:
         """Of candidates tied on the integer parts of their scores, the one of least device time from the
@@ -575,3 +601,4 @@ def _late_topological_rank(g: GraphForm) -> list[int]:
                 rank[v] = counter
                 counter += 1
     return rank
+

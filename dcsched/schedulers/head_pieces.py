@@ -101,22 +101,41 @@ def head_pieces(form: GraphForm, order: Sequence[int], members: Sequence[int], m
     need, issue = need_times(form, order, members)
     ranked = sorted(members, key=lambda m: need[m])
     n = len(ranked)
-    needs = [need[m] for m in ranked]
     transfer = list(itertools.accumulate(max(0.0, form.time[m] - latency_ms) for m in ranked))
+    # Units of consecutive members, cut as wholes: one member each up to HEAD_UNITS members (the model
+    # as written), else about HEAD_UNITS equal runs, so a head of N members costs O(HEAD_UNITS^2) a
+    # piece count, not O(N^2) (a fan-in's 2,000 parameters in one block).
+    width = -(-n // HEAD_UNITS) if n > HEAD_UNITS else 1
+    firsts = list(range(0, n, width))
+    lasts = [min(f + width, n) - 1 for f in firsts]
+    cuts = _least_waiting_cuts([need[ranked[f]] for f in firsts], [transfer[e] for e in lasts], issue, most,
+                               latency_ms)
+    return {count: [ranked[firsts[a]:lasts[b] + 1] for a, b in units] for count, units in cuts.items()}
+
+
+#: The most units :func:`head_pieces` cuts a head into (more members: runs of them as units).
+HEAD_UNITS = 256
+
+
+def _least_waiting_cuts(needs: Sequence[float], transfer: Sequence[float], issue: float, most: int,
+                        latency_ms: float) -> dict[int, list[tuple[int, int]]]:
+    """For each piece count, the pieces (first and last unit) of least total wait (the module's model):
+    ``needs`` when each unit's first member is needed, ``transfer`` the transfer time up to its last."""
+    n = len(needs)
     inf = float("inf")
-    # waits[p][j]: the least total wait with members 0..j in p pieces; start[p][j]: where the last one starts
+    # waits[p][j]: the least total wait with units 0..j in p pieces; start[p][j]: where the last one starts
     waits = [[inf] * n for _ in range(min(most, n) + 1)]  # row 0 unused: pieces count from 1
     start = [[0] * n for _ in waits]
-    found: dict[int, list[list[int]]] = {}
+    found: dict[int, list[tuple[int, int]]] = {}
     for p in range(1, len(waits)):
         before, row, starts = waits[p - 1], waits[p], start[p]
         for j in range(p - 1, n):
             arrives = issue + p * latency_ms + transfer[j]
-            if p == 1:  # the first piece starts at the first member
+            if p == 1:  # the first piece starts at the first unit
                 late = arrives - needs[0]
                 row[j] = late if late > 0.0 else 0.0
                 continue
-            # the least over the last piece's first member i of the larger of the wait before it and its own
+            # the least over the last piece's first unit i of the larger of the wait before it and its own
             # (written out: this loop is most of the planner's time on a long head)
             best, at = inf, 0
             for i in range(p - 1, j + 1):
@@ -128,7 +147,7 @@ def head_pieces(form: GraphForm, order: Sequence[int], members: Sequence[int], m
         pieces, end = [], n - 1
         for q in range(p, 0, -1):
             begin = start[q][end]
-            pieces.append(ranked[begin:end + 1])
+            pieces.append((begin, end))
             end = begin - 1
         found[p] = pieces[::-1]
     return found

@@ -74,27 +74,34 @@ def waits_first(form: GraphForm, order: Sequence[int], buckets: Sequence[Sequenc
     for segment in segments:
         start, end = segment.span()
         result.extend(order[done:start])
-        run: list[int] = []  # the all-gathers directly before the node being placed, in issue order
+        # The all-gathers directly before the node being placed, in issue order: run[head:], each one's
+        # place in run kept, so a wait on the run's k-th costs O(1) plus what it places (a fan-in's run of
+        # N all-gathers and its N waits cost O(N^2) with list lookups and deletions).
+        run: list[int] = []
+        place: dict[int, int] = {}
+        head = 0
         for v in order[start:end]:
             if kind[v] == ALLGATHER:
+                place[v] = len(run)
                 run.append(v)
                 continue
             own = next((p for p in preds[v] if kind[p] == ALLGATHER), None)
+            at = place.get(own, -1) if own is not None else -1
             if own is None:  # no collective of its own to wait for: it stays
                 keep = len(run)
-            elif own in run:  # issued in this run: the all-gathers of its own bucket stay before it
+            elif at >= head:  # issued in this run: the all-gathers of its own bucket stay before it
                 if bucket_of is None:
                     bucket_of = {m: k for k, members in enumerate(buckets) for m in members}
-                keep = run.index(own) + 1
+                keep = at + 1
                 bucket = bucket_of.get(own)
                 while bucket is not None and keep < len(run) and bucket_of.get(run[keep]) == bucket:
                     keep += 1
             else:  # issued before every all-gather of the run
-                keep = 0
-            result.extend(run[:keep])
+                keep = head
+            result.extend(run[head:keep])
             result.append(v)
-            del run[:keep]
-        result.extend(run)
+            head = keep
+        result.extend(run[head:])
         done = end
     result.extend(order[done:])
     return result

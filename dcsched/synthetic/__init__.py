@@ -1,6 +1,6 @@
 """Synthetic ZeRO-3 graphs shaped the way DeepCompile builds them, for tests and benchmarks.
 
-Three generators, each deterministic for a given seed (they use only
+Four generators, each deterministic for a given seed (they use only
 ``random.Random(seed)``):
 
 - :func:`random_graph`: a random forward- or backward-style DAG with a few
@@ -11,6 +11,8 @@ Three generators, each deterministic for a given seed (they use only
   backward graphs), for benchmarks.
 - :func:`moe_graph`: a random Mixtral-like stack (router, many parallel
   same-size experts per layer), forward or backward.
+- :func:`fanin_graph`: a wide fan-in: one concatenation reading N gathered
+  parameters, then a chain of N releases (forward or backward).
 
 Every graph follows DeepCompile's insertion rules (see
 ``../shared/reference/README.md``): all placeholders first, then for each
@@ -39,8 +41,10 @@ from __future__ import annotations
 
 from dcsched.synthetic.builder import GraphBuilder, GraphPair
 from dcsched.synthetic.digest import graph_digest
+from dcsched.synthetic.fanin import fanin_graph
 from dcsched.synthetic.moe import moe_graph
 from dcsched.synthetic.random_dag import random_graph
 from dcsched.synthetic.stacks import layered_stack
 
-__all__ = ["GraphBuilder", "GraphPair", "graph_digest", "layered_stack", "moe_graph", "random_graph"]
+__all__ = ["GraphBuilder", "GraphPair", "fanin_graph", "graph_digest", "layered_stack", "moe_graph",
+           "random_graph"]
