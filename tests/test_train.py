@@ -41,8 +41,10 @@ def test_shard_keeps_parameter_objects_and_shards_a_tied_parameter_once():
     assert model.embed.weight.shape == (60,) and model.head.weight is model.embed.weight
     assert model.scale.shape == (6,) and model.norm.running_mean.shape == (6,)  # frozen and buffers stay whole
     assert dcsched.shard(model) is sharding
-    with pytest.raises(ShardingError, match="runs only compiled"):
-        model(torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, dtype=torch.long))
+    # Called eagerly, each submodule gathers its own parameters (the tied one in either module): the plain result.
+    idx, targets = torch.tensor([[1, 2, 3], [4, 5, 9]]), torch.tensor([0, 7])
+    assert torch.equal(model(idx, targets), Tied()(idx, targets))
+    assert model.embed.weight.shape == (60,) and model.head.weight is model.embed.weight
 
 
 def test_training_a_sharded_module_equals_eager_training_bit_for_bit():

@@ -22,9 +22,12 @@ inputs; :func:`dcsched.backend` recognises them by identity and substitutes
 the shards at run time. Guards see the stand-ins' unchanging full shapes, so
 the module compiles once.
 
-A sharded module runs only compiled with ``backend=dcsched.backend(...)``:
-called eagerly it raises, and another backend would read the stand-ins'
-empty storage.
+Compiled, a sharded module runs with ``backend=dcsched.backend(...)``
+(another backend would read the stand-ins' empty storage). Called eagerly
+(evaluation, ``generate``, a checkpointed layer TorchDynamo leaves to eager),
+each submodule gathers its own parameters for its call
+(:mod:`dcsched.train.eager`); eager code that reads a stand-in anywhere else
+stops with one line naming the parameter.
 
 >>> import torch
 >>> model = torch.nn.Linear(3, 2)
@@ -44,7 +47,7 @@ import torch.nn as nn
 
 from dcsched.runtime.distributed import padded_numel, shard_of
 from dcsched.errors import DcschedError
-from dcsched.train import full_state
+from dcsched.train import eager, full_state
 
 
 class ShardingError(DcschedError):
@@ -147,13 +150,6 @@ def _process_group(group) -> tuple[int, int]:
     return 0, 1
 
 
-def _stand_in(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A full-shape tensor with an empty storage (allocated once, then shrunk to no bytes)."""
-    tensor = torch.empty(shape, dtype=dtype, device=device)
-    tensor.untyped_storage().resize_(0)
-    return tensor.requires_grad_(True)
-
-
 class _ClassForward(nn.Module):
     """Holds the module and runs its class's forward (not the instance override), so functional_call can."""
 
@@ -168,13 +164,18 @@ class _ClassForward(nn.Module):
 def _install_forward(module: nn.Module, specs: list[ShardSpec]) -> None:
     holder = _ClassForward(module)
     stand_ins = {f"inner.{spec.name}": spec.stand_in for spec in specs}
+    own = [(f"inner.{spec.name}", spec) for spec in specs if "." not in spec.name]  # the module's own
 
     def forward(*args, **kwargs):
-        if not torch.compiler.is_compiling():
-            raise ShardingError(f"{type(module).__name__} is sharded by dcsched.shard and runs only compiled: "
-                                "torch.compile(model, backend=dcsched.backend(...)) (if it was, TorchDynamo gave "
-                                "up on it: too many recompiles, see torch._dynamo.config.recompile_limit)")
-        return torch.func.functional_call(holder, stand_ins, args, kwargs)
+        if torch.compiler.is_compiling():
+            return torch.func.functional_call(holder, stand_ins, args, kwargs)
+        # Eagerly, the module's own parameters were gathered by its pre-hook (dcsched.train.eager): those stay;
+        # every other one is its stand-in until its own module's call gathers it.
+        present = dict(stand_ins)
+        for key, spec in own:
+            if module._parameters.get(spec.name) is not spec.param:
+                del present[key]
+        return torch.func.functional_call(holder, present, args, kwargs)
 
     module.forward = forward
 
@@ -236,7 +237,7 @@ def shard(module: nn.Module, group=None, replicate_below: int = 0) -> Sharding:
         shape = tuple(full.shape)
         # At world size 1 every shard is whole already: nothing to replicate, the plans stay as they were.
         whole = world_size > 1 and full.numel() < replicate_below
-        stand_in = _stand_in(shape, full.dtype, full.device)
+        stand_in = eager.stand_in(shape, full.dtype, full.device)
         grad, param.grad = param.grad, None  # a gradient accumulated eagerly before: sharded alike
         with torch.no_grad():
             param.data = full.reshape(-1).clone() if whole else shard_of(full, rank, world_size)
@@ -249,6 +250,7 @@ def shard(module: nn.Module, group=None, replicate_below: int = 0) -> Sharding:
     _install_forward(module, specs)
     module.__dict__[ATTRIBUTE] = sharding
     full_state.install(sharding)  # full weights in state_dict(), the global norm in clip_grad_norm_
+    eager.install(sharding)  # eager module calls gather their own parameters
     for spec in specs:
         _BY_STAND_IN[id(spec.stand_in)] = sharding
     return sharding
