@@ -31,6 +31,7 @@ from typing import Callable, ContextManager, Sequence
 import torch
 
 from dcsched.errors import DcschedError
+from dcsched.profile.checkpointing import tracing_checkpoints
 from dcsched.profile.scripts import compile_interceptor, describe_exception, run_script
 from dcsched.train.backend import Backend
 from dcsched.train.options import ScriptOptions, TrainOptions
@@ -211,7 +212,8 @@ def train_script(path: str | os.PathLike, argv: Sequence[str] = (), options: Scr
     from torch.optim.optimizer import register_optimizer_step_pre_hook
     hook = register_optimizer_step_pre_hook(interceptor.before_optimizer_step)
     try:
-        run = run_script(path, argv, interceptor.compile)
+        with tracing_checkpoints():
+            run = run_script(path, argv, interceptor.compile)
     except BaseException as exc:
         message = str(exc) if isinstance(exc, DcschedError) else describe_exception(exc)
         if watch is not None:
