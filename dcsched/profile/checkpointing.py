@@ -135,6 +135,9 @@ def save_random_ops(joint: torch.fx.Graph) -> int:
     for node in joint.nodes:
         if node.op == "call_function" and _recomputed(node) and draws_random(node.target, node.args, node.kwargs):
             node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
+            for user in node.users:  # a tuple is never saved: its items are
+                if user.target is operator.getitem:
+                    user.meta["recompute"] = CheckpointPolicy.MUST_SAVE
             saved += 1
     return saved
 
