@@ -29,7 +29,7 @@ _LAZY = {
     "BundleError": "errors", "DcschedError": "errors", "GraphError": "errors", "ResultMismatch": "errors",
     "to_fx": "graph.nxview", "to_networkx": "graph.nxview", "Role": "graph.roles", "role_of": "graph.roles",
     "capture": "profile.capture", "capture_script": "profile.capture", "ProfileOptions": "costmodels.options",
-    "profile_bundle": "profile.measure",
+    "profile_bundle": "profile.measure", "tracing_checkpoints": "profile.checkpointing",
     "Budget": "budget", "Plan": "plan",
     "schedule": "schedulers.reorder", "simulate": "sim.simulate", "SimResult": "sim.simulate",
     "replay_orders": "replay",
@@ -51,7 +51,7 @@ __all__ = [
     "Bundle", "InputInfo", "ParamInfo", "load", "save",
     "BundleError", "DcschedError", "GraphError", "ResultMismatch",
     "to_fx", "to_networkx", "Role", "role_of",
-    "capture", "capture_script", "ProfileOptions", "profile_bundle",
+    "capture", "capture_script", "tracing_checkpoints", "ProfileOptions", "profile_bundle",
     "Budget", "Plan", "schedule", "simulate", "SimResult", "replay_orders", "backend", "shard",
     "save_checkpoint", "load_checkpoint", "CheckpointError",
 ]

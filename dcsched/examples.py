@@ -208,15 +208,52 @@ class LlamaBlock(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
+#: The activation checkpointing forms :class:`Llama` offers, each block checkpointed with
+#: ``torch.utils.checkpoint.checkpoint``: ``full`` (non-reentrant), ``reentrant``, ``selective`` (torchtitan's
+#: kind: the matmuls' and attention's outputs saved, the rest recomputed; :func:`save_matmuls`).
+CHECKPOINTING = ("none", "full", "reentrant", "selective")
+
+#: The ops whose outputs the ``selective`` policy saves.
+_SAVED_BY_SELECTIVE = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
+                       torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+                       torch.ops.aten._scaled_dot_product_efficient_attention.default,
+                       torch.ops.aten._scaled_dot_product_flash_attention.default}
+
+
+def save_matmuls(ctx, op, *args, **kwargs):
+    """A selective checkpointing policy (``create_selective_checkpoint_contexts``'s): save matmul and attention
+    outputs, recompute everything else."""
+    from torch.utils.checkpoint import CheckpointPolicy
+    return CheckpointPolicy.MUST_SAVE if op in _SAVED_BY_SELECTIVE else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def checkpointed(block: nn.Module, form: str, *args):
+    """``block(*args)`` under activation checkpointing ``form`` (one of :data:`CHECKPOINTING`)."""
+    if form == "none":
+        return block(*args)
+    import functools
+
+    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+    if form == "selective":
+        return checkpoint(block, *args, use_reentrant=False,
+                          context_fn=functools.partial(create_selective_checkpoint_contexts, save_matmuls))
+    return checkpoint(block, *args, use_reentrant=form == "reentrant")
+
+
 class Llama(nn.Module):
     """A Llama-style decoder (untied output head); ``rotary=False`` drops the rotary embeddings.
 
-    ``n_experts`` > 0 makes it Mixtral-style: each block's MLP is a :class:`MoE`.
+    ``n_experts`` > 0 makes it Mixtral-style: each block's MLP is a :class:`MoE`. ``checkpointing`` (one of
+    :data:`CHECKPOINTING`) checkpoints each block in training.
     """
 
     def __init__(self, vocab: int = 512, seq: int = 64, d_model: int = 128, n_heads: int = 4, n_layers: int = 2,
-                 hidden: int | None = None, rotary: bool = True, n_experts: int = 0, top_k: int = 2):
+                 hidden: int | None = None, rotary: bool = True, n_experts: int = 0, top_k: int = 2,
+                 checkpointing: str = "none"):
         super().__init__()
+        if checkpointing not in CHECKPOINTING:
+            raise ValueError(f"unknown checkpointing {checkpointing!r} (choose from {', '.join(CHECKPOINTING)})")
+        self.checkpointing = checkpointing
         hidden = hidden or 64 * math.ceil(8 * d_model / 3 / 64)
         self.embed = nn.Embedding(vocab, d_model)
         self.blocks = nn.ModuleList(LlamaBlock(d_model, n_heads, hidden, n_experts, top_k) for _ in range(n_layers))
@@ -232,8 +269,9 @@ class Llama(nn.Module):
     def forward(self, idx, targets=None):
         x = self.embed(idx)
         cos, sin = (self.cos, self.sin) if self.rotary else (None, None)
+        form = self.checkpointing if self.training and torch.is_grad_enabled() else "none"
         for block in self.blocks:
-            x = block(x, cos, sin)
+            x = checkpointed(block, form, x, cos, sin)
         logits = self.head(self.norm(x))
         if targets is None:
             return logits
@@ -432,9 +470,9 @@ class ConvNet(nn.Module):
 DEFAULTS: dict[str, dict[str, Any]] = {
     "gpt": {"n_layers": 2, "d_model": 128, "n_heads": 4, "vocab": 512, "seq": 64, "batch": 4, "dropout": 0.0},
     "llama": {"n_layers": 2, "d_model": 128, "n_heads": 4, "vocab": 512, "seq": 64, "batch": 4, "rotary": True,
-              "hidden": None},
+              "hidden": None, "checkpointing": "none"},
     "mixtral": {"n_layers": 2, "d_model": 128, "n_heads": 4, "vocab": 512, "seq": 64, "batch": 4, "rotary": True,
-                "hidden": None, "n_experts": 8, "top_k": 2},
+                "hidden": None, "n_experts": 8, "top_k": 2, "checkpointing": "none"},
     "t5": {"n_layers": 2, "d_model": 128, "n_heads": 4, "vocab": 512, "seq": 64, "batch": 4, "hidden": None,
            "dropout": 0.1},
     "vit": {"n_layers": 2, "d_model": 128, "n_heads": 4, "n_classes": 10, "image": 32, "patch": 8, "channels": 3,

@@ -2,6 +2,7 @@
 
     python examples/llama.py --steps 20
     python examples/llama.py --steps 10 --save ckpt && python examples/llama.py --steps 20 --resume ckpt
+    python examples/llama.py --checkpointing selective    # each block checkpointed (none, full, reentrant)
     dcsched profile examples/llama.py -o graph.pt -- --layers 4 --no-rotary
 
 Pure PyTorch, random initialisation, no downloads. Model sizes: see dcsched/examples.py.
@@ -11,8 +12,9 @@ import argparse
 import contextlib
 
 import torch
+import torch._functorch.config
 
-from dcsched.examples import build, checkpoint, resume
+from dcsched.examples import CHECKPOINTING, build, checkpoint, resume
 
 
 def main() -> None:
@@ -27,13 +29,20 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--no-rotary", action="store_true", help="drop the rotary position embeddings")
     parser.add_argument("--bf16", action="store_true", help="run under bf16 autocast")
+    parser.add_argument("--checkpointing", choices=CHECKPOINTING, default="none",
+                        help="activation checkpointing of each block (selective: matmul outputs saved)")
+    parser.add_argument("--activation-memory-budget", type=float, metavar="F",
+                        help="torch._functorch.config.activation_memory_budget (0..1: what the compiler keeps)")
     parser.add_argument("--save", metavar="DIR", help="checkpoint model, optimizer and data stream to DIR at the end")
     parser.add_argument("--resume", metavar="DIR", help="load DIR's checkpoint first, go on from its step to --steps")
     args = parser.parse_args()
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model, _, _ = build("llama", n_layers=args.layers, d_model=args.d_model, n_heads=args.heads, vocab=args.vocab,
-                        seq=args.seq, batch=args.batch, rotary=not args.no_rotary, device=device)
+                        seq=args.seq, batch=args.batch, rotary=not args.no_rotary, device=device,
+                        checkpointing=args.checkpointing)
+    if args.activation_memory_budget is not None:
+        torch._functorch.config.activation_memory_budget = args.activation_memory_budget
     model = torch.compile(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     generator = torch.Generator().manual_seed(0)

@@ -62,7 +62,7 @@ def batches(name: str, steps: int) -> list[dict]:
 
 
 def train(name: str, steps: int, algo: str | None = None, clip: bool = False, evaluate: bool = False,
-          save: str | None = None, keep_model: bool = False) -> dict:
+          save: str | None = None, keep_model: bool = False, checkpointing: dict | None = None) -> dict:
     """Losses (and clip norms, evaluation losses) of ``steps`` AdamW steps; ``algo`` None: plain eager.
 
     With ``algo`` the model is sharded over the process group (if any) and compiled with dcsched's backend and
@@ -76,13 +76,16 @@ def train(name: str, steps: int, algo: str | None = None, clip: bool = False, ev
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     run = model
+    backend = None
     if algo is not None:
         dcsched.shard(model)
-        run = torch.compile(model, backend=dcsched.backend(algo=algo), dynamic=False)
+        backend = dcsched.backend(algo=algo)
+        run = torch.compile(model, backend=backend, dynamic=False)
     torch.manual_seed(7)  # dropout draws the same masks in every run
     losses, norms, evaluated = [], [], []
     for batch in batches(name, steps):
-        loss = run(**batch).loss
+        with dcsched.tracing_checkpoints():
+            loss = run(**batch).loss
         loss.backward()
         if clip:
             norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)))
@@ -95,6 +98,13 @@ def train(name: str, steps: int, algo: str | None = None, clip: bool = False, ev
                 evaluated.append(float(run(**batch).loss))
             model.train()
     result = {"losses": losses, "norms": norms, "evaluated": evaluated}
+    if checkpointing is not None and backend is not None:
+        from dcsched.runtime.commplan import comm_plan, planned_collectives
+        program = backend.programs[0]
+        result["collectives"] = {
+            "graphs": len(backend.programs), "issued": sum(getattr(program.runtime, "issued", {}).values()),
+            "planned": planned_collectives(program.bundle.graphs, comm_plan(program.bundle.plans,
+                                                                            program.bundle.graph_ids))}
     if save is not None:
         import torch.distributed as dist
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict

@@ -51,6 +51,7 @@ import torch.nn as nn
 from dcsched.bundle.core import Bundle
 from dcsched.errors import DcschedError
 from dcsched.profile.assemble import Capture, CaptureError, _build
+from dcsched.profile.checkpointing import tracing_checkpoints
 from dcsched.profile.meta_device import CPU, _meta_claims, _planning_device
 from dcsched.profile.recording import _Backend, _Recorded, _trainable
 from dcsched.profile.scripts import (ScriptError, StopScript, compile_interceptor, describe_exception, fresh_dynamo,
@@ -127,7 +128,7 @@ def capture_step(model: nn.Module, example_inputs: Sequence[torch.Tensor], loss_
     backend = _Backend(record, on_backward=lambda r: None)
     grads_before = {id(p): p.grad for _, p in _trainable(model)}
     buffers_before = [(b, b.detach().clone()) for b in model.buffers()]
-    with fresh_dynamo():
+    with fresh_dynamo(), tracing_checkpoints():
         compiled = torch.compile(step, backend=backend, fullgraph=True, dynamic=False)
         try:
             out = compiled(*example_inputs)
@@ -251,7 +252,7 @@ def capture_script_step(path: str | os.PathLike, argv: Sequence[str] = (), modul
     interceptor = _ScriptCapture(module, torch.compile, meta=meta)
     try:
         with _planning_device(CPU) if meta else contextlib.nullcontext(), \
-                _meta_claims(CPU) if meta else contextlib.nullcontext():
+                _meta_claims(CPU) if meta else contextlib.nullcontext(), tracing_checkpoints():
             run = run_script(path, argv, interceptor.compile)
     except ScriptError as exc:
         raise CaptureError(str(exc)) from None

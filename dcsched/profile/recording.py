@@ -22,7 +22,7 @@ import torch
 import torch.fx
 import torch.nn as nn
 
-from dcsched.profile import zero3
+from dcsched.profile import checkpointing, zero3
 from dcsched.graph.roles import is_aliasing
 from dcsched.profile.meta_device import _on_meta
 
@@ -47,6 +47,9 @@ def _mark_param_views_for_recompute(joint: torch.fx.Graph, param_positions: set[
             continue
         if any(isinstance(a, torch.fx.Node) and a in marked for a in node.args):
             node.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
+            # The partitioner saves a recomputed node that a later region's recomputed node reads: parameter
+            # views get a region after all others, so none of them is saved (checkpointing.PARAM_VIEWS_REGION).
+            node.meta["ac_graph_id"] = checkpointing.PARAM_VIEWS_REGION
             marked.add(node)
 
 
@@ -141,9 +144,12 @@ class _Backend:
 
         def partition(joint, joint_inputs, *, num_fwd_outputs, **kwargs):
             _mark_param_views_for_recompute(joint.graph, set(graphs.param_positions))
+            checkpointing.save_random_ops(joint.graph)
             graphs.num_fwd_outputs = num_fwd_outputs
-            return min_cut_rematerialization_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs,
-                                                       **kwargs)
+            fw, bw = min_cut_rematerialization_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs,
+                                                         **kwargs)
+            checkpointing.unwrap_rng_replays(fw, bw)
+            return fw, bw
 
         def runnable(gm: torch.fx.GraphModule):
             """What runs the traced graph on the script's tensors (on the meta device, under --meta)."""
@@ -179,7 +185,10 @@ class _Backend:
         # Under --meta the inputs claim trace_device when made fake (_meta_claims), and so do the tensors
         # AOT autograd's decompositions make without naming a device.
         device = self.trace_device if self.trace_device is not None else contextlib.nullcontext()
-        with functorch_config.patch(force_non_lazy_backward_lowering=self.eager_backward), device:
+        # The partitioner replays recomputed random ops through the CPU's generator-state ops, which
+        # checkpointing.unwrap_rng_replays undoes where they draw nothing (CUDA's graph-safe form has no such undo).
+        with functorch_config.patch(force_non_lazy_backward_lowering=self.eager_backward,
+                                    graphsafe_rng_functionalization=False), device:
             return aot_module_simplified(gm, example_inputs, fw_compiler=forward_compiler,
                                          bw_compiler=backward_compiler, inference_compiler=inference_compiler,
                                          partition_fn=partition)

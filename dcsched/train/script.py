@@ -31,6 +31,7 @@ from typing import Callable, ContextManager, Sequence
 import torch
 
 from dcsched.errors import DcschedError
+from dcsched.profile.checkpointing import tracing_checkpoints
 from dcsched.profile.scripts import compile_interceptor, describe_exception, run_script
 from dcsched.train import agreement, hf_trainer
 from dcsched.train.backend import Backend
@@ -214,7 +215,7 @@ def train_script(path: str | os.PathLike, argv: Sequence[str] = (), options: Scr
     from torch.optim.optimizer import register_optimizer_step_pre_hook
     hook = register_optimizer_step_pre_hook(interceptor.before_optimizer_step)
     try:
-        with hf_trainer.saving_on_every_rank():
+        with hf_trainer.saving_on_every_rank(), tracing_checkpoints():
             run = run_script(path, argv, interceptor.compile)
     except BaseException as exc:
         message = str(exc) if isinstance(exc, DcschedError) else describe_exception(exc)
