@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from dcsched.bundle import saved_memory
 from dcsched.bundle.core import Bundle
 from dcsched.bundle.plans import plan_counts
 from dcsched.graph.form import COMM_KINDS, COMPUTE, CONSTANT, KIND_NAMES, OUTPUT, PLACEHOLDER
@@ -48,6 +49,7 @@ def summarize(bundle: Bundle) -> dict:
         }
     params = [{"name": p.name, "ds_id": p.ds_id, "shape": list(p.shape), "dtype": str(p.dtype).removeprefix("torch."),
                "bytes": p.nbytes} for p in bundle.params]
+    saved = saved_memory.from_provenance(bundle.provenance)
     return {
         "graphs": graphs,
         "params": params,
@@ -55,4 +57,5 @@ def summarize(bundle: Bundle) -> dict:
         "inputs": [{"name": i.name, "shape": list(i.shape), "dtype": str(i.dtype).removeprefix("torch."),
                     "stored": i.value is not None} for i in bundle.inputs],
         "provenance": bundle.provenance,
+        "activation_memory": saved.to_json() if saved is not None else None,
     }

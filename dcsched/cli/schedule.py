@@ -212,7 +212,7 @@ def schedule(
     for fmt in chosen:
         if fmt.check is not None:
             fmt.check(report_files[fmt.name])
-    from dcsched.bundle import core as bundle_io
+    from dcsched.bundle import core as bundle_io, saved_memory
     from dcsched.report.compare import scheduled_bundle
     bundle = bundle_io.load(path)
     if sweep_budgets:
@@ -227,7 +227,8 @@ def schedule(
                                     skip_failing=algo == "all")
         scheduled = {a: p for a, p in outputs.items() if a in comparison.algorithms}
         report = formats.ScheduleReport(path, comparison, files=report_files, params=params,
-                                        param_names={p.ds_id: p.name for p in bundle.params}, outputs=scheduled)
+                                        param_names={p.ds_id: p.name for p in bundle.params}, outputs=scheduled,
+                                        saved=saved_memory.from_provenance(bundle.provenance))
     written = []
     with all_or_none(force=force):  # every output, or none where one fails (a full disk under --plot)
         for algo_name, out in scheduled.items():

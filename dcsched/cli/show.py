@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from dcsched.bundle.saved_memory import SavedActivations
 from dcsched.units import format_bytes, format_ms
 from dcsched.cli.app import app, console, safe_text
 
@@ -71,3 +72,7 @@ def show(
         console.print(ptable)
     else:
         console.print("[yellow]no provenance recorded[/]")
+    if summary["activation_memory"] is not None:
+        saved = summary["activation_memory"]
+        console.print(SavedActivations(saved["saved_bytes"], saved["without_checkpointing_bytes"]).describe(),
+                      highlight=False)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, List, Optional
 import typer
 from rich.table import Table
 
+from dcsched.bundle.saved_memory import SavedActivations
 from dcsched.train.options import ScriptOptions, TrainOptions
 from dcsched.units import format_bytes, format_ms
 from dcsched.cli.app import SCRIPT, SCRIPT_ARGS, app, console, err_console, safe_text
@@ -48,6 +49,9 @@ def render(result: TrainResult) -> None:
     console.print("measured on this rank: median time of the steps after the first (perf_counter), peak live tensor "
                   "bytes of the first step (memory tracker); simulated: dcsched.simulate of the schedule (its error "
                   "against the measured figure)", highlight=False)
+    for label, saved in result.activation_memory.items():
+        line = SavedActivations(saved["saved_bytes"], saved["without_checkpointing_bytes"]).describe()
+        console.print(f"{safe_text(label)}: {line}", highlight=False)
     if result.compute == "inductor":
         console.print("peak memory n/a: inductor's kernels allocate outside the memory tracker's sight (--compute "
                       "eager measures it); the time of the first step, which compiles, is left out", highlight=False)

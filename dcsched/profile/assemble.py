@@ -174,6 +174,7 @@ def _build(record: _Recorded, forward_graph_id: int = 0, backward_graph_id: int 
         num_user_outputs=num_user,
         graph_ids={"forward": forward_graph_id, "backward": backward_graph_id},
         constants=constants,
-        provenance={"module": record.name, "torch": str(torch.__version__), "captured_by": "dcsched.capture"},
+        provenance={"module": record.name, "torch": str(torch.__version__), "captured_by": "dcsched.capture",
+                    **(step.saved.provenance() if step.saved is not None else {})},
     )
     return Capture(bundle, param_tensors, input_tensors, record.name, list(step.mutated_inputs))

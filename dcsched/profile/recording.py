@@ -22,7 +22,8 @@ import torch
 import torch.fx
 import torch.nn as nn
 
-from dcsched.profile import checkpointing, zero3
+from dcsched.bundle.saved_memory import SavedActivations
+from dcsched.profile import checkpointing, saved_activations, zero3
 from dcsched.graph.roles import is_aliasing
 from dcsched.profile.meta_device import _on_meta
 
@@ -53,6 +54,24 @@ def _mark_param_views_for_recompute(joint: torch.fx.Graph, param_positions: set[
             marked.add(node)
 
 
+def _saved_for_backward(forward: torch.fx.GraphModule, unchecked: torch.fx.GraphModule | None, joint_inputs,
+                        num_fwd_outputs: int, kwargs: dict) -> SavedActivations | None:
+    """The bytes ``forward`` saves for the backward and, given ``unchecked`` (the joint graph without its
+    checkpointed regions), the bytes its partitioning saves; None where that partitioning fails (a report
+    figure is no reason to refuse a capture)."""
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    saved = saved_activations.saved_bytes(forward.graph, num_fwd_outputs)
+    if unchecked is None:
+        return SavedActivations(saved)
+    try:
+        plain, _ = min_cut_rematerialization_partition(unchecked, joint_inputs, num_fwd_outputs=num_fwd_outputs,
+                                                       **kwargs)
+    except Exception:  # noqa: BLE001 (the partitioner raises what it likes; the capture goes on)
+        return None
+    return SavedActivations(saved, saved_activations.saved_bytes(plain.graph, num_fwd_outputs))
+
+
 @dataclasses.dataclass
 class _Graphs:
     """One compilation of a module: its inputs and, once compiled, its forward and backward graphs."""
@@ -67,6 +86,8 @@ class _Graphs:
     num_mutated: int = 0
     #: Forward input positions whose new values the forward returns (BatchNorm statistics), in output order.
     mutated_inputs: list[int] = dataclasses.field(default_factory=list)
+    #: What the forward saves for the backward, and without its checkpointed regions (None: not known).
+    saved: SavedActivations | None = None
 
 
 @dataclasses.dataclass
@@ -146,9 +167,12 @@ class _Backend:
             _mark_param_views_for_recompute(joint.graph, set(graphs.param_positions))
             checkpointing.save_random_ops(joint.graph)
             graphs.num_fwd_outputs = num_fwd_outputs
+            unchecked = (saved_activations.without_checkpointing(joint)
+                         if saved_activations.has_checkpointed_regions(joint.graph) else None)
             fw, bw = min_cut_rematerialization_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs,
                                                          **kwargs)
             checkpointing.unwrap_rng_replays(fw, bw)
+            graphs.saved = _saved_for_backward(fw, unchecked, joint_inputs, num_fwd_outputs, kwargs)
             return fw, bw
 
         def runnable(gm: torch.fx.GraphModule):

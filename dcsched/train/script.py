@@ -30,6 +30,7 @@ from typing import Callable, ContextManager, Sequence
 
 import torch
 
+from dcsched.bundle import saved_memory
 from dcsched.errors import DcschedError
 from dcsched.profile.checkpointing import tracing_checkpoints
 from dcsched.profile.scripts import compile_interceptor, describe_exception, run_script
@@ -85,6 +86,9 @@ class TrainResult:
     #: Why the simulated step times are only a rough guide (costs measured on the CPU), or None.
     caveat: str | None = None
     compute: str = "eager"
+    #: Per compiled module (its label in ``graphs``): what its step saves for the backward, with and without
+    #: its checkpointing (:meth:`dcsched.bundle.saved_memory.SavedActivations.to_json`).
+    activation_memory: dict[str, dict] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict:
         out = {"script": self.script, "algo": self.algo, "compute": self.compute, "world_size": self.world_size,
@@ -94,6 +98,8 @@ class TrainResult:
             out["caveat"] = self.caveat
         if self.losses is not None:
             out["losses"] = self.losses
+        if self.activation_memory:
+            out["activation_memory"] = self.activation_memory
         return out
 
 
@@ -284,10 +290,14 @@ def _meeting_after(compiling: Callable[[str], ContextManager], watch) -> Callabl
 def _result(path: Path, options: ScriptOptions, backends: list[_RecordingBackend], exit_code: int,
             rank: int, world_size: int) -> TrainResult:
     graphs: list[GraphFigures] = []
+    activation_memory: dict[str, dict] = {}
     for backend in backends:
         for k, program in enumerate(backend.programs):
             label = backend.name if len(backend.programs) == 1 else f"{backend.name} ({k + 1})"
             graphs.extend(_figures(label, program))
+            saved = saved_memory.from_provenance(program.bundle.provenance)
+            if saved is not None:
+                activation_memory[label] = saved.to_json()
     from dcsched.replay.simulated import timing_caveat
     losses = next(([float(v) for v in b.losses] for b in backends if b.losses), None)
     programs = [p for b in backends for p in b.programs]
@@ -296,7 +306,8 @@ def _result(path: Path, options: ScriptOptions, backends: list[_RecordingBackend
         caveat = (f"simulated step times are the {options.train.cost_model} cost model's for "
                   f"{options.train.gpu or 'the target'}, measured ones are on {programs[0].device}")
     return TrainResult(str(path), options.train.algo, rank, world_size, exit_code,
-                       [b.name for b in backends], graphs, losses, caveat, options.train.compute)
+                       [b.name for b in backends], graphs, losses, caveat, options.train.compute,
+                       activation_memory)
 
 
 def _figures(label: str, program) -> list[GraphFigures]:

@@ -24,6 +24,8 @@ def document(report: Report) -> dict:
                 "graphs": {name: [row.to_dict() for row in rows] for name, rows in report.curves.items()}, **files}
     assert isinstance(report, ScheduleReport)
     extra = {"input": str(report.input), "outputs": {a: str(p) for a, p in report.outputs.items()}, **files}
+    if report.saved is not None:
+        extra["activation_memory"] = report.saved.to_json()
     return report.comparison.to_dict(params=report.params, **extra)
 
 

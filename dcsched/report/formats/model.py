@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
+    from dcsched.bundle.saved_memory import SavedActivations
     from dcsched.report.compare import Comparison
     from dcsched.report.sweep import SweepRow
 
@@ -35,6 +36,8 @@ class ScheduleReport:
     params: bool = False
     #: ds_id -> parameter name (from the bundle's parameter table)
     param_names: dict[int, str] = dataclasses.field(default_factory=dict)
+    #: what the captured step saves for the backward, with and without its checkpointing (None: not recorded)
+    saved: SavedActivations | None = None
 
 
 @dataclasses.dataclass

@@ -38,6 +38,8 @@ def write_table(report: ScheduleReport, console: Console) -> None:
             for algo in cmp.after:
                 console.print(params_table(name, cmp, algo, report.param_names))
         console.print()
+    if report.saved is not None:
+        console.print(report.saved.describe(), highlight=False)
     for algo, out in report.outputs.items():
         console.print(f"wrote {safe_text(out)} ({algo})", highlight=False)
 
