@@ -75,10 +75,17 @@ def test_full_checkpointing_saves_the_block_boundary_only(captured):
 
 def test_the_unchecked_figure_is_what_the_step_captured_without_checkpointing_saves(captured):
     plain = from_provenance(captured[False].provenance)
-    assert plain == SavedActivations(2 * RELU_OUT + BLOCK_OUT)  # no checkpointed region: no second figure
+    assert plain == SavedActivations(2 * RELU_OUT + BLOCK_OUT)  # no checkpointing: no second figure
     assert WITHOUT_KEY not in captured[False].provenance
     assert "no saving" in plain.describe()
     assert from_provenance(captured[True].provenance).without_checkpointing == plain.saved_bytes
+
+
+def test_an_activation_memory_budget_is_checkpointing_too():
+    with torch._functorch.config.patch(activation_memory_budget=0.0):
+        budgeted = from_provenance(_capture(False).provenance)
+    assert budgeted.without_checkpointing == 2 * RELU_OUT + BLOCK_OUT  # the step's, budget lifted
+    assert budgeted.saved_bytes < budgeted.without_checkpointing
 
 
 def test_the_figures_survive_saving_scheduling_and_the_reports(captured, tmp_path, capsys):
@@ -153,3 +160,16 @@ def _bundle_with(provenance: dict) -> bundle_io.Bundle:
     bundle = example_bundle()
     bundle.provenance = {**bundle.provenance, **provenance}
     return bundle
+
+
+def test_the_train_report_says_what_each_module_saves(capsys):
+    from dcsched.cli.train import render
+    from dcsched.train.script import TrainResult
+    saved = SavedActivations(BLOCK_OUT, 2 * RELU_OUT + BLOCK_OUT).to_json()
+    result = TrainResult("step.py", "fsdp", 0, 1, 0, ["TwoBlocks"], [], [1.0, 0.5],
+                         activation_memory={"TwoBlocks": saved})
+    assert result.to_json()["activation_memory"] == {"TwoBlocks": saved}
+    render(result)
+    assert "TwoBlocks: activation memory saved for backward: 128 B (checkpointed) vs 640 B without (-80.0%)" \
+        in _words(capsys.readouterr().out)
+    assert "activation_memory" not in TrainResult("step.py", "fsdp", 0, 1, 0, [], [], None).to_json()

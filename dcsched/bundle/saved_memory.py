@@ -2,8 +2,8 @@
 
 A bundle captured from a step records in its provenance the bytes of the
 tensors its forward saves for the backward (``saved_for_backward_bytes``) and,
-where the step has checkpointed (recomputed) regions, what the same step would
-save with those regions not recomputed
+where the step checkpoints (recomputed regions, or an activation memory budget
+below 1), what the same step would save with neither
 (``saved_for_backward_bytes_without_checkpointing``). Both are per rank:
 ZeRO-3 shards parameters, not activations. :func:`from_provenance` reads and
 checks them (the loader calls it, so a bundle with figures out of bounds does
@@ -22,7 +22,7 @@ from dcsched.units import format_bytes
 
 #: Provenance key: bytes the captured forward saves for the backward.
 SAVED_KEY = "saved_for_backward_bytes"
-#: Provenance key: bytes the same step saves with its checkpointed regions not recomputed.
+#: Provenance key: bytes the same step saves without its checkpointing (no recomputed region, no budget).
 WITHOUT_KEY = "saved_for_backward_bytes_without_checkpointing"
 #: The largest figure a bundle may hold (1 EiB): larger is not a step's activation memory.
 MAX_BYTES = 2**60
@@ -30,14 +30,14 @@ MAX_BYTES = 2**60
 
 @dataclasses.dataclass(frozen=True)
 class SavedActivations:
-    """Bytes saved for the backward by a step; ``without_checkpointing`` None where it has no checkpointed region.
+    """Bytes saved for the backward by a step; ``without_checkpointing`` None where it does not checkpoint.
 
     Examples
     --------
     >>> SavedActivations(2 * 2**20, 8 * 2**20).describe()
     'activation memory saved for backward: 2.00 MiB (checkpointed) vs 8.00 MiB without (-75.0%)'
     >>> SavedActivations(3 * 2**20).describe()
-    'activation memory saved for backward: 3.00 MiB (no checkpointed region: no saving)'
+    'activation memory saved for backward: 3.00 MiB (no checkpointing: no saving)'
     >>> SavedActivations(2 * 2**20, 8 * 2**20).reduction
     0.75
     """
@@ -47,7 +47,7 @@ class SavedActivations:
 
     @property
     def reduction(self) -> float | None:
-        """The fraction of the unchecked step's saved bytes that checkpointing spares (None: no region)."""
+        """The fraction of the unchecked step's saved bytes that checkpointing spares (None: no checkpointing)."""
         if self.without_checkpointing is None:
             return None
         if self.without_checkpointing == 0:
@@ -66,7 +66,7 @@ class SavedActivations:
         return out
 
     def to_json(self) -> dict[str, Any]:
-        """The figures as the JSON reports carry them (``reduction`` a fraction, None without a region)."""
+        """The figures as the JSON reports carry them (``reduction`` a fraction, None without checkpointing)."""
         return {"saved_bytes": self.saved_bytes, "without_checkpointing_bytes": self.without_checkpointing,
                 "reduction": self.reduction}
 
@@ -74,7 +74,7 @@ class SavedActivations:
         """One line: the saved bytes, and against the unchecked step's where the step checkpoints."""
         head = f"activation memory saved for backward: {format_bytes(self.saved_bytes)}"
         if self.without_checkpointing is None:
-            return f"{head} (no checkpointed region: no saving)"
+            return f"{head} (no checkpointing: no saving)"
         reduction = self.reduction or 0.0
         return (f"{head} (checkpointed) vs {format_bytes(self.without_checkpointing)} without "
                 f"({-100.0 * reduction:+.1f}%)")

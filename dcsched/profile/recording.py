@@ -57,16 +57,18 @@ def _mark_param_views_for_recompute(joint: torch.fx.Graph, param_positions: set[
 def _saved_for_backward(forward: torch.fx.GraphModule, unchecked: torch.fx.GraphModule | None, joint_inputs,
                         num_fwd_outputs: int, kwargs: dict) -> SavedActivations | None:
     """The bytes ``forward`` saves for the backward and, given ``unchecked`` (the joint graph without its
-    checkpointed regions), the bytes its partitioning saves; None where that partitioning fails (a report
-    figure is no reason to refuse a capture)."""
+    checkpointed regions), the bytes its partitioning with no activation memory budget saves; None where that
+    partitioning fails (a report figure is no reason to refuse a capture)."""
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
     saved = saved_activations.saved_bytes(forward.graph, num_fwd_outputs)
     if unchecked is None:
         return SavedActivations(saved)
+    from torch._functorch import config as functorch_config
     try:
-        plain, _ = min_cut_rematerialization_partition(unchecked, joint_inputs, num_fwd_outputs=num_fwd_outputs,
-                                                       **kwargs)
+        with functorch_config.patch(activation_memory_budget=1.0):
+            plain, _ = min_cut_rematerialization_partition(unchecked, joint_inputs,
+                                                           num_fwd_outputs=num_fwd_outputs, **kwargs)
     except Exception:  # noqa: BLE001 (the partitioner raises what it likes; the capture goes on)
         return None
     return SavedActivations(saved, saved_activations.saved_bytes(plain.graph, num_fwd_outputs))
@@ -168,7 +170,7 @@ class _Backend:
             checkpointing.save_random_ops(joint.graph)
             graphs.num_fwd_outputs = num_fwd_outputs
             unchecked = (saved_activations.without_checkpointing(joint)
-                         if saved_activations.has_checkpointed_regions(joint.graph) else None)
+                         if saved_activations.checkpoints(joint.graph) else None)
             fw, bw = min_cut_rematerialization_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs,
                                                          **kwargs)
             checkpointing.unwrap_rng_replays(fw, bw)

@@ -7,7 +7,8 @@ batch, is no activation: it exists anyway). :func:`without_checkpointing`
 copies a joint graph with the recompute tags of checkpointed regions removed,
 keeping those dcsched puts on parameter views
 (:data:`dcsched.profile.checkpointing.PARAM_VIEWS_REGION`), so partitioning the
-copy gives the same step as captured without checkpointing. The recording
+copy (with no activation memory budget) gives the same step as captured
+without checkpointing. The recording
 backend (:mod:`dcsched.profile.recording`) does both and the bundle's provenance
 keeps the figures (:mod:`dcsched.bundle.saved_memory`).
 """
@@ -68,6 +69,13 @@ def _in_checkpointed_region(node: torch.fx.Node) -> bool:
 def has_checkpointed_regions(joint: torch.fx.Graph) -> bool:
     """Whether any node of ``joint`` carries a checkpoint policy other than dcsched's on parameter views."""
     return any(_in_checkpointed_region(node) for node in joint.nodes)
+
+
+def checkpoints(joint: torch.fx.Graph) -> bool:
+    """Whether partitioning ``joint`` recomputes by request: checkpointed regions, or an activation memory
+    budget below 1 (``torch._functorch.config.activation_memory_budget``: the partitioner's own choice)."""
+    from torch._functorch import config as functorch_config
+    return functorch_config.activation_memory_budget < 1.0 or has_checkpointed_regions(joint)
 
 
 def without_checkpointing(joint: torch.fx.GraphModule) -> torch.fx.GraphModule:
