@@ -19,6 +19,7 @@ import os
 import pytest
 import torch
 from hypothesis import given, strategies as st
+import torch._functorch.config  # noqa: F401  (torch._functorch.config.patch below)
 from torch.utils.checkpoint import checkpoint
 
 import dcsched
