@@ -34,6 +34,12 @@ Per configuration and rank:
     python benchmarks/bench_train.py --peers                     # GPT, every configuration (~3 min)
     python benchmarks/bench_train.py --peers --model gpt --model llama --steps 10   # the comparison in docs/train.md
     python benchmarks/bench_train.py --peers --model gpt --config dcsched-none --config ddp --json
+    python benchmarks/bench_train.py --peers --model llama --checkpointing none,full,selective \
+        --algo fsdp --config dcsched-fsdp --config dcsched-overlap-plan --config fsdp2   # the recipes' table
+
+``--checkpointing`` trains every configuration under each form in turn (one spawn of the ranks per form):
+the Llama's blocks checkpointed with ``torch.utils.checkpoint`` inside the model's forward, so FSDP2 and DDP
+train the same checkpointed blocks dcsched captures.
 """
 
 from __future__ import annotations
@@ -53,6 +59,9 @@ from pathlib import Path
 
 import torch
 
+#: ``dcsched.examples.CHECKPOINTING``: the Llama's activation checkpointing forms (not imported here: the
+#: parent spawns the ranks before it needs dcsched).
+CHECKPOINTING = ("none", "full", "reentrant", "selective")
 #: The models' size (``dcsched.examples.build``), overridable with ``--set KEY=N``.
 SIZE = {"n_layers": 4, "d_model": 256, "n_heads": 4, "vocab": 512, "seq": 128}
 DEFAULT_ALGOS = ("none", "fast-free", "overlap", "overlap-plan")
@@ -71,6 +80,18 @@ def model_sizes(parser: argparse.ArgumentParser, items: list[str], defaults: dic
             parser.error(f"--set {item}: KEY=N with KEY one of {', '.join(defaults)} and N a positive integer")
         sizes[key] = int(value)
     return sizes
+
+
+def checkpointing_forms(parser: argparse.ArgumentParser, text: str, models: list[str]) -> list[str]:
+    """The forms ``--checkpointing`` names, in order, each once (a parser error names a bad one; a form other
+    than none needs every model to be the Llama, the example model that checkpoints its blocks)."""
+    forms = list(dict.fromkeys(form.strip() for form in text.split(",")))
+    unknown = [form for form in forms if form not in CHECKPOINTING]
+    if unknown:
+        parser.error(f"--checkpointing {unknown[0]!r}: choose from {', '.join(CHECKPOINTING)}")
+    if forms != ["none"] and models != ["llama"]:
+        parser.error("--checkpointing other than none needs --model llama (the example GPT checkpoints nothing)")
+    return forms
 
 
 def arguments(argv=None) -> argparse.Namespace:
@@ -96,6 +117,10 @@ def arguments(argv=None) -> argparse.Namespace:
                         help="dcsched's --memory-budget for its configurations (e.g. 40MiB, unlimited, fsdp; "
                              "default: none, training's own default: on the CPU fsdp for overlap-plan, unlimited "
                              "for the others)")
+    parser.add_argument("--checkpointing", default="none", metavar="FORMS",
+                        help="activation checkpointing of the Llama's blocks, a comma-separated list of "
+                             f"{', '.join(CHECKPOINTING)} (default none): every configuration trains the model "
+                             "under each form in turn, FSDP2 and DDP the same checkpointed blocks")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = parser.parse_args(argv)
     if min(args.steps, args.runs, args.batch, args.world_size) < 1 or args.warmup < 0:
@@ -104,6 +129,8 @@ def arguments(argv=None) -> argparse.Namespace:
         parser.error(f"--batch {args.batch} does not split over {args.world_size} ranks")
     args.size = model_sizes(parser, args.set, SIZE)
     args.models = args.model or ["gpt"]
+    args.forms = checkpointing_forms(parser, args.checkpointing, args.models)
+    args.form = args.forms[0]
     computes = args.compute or ["eager"]
     algos = list(dict.fromkeys([*DEFAULT_ALGOS, *args.algo]))
     names = [f"dcsched-{a}" + ("" if c == "eager" else f"-{c}") for c in computes for a in algos] + list(PEERS)
@@ -134,7 +161,8 @@ class Config:
 
     def setup(self) -> None:
         from dcsched.examples import build
-        model, _, _ = build(self.family, seed=0, batch=self.per_rank, **self.args.size)
+        form = {"checkpointing": self.args.form} if self.args.form != "none" else {}
+        model, _, _ = build(self.family, seed=0, batch=self.per_rank, **self.args.size, **form)
         self.model = model
         self.optimizer = None
         name = self.name
@@ -439,6 +467,8 @@ def ranks_of(per_rank: list[dict], key: str, scale: float = 1.0, digits: int = 1
 def rows_for(family: str, ranks: list[dict], args, load: float) -> list[dict]:
     """One row per configuration from the ranks' results."""
     label = f"{family} {args.size['n_layers']}x{args.size['d_model']} seq {args.size['seq']} batch {args.batch}"
+    if args.forms != ["none"]:
+        label += f" ckpt {args.form}"
     ddp = [rank["ddp"]["losses"] for rank in ranks]
     rows = []
     for name in args.configs:
@@ -469,6 +499,7 @@ def rows_for(family: str, ranks: list[dict], args, load: float) -> list[dict]:
             "round_step_ms": [[round(x, 1) for x in r["step_ms"]] for r in per_rank],
             "losses": [r["losses"] for r in per_rank],
             "runs": args.runs, "steps": args.steps, "warmup": args.warmup, "load": load,
+            "checkpointing": args.form,
         })
         rows.append(row)
     return rows
@@ -506,8 +537,10 @@ def main(argv=None) -> list[dict]:
     args = arguments(argv)
     rows = []
     for family in args.models:
-        load = round(os.getloadavg()[0], 1)
-        rows += rows_for(family, _spawn(family, args), args, load)
+        for form in args.forms:
+            args.form = form
+            load = round(os.getloadavg()[0], 1)
+            rows += rows_for(family, _spawn(family, args), args, load)
     out = json.dumps(rows, indent=2) if args.json else table(rows)
     print(out)
     sys.stdout.flush()

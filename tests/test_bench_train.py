@@ -80,3 +80,19 @@ def test_deepspeed_that_is_not_installed_is_a_row_not_a_failure(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else real(name, *a))
     assert train_peers._deepspeed_missing().startswith("not importable")
+
+
+def test_checkpointing_forms_are_checked_and_label_the_rows():
+    args = train_peers.arguments(["--model", "llama", "--checkpointing", "none,full,selective,full"])
+    assert args.forms == ["none", "full", "selective"] and args.form == "none"
+    assert train_peers.arguments([]).forms == ["none"]  # the default: no checkpointing, unlabelled rows
+    with pytest.raises(SystemExit):
+        train_peers.arguments(["--model", "llama", "--checkpointing", "everything"])
+    with pytest.raises(SystemExit):
+        train_peers.arguments(["--model", "gpt", "--checkpointing", "full"])  # the GPT checkpoints nothing
+    args.form = "full"
+    rank = {"ddp": {"losses": [1.0], "step_ms": [2.0], "cpu_ms": [2.0], "collectives": 4, "asynchronous": None,
+                    "collectives_by_kind": {}, "dcsched_collectives": None}}
+    args.configs = ["ddp"]
+    row, = train_peers.rows_for("llama", [rank, rank], args, load=1.0)
+    assert row["checkpointing"] == "full" and row["model"].endswith("ckpt full")
