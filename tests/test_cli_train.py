@@ -87,6 +87,8 @@ def test_json_holds_measured_and_simulated_figures(runs):
         # The CPU tracker and the simulator count the same tensors (docs/train.md: within 5%).
         assert abs(g["measured_peak_bytes"] - g["simulated_peak_bytes"]) <= 0.1 * g["simulated_peak_bytes"]
     assert "analytic" in report["caveat"]
+    saved = report["activation_memory"]["GPT"]  # the example GPT checkpoints nothing
+    assert saved["saved_bytes"] > 0 and saved["without_checkpointing_bytes"] is None and saved["reduction"] is None
 
 
 def test_report_is_a_table_per_graph(runs):
@@ -95,6 +97,8 @@ def test_report_is_a_table_per_graph(runs):
     assert "dcsched train" in out and "algo overlap" in out
     assert "GPT forward" in out and "GPT backward" in out and "KiB" in out
     assert "step 0: loss" in out  # the script prints as usual
+    assert "GPT: activation memory saved for backward:" in out and "(no checkpointing: no saving)" in " ".join(
+        out.split())
 
 
 def test_compute_inductor_trains_as_eager_does_and_reports_times_alone(capsys, runs):
