@@ -425,6 +425,7 @@ class DistributedZero3Runtime(Zero3Runtime):
 
     # -- reduces -----------------------------------------------------------
     def reduce(self, grad, graph_id, ds_id):
+        grad = self.in_reduce_dtype(grad, ds_id)  # mixed precision: the collective moves the reduce dtype's bytes
         whole = self.plan.is_replicated(ds_id)
         bucket_ids = self.plan.reduce_bucket_of(graph_id, ds_id)
         if bucket_ids is None:
@@ -502,10 +503,11 @@ class DistributedZero3Runtime(Zero3Runtime):
         return out.div_(self.world_size) if divide else out
 
     def reduced_shard_like(self, grad, graph_id, ds_id):
+        dtype = self.reduce_dtypes.get(ds_id, grad.dtype)
         if self.plan.is_replicated(ds_id):
-            return grad.new_empty(grad.numel())
+            return grad.new_empty(grad.numel(), dtype=dtype)
         total = padded_numel(grad.numel(), self.world_size)
-        return grad.new_empty(total // self.world_size)
+        return grad.new_empty(total // self.world_size, dtype=dtype)
 
 
     def gathered_like(self, shard, graph_id, ds_id, dtype):

@@ -46,6 +46,7 @@ from dcsched.schedulers import run_step
 from dcsched.sim.collectives import latency_from_provenance
 from dcsched.train.program import ScheduledProgram
 from dcsched.train.full_state import any_sharded
+from dcsched.train.mixed_precision import carry_dtypes
 from dcsched.train.options import TrainOptions
 from dcsched.train.sharding import ShardingError, sharding_for_inputs
 
@@ -185,6 +186,7 @@ def compile_program(gm: torch.fx.GraphModule, example_inputs, sharding, options:
     with torch.random.fork_rng(devices=_rng_devices(sharding)):
         captured = capture_compiled(gm, example_inputs, sharding.module,
                                     [(spec.name, spec.stand_in) for spec in sharding.specs])
+        carry_dtypes(captured.bundle, sharding.specs)  # mp_policy: shards, gathers and reduces in their dtypes
         profiled = profile_bundle(captured.bundle, options.profile_options(sharding.world_size),
                                   inputs=captured.inputs)
     staging = stages_collectives(sharding)
