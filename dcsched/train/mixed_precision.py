@@ -32,10 +32,10 @@ import dataclasses
 import torch
 
 from dcsched.errors import DcschedError
+from dcsched.train.options import DTYPE_NAMES
 
-#: The names ``dcsched train --param-dtype`` and alike take (:data:`dcsched.train.options.DTYPE_NAMES`).
-_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
-           "fp32": torch.float32, "float32": torch.float32, "fp64": torch.float64, "float64": torch.float64}
+#: The names ``dcsched train --param-dtype`` and alike take.
+_DTYPES = {name: getattr(torch, attribute) for name, attribute in DTYPE_NAMES.items()}
 
 
 class MixedPrecisionError(DcschedError):
