@@ -82,8 +82,8 @@ def train(name: str, peer: str, mixed: bool, steps: int, rank: int, world_size: 
     if peer == "dcsched":
         import dcsched
         dcsched.shard(model, mp_policy=bf16_policy(False) if mixed else None)
-        run = torch.compile(model, backend=dcsched.backend(algo="overlap-plan", cost_model="analytic", gpu="h100"),
-                            dynamic=False)
+        backend = dcsched.backend(algo="overlap-plan", cost_model="analytic", gpu="h100")
+        run = torch.compile(model, backend=backend, dynamic=False)
     else:
         from torch.distributed.fsdp import fully_shard
         policy = {"mp_policy": bf16_policy(True)} if mixed else {}
@@ -95,6 +95,8 @@ def train(name: str, peer: str, mixed: bool, steps: int, rank: int, world_size: 
     losses, log = [], []
     batches = _batches(name, steps, rank, world_size)
     for step, (args, kwargs) in enumerate(batches):
+        if peer == "dcsched" and step == len(batches) - 1:
+            backend.programs[0].measure = True  # the last step's peaks, beside the simulator's
         with recorded_collectives(log) if step == len(batches) - 1 else contextlib.nullcontext():
             output = run(*args, **kwargs)
             loss = output.loss if hasattr(output, "loss") else output
@@ -103,7 +105,22 @@ def train(name: str, peer: str, mixed: bool, steps: int, rank: int, world_size: 
         optimizer.zero_grad(set_to_none=True)
         losses.append(runs.mean_over_ranks(loss.float()))
     masters = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()})
-    return {"losses": losses, "collectives": log, "master_dtypes": masters}
+    result = {"losses": losses, "collectives": log, "master_dtypes": masters}
+    if peer == "dcsched":
+        result["memory"] = _peaks(backend.programs[0])
+    return result
+
+
+def _peaks(program) -> dict:
+    """Per graph of the last step: (measured peak bytes, the simulator's for the program's plan)."""
+    from dcsched.plan import Plan
+    from dcsched.sim.plans import simulate_plan
+    from dcsched.sim.simulate import compile_view
+    stats = program.stats[-1]
+    return {graph: (getattr(stats, graph).peak_bytes,
+                    simulate_plan(compile_view(program.bundle.graphs[graph]), program.bundle.plans.get(graph)
+                                  or Plan(()), graph, async_reduce=program.runtime.async_reduce).peak_bytes)
+            for graph in ("forward", "backward")}
 
 
 def worker(rank: int, world_size: int, port: int, out_dir: str, steps: int) -> None:
