@@ -123,20 +123,20 @@ def _peaks(program) -> dict:
             for graph in ("forward", "backward")}
 
 
-def worker(rank: int, world_size: int, port: int, out_dir: str, steps: int) -> None:
+def worker(rank: int, world_size: int, port: int, out_dir: str, steps: int, models: tuple[str, ...] = MODELS) -> None:
     from dcsched.runtime.distributed import shutdown
     runs.init_gloo(rank, world_size, port)
     try:
         results = {f"{name}-{peer}-{'bf16' if mixed else 'fp32'}": train(name, peer, mixed, steps, rank, world_size)
-                   for name in MODELS for peer in ("dcsched", "fsdp2") for mixed in (False, True)}
+                   for name in models for peer in ("dcsched", "fsdp2") for mixed in (False, True)}
         torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     finally:
         shutdown()
 
 
-def spawn(out_dir: Path, world_size: int, steps: int) -> list[dict]:
-    """Each rank's results by ``{model}-{dcsched|fsdp2}-{fp32|bf16}``."""
+def spawn(out_dir: Path, world_size: int, steps: int, models: tuple[str, ...] = MODELS) -> list[dict]:
+    """Each rank's results by ``{model}-{dcsched|fsdp2}-{fp32|bf16}`` for each of ``models``."""
     import torch.multiprocessing as mp
     out_dir.mkdir(parents=True, exist_ok=True)
-    mp.spawn(worker, args=(world_size, runs.free_port(), str(out_dir), steps), nprocs=world_size, join=True)
+    mp.spawn(worker, args=(world_size, runs.free_port(), str(out_dir), steps, models), nprocs=world_size, join=True)
     return [torch.load(out_dir / f"rank{rank}.pt", weights_only=True) for rank in range(world_size)]
