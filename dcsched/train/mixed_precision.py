@@ -8,8 +8,9 @@ accepts either. Under ``dcsched.shard(model, mp_policy=...)``:
 - each all-gather casts the shard to ``param_dtype`` first, so it moves
   ``param_dtype``'s bytes, and the traced graph takes parameters of
   ``param_dtype`` (the stand-ins are of that dtype), so it computes in it;
-- each gradient is cast to ``reduce_dtype`` (default: ``param_dtype``), reduced
-  in it, and lands in the shard's dtype;
+- each gradient is cast to ``reduce_dtype`` (default: ``param_dtype``; in the
+  compiled backward by a graph node before its reduce, :func:`carry_dtypes`),
+  reduced in it, and lands in the shard's dtype;
 - ``cast_forward_inputs`` casts the floating inputs of the module's forward to
   ``param_dtype``; ``output_dtype`` casts its floating outputs.
 
@@ -30,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+import torch.fx
 
 from dcsched.errors import DcschedError
 from dcsched.train.options import DTYPE_NAMES
@@ -134,8 +136,9 @@ def carry_dtypes(bundle, specs) -> None:
     The capture saw the stand-ins, of the gathered dtype; the step's inputs are the shards, of their own dtype
     (the master weights), and its gradients are reduced in the reduce dtype. So each parameter's
     :class:`~dcsched.bundle.core.ParamInfo` and parameter placeholder take the shard's dtype (the gathers keep
-    their ``dtype``: the gathered bytes are ``param_dtype``'s) and each reduce node's value the reduce dtype:
-    the profile's ``tensor_size`` of shards and reduces, the cost models' collective bytes and the
+    their ``dtype``: the gathered bytes are ``param_dtype``'s), each gradient of another dtype is cast to the
+    reduce dtype by a node right before its reduce, and the reduce's value is of the reduce dtype: the
+    profile's ``tensor_size`` of shards, casts and reduces, the cost models' collective bytes and the
     simulator's memory follow. ``specs``: the sharding's :class:`~dcsched.train.sharding.ShardSpec` by ds_id.
     Nothing changes for a parameter outside mixed precision.
     """
@@ -157,7 +160,21 @@ def carry_dtypes(bundle, specs) -> None:
             elif role is Role.REDUCE and node.meta.get("ds_id") in mixed:
                 reduce_dtype = by_id[node.meta["ds_id"]].reduce_dtype
                 if reduce_dtype is not None:
+                    _cast_before(graph, node, reduce_dtype)
                     node.meta["val"] = _as_dtype(node.meta.get("val"), reduce_dtype)
+
+
+def _cast_before(graph, reduce, dtype: torch.dtype) -> None:
+    """Cast ``reduce``'s gradient to ``dtype`` in the graph, right before it: the cast copy is a tensor the
+    simulator and the schedulers see (a bucket's flat input then holds its bytes, as the runtime's does)."""
+    grad = reduce.args[0]
+    value = grad.meta.get("val") if isinstance(grad, torch.fx.Node) else None
+    if not isinstance(value, torch.Tensor) or value.dtype == dtype:
+        return
+    with graph.inserting_before(reduce):
+        cast = graph.call_function(torch.ops.prims.convert_element_type.default, (grad, dtype))
+    cast.meta["val"] = _as_dtype(value, dtype)
+    reduce.replace_input_with(grad, cast)
 
 
 def _as_dtype(value, dtype: torch.dtype):
