@@ -97,6 +97,28 @@ def test_the_compiled_step_computes_what_the_model_cast_to_bf16_does():
         assert torch.allclose(shard.grad, full.grad.float().reshape(-1), rtol=1e-2, atol=1e-2)
 
 
+@pytest.mark.slow
+def test_inductor_compute_trains_as_eager_compute_under_the_policy():
+    losses = {}
+    for compute in ("eager", "inductor"):
+        torch._dynamo.reset()
+        model = _mlp()
+        dcsched.shard(model, mp_policy=BF16)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        compiled = torch.compile(model, backend=dcsched.backend(algo="overlap", cost_model="analytic", gpu="h100",
+                                                                compute=compute), dynamic=False)
+        generator = torch.Generator().manual_seed(1)
+        losses[compute] = []
+        for _ in range(3):
+            loss = compiled(torch.randn(2, 4, generator=generator)).float().pow(2).mean()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            losses[compute].append(float(loss))
+        assert {p.dtype for p in model.parameters()} == {torch.float32}
+    assert losses["inductor"] == losses["eager"] and losses["eager"][0] != losses["eager"][-1]
+
+
 def test_output_dtype_casts_the_outputs_and_inputs_are_cast_to_param_dtype():
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, output_dtype=torch.float32)
     _model, _sharding, bundle, output = _compiled_step(policy)
