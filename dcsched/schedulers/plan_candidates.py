@@ -48,8 +48,9 @@ REFINED = 3
 HEAD_GROUPS = (1, 2, 3, 4)
 #: The most collectives :meth:`GraphPlanner.head_cuts` adds to a graph's head.
 HEAD_MORE = 8
-#: How many node numbers' worth of bucketed orders :meth:`GraphOrders.bucketed` keeps (about 64 MB).
-BUCKETED_KEPT = 1 << 22
+#: How many node numbers' worth of bucketed orders and buckets :meth:`GraphOrders.bucketed` keeps (4 bytes
+#: each: 64 MiB).
+BUCKETED_KEPT = 1 << 24
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,8 +101,7 @@ class GraphOrders:
         #: per (base order's id, ahead, blocks' digest), the latest used first out: what bucketing gives,
         #: and its figures per held set (the refinement tries the same blocks again: each graph's other
         #: candidates' cuts after every cut it makes)
-        self._bucketed: collections.OrderedDict[tuple, tuple[list[int], list[list[int]], dict]] = \
-            collections.OrderedDict()
+        self._bucketed: collections.OrderedDict[tuple, tuple[array, array, array, dict]] = collections.OrderedDict()
         self._bucketed_size = 0
         #: per digest of (order, buckets, held): the simulated step and collectives
         self._figures: dict[bytes, tuple[float, int]] = {}
@@ -118,14 +118,20 @@ class GraphOrders:
             if id(base) not in self._placements:
                 self._placements[id(base)] = (base, placement(self.form, base))
             order, buckets = bucketed(self.form, base, *groups, ahead=ahead, placed=self._placements[id(base)][1])
-            found = self._bucketed[key] = (order, buckets, {})
-            self._bucketed_size += len(order) + sum(map(len, buckets))
+            # kept compactly (4 bytes a node number): a fan-in's orders are long, and the same blocks come back
+            # after up to a few hundred others
+            found = self._bucketed[key] = (array("i", order), array("i", itertools.chain.from_iterable(buckets)),
+                                           array("i", map(len, buckets)), {})
+            self._bucketed_size += 2 * len(order)
             while self._bucketed_size > BUCKETED_KEPT and len(self._bucketed) > 1:
-                _key, (old, old_buckets, _figures) = self._bucketed.popitem(last=False)
-                self._bucketed_size -= len(old) + sum(map(len, old_buckets))
+                _key, (old, *_rest) = self._bucketed.popitem(last=False)
+                self._bucketed_size -= 2 * len(old)
         else:
             self._bucketed.move_to_end(key)
-        order, buckets, figures = found
+            flat = found[1].tolist()
+            ends = list(itertools.accumulate(found[2]))
+            order, buckets = found[0].tolist(), [flat[end - n:end] for n, end in zip(found[2], ends)]
+        figures = found[3]
         if held not in figures:
             figures[held] = self.figures(order, buckets, held)
         return order, buckets, figures[held]
