@@ -92,8 +92,9 @@ def waits_first(form: GraphForm, order: Sequence[int], buckets: Sequence[Sequenc
                 at = place.get(own, -1)
                 if own < 0:  # no collective of its own to wait for: it stays
                     keep = len(run)
-                elif at < head:  # issued before every all-gather of the run still to be placed
-                    keep = head
+                elif at < head:  # issued before every all-gather of the run still to be placed: nothing to place
+                    result.append(v)
+                    continue
                 else:  # issued in this run: the all-gathers of its own bucket stay before it
                     keep = _past_bucket(own, at, run, buckets, bucket_of)
                 result.extend(run[head:keep])
