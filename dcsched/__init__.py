@@ -33,7 +33,7 @@ _LAZY = {
     "Budget": "budget", "Plan": "plan",
     "schedule": "schedulers.reorder", "simulate": "sim.simulate", "SimResult": "sim.simulate",
     "replay_orders": "replay",
-    "backend": "train.backend", "shard": "train.sharding",
+    "backend": "train.backend", "shard": "train.sharding", "MixedPrecisionPolicy": "train.mixed_precision",
     "save_checkpoint": "train.checkpoint", "load_checkpoint": "train.checkpoint", "CheckpointError": "train.checkpoint",
 }
 
@@ -53,5 +53,5 @@ __all__ = [
     "to_fx", "to_networkx", "Role", "role_of",
     "capture", "capture_script", "tracing_checkpoints", "ProfileOptions", "profile_bundle",
     "Budget", "Plan", "schedule", "simulate", "SimResult", "replay_orders", "backend", "shard",
-    "save_checkpoint", "load_checkpoint", "CheckpointError",
+    "MixedPrecisionPolicy", "save_checkpoint", "load_checkpoint", "CheckpointError",
 ]

@@ -102,6 +102,9 @@ def train(
     compute: str = option(TrainOptions, "compute", "--compute"),
     timeout_s: float = option(ScriptOptions, "timeout_s", "--timeout"),
     replicate_below: int = option(ScriptOptions, "replicate_below", "--replicate-below"),
+    param_dtype: Optional[str] = option(ScriptOptions, "param_dtype", "--param-dtype"),
+    reduce_dtype: Optional[str] = option(ScriptOptions, "reduce_dtype", "--reduce-dtype"),
+    output_dtype: Optional[str] = option(ScriptOptions, "output_dtype", "--output-dtype"),
     report: bool = typer.Option(False, "--report", help="On rank 0 after the script: per compiled graph, measured "
                                                         "step time and peak memory beside the simulator's."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout (ms and bytes, the "
@@ -121,7 +124,8 @@ def train(
     options = ScriptOptions(TrainOptions(algo=algo, memory_budget=memory_budget, budget_scope=budget_scope,
                                          algo_options=parse_options(extra), cost_model=cost_model, gpu=gpu,
                                          bandwidth_gbps=bandwidth_gbps, latency_us=latency_us, compute=compute),
-                            measure=report or as_json, timeout_s=timeout_s, replicate_below=replicate_below)
+                            measure=report or as_json, timeout_s=timeout_s, replicate_below=replicate_below,
+                            param_dtype=param_dtype, reduce_dtype=reduce_dtype, output_dtype=output_dtype)
     options.check()
     show_progress = progress and err_console.is_terminal and _rank_from_env() == 0
     compiling = _CompileProgress() if show_progress else contextlib.nullcontext

@@ -159,12 +159,13 @@ class _ReduceBucket:
     """
 
     def __init__(self, ds_ids: tuple[int, ...], sizes: list[int], grad: torch.Tensor, world_size: int,
-                 whole: bool = False) -> None:
+                 whole: bool = False, dtype: torch.dtype | None = None) -> None:
         self.ds_ids, self.whole = ds_ids, whole
         self.place = dict(zip(ds_ids, zip(offsets(sizes), sizes)))
         total = sum(sizes)
-        self.source = grad.new_empty(total if whole else world_size * total)
-        self.output = self.source if whole else grad.new_empty(total)
+        # in the reduce dtype (mixed precision): each member's gradient is cast as it is copied in
+        self.source = grad.new_empty(total if whole else world_size * total, dtype=dtype or grad.dtype)
+        self.output = self.source if whole else self.source.new_empty(total)
         self.arrived: set[int] = set()
 
     def slot(self, ds_id: int, world_size: int) -> torch.Tensor:
@@ -430,20 +431,24 @@ class DistributedZero3Runtime(Zero3Runtime):
 
     # -- reduces -----------------------------------------------------------
     def reduce(self, grad, graph_id, ds_id):
+        # mixed precision: the collective moves the reduce dtype's bytes; the gradient is cast where it is copied
+        # into the collective's input (a bucket's, a padded one), as FSDP2 casts it into its reduce-scatter input
+        dtype = self.reduce_dtypes.get(ds_id, grad.dtype)
         whole = self.plan.is_replicated(ds_id)
         bucket_ids = self.plan.reduce_bucket_of(graph_id, ds_id)
         if bucket_ids is None:
-            return self._all_reduce_one(grad, graph_id) if whole else self._reduce_one(grad, graph_id)
+            return self._all_reduce_one(grad, graph_id, dtype) if whole else self._reduce_one(grad, graph_id, dtype)
         key = (graph_id, bucket_ids)
         bucket = self._reduce_buckets.get(key)
         if bucket is None:
             # comm_plan splits mixed buckets: every member is replicated or none is
             sizes = [self._numel(m) if whole else padded_numel(self._numel(m), self.world_size) // self.world_size
                      for m in bucket_ids]
-            bucket = self._reduce_buckets[key] = _ReduceBucket(bucket_ids, sizes, grad, self.world_size, whole)
-        if ds_id in bucket.arrived or (grad.dtype, grad.device) != (bucket.source.dtype, bucket.source.device):
+            bucket = self._reduce_buckets[key] = _ReduceBucket(bucket_ids, sizes, grad, self.world_size, whole,
+                                                               dtype)
+        if ds_id in bucket.arrived or (dtype, grad.device) != (bucket.source.dtype, bucket.source.device):
             # Reduced twice in one graph, or in another dtype than the bucket's first member: alone.
-            return self._all_reduce_one(grad, graph_id) if whole else self._reduce_one(grad, graph_id)
+            return self._all_reduce_one(grad, graph_id, dtype) if whole else self._reduce_one(grad, graph_id, dtype)
         bucket.put(ds_id, grad, self.world_size)
         shard = bucket.shard(ds_id)
         if len(bucket.arrived) == len(bucket.ds_ids):
@@ -455,21 +460,24 @@ class DistributedZero3Runtime(Zero3Runtime):
         # a reduce-scatter's flat input is the runtime's own; an all-reduce's is its output, the members' results
         self._mean(bucket.output, bucket.source, graph_id, owned=not bucket.whole)
 
-    def _reduce_one(self, grad, graph_id):
+    def _reduce_one(self, grad, graph_id, dtype=None):
         flat = grad.reshape(-1)
+        dtype = dtype or grad.dtype
         total = padded_numel(flat.numel(), self.world_size)
-        if total != flat.numel():
-            flat = torch.cat([flat, flat.new_zeros(total - flat.numel())])
-        out = torch.empty(total // self.world_size, dtype=grad.dtype, device=grad.device)
+        if total != flat.numel() or dtype != flat.dtype:  # one copy, padded and cast
+            padded = flat.new_zeros(total, dtype=dtype)
+            padded[:flat.numel()].copy_(flat)
+            flat = padded
+        out = torch.empty(total // self.world_size, dtype=dtype, device=grad.device)
         flat = flat.contiguous()
         # a padded or contiguous copy is the runtime's own; a view of the gradient is the graph's
         owned = flat.untyped_storage().data_ptr() != grad.untyped_storage().data_ptr()
         return self._mean(out, flat, graph_id, owned=owned)
 
-    def _all_reduce_one(self, grad, graph_id):
+    def _all_reduce_one(self, grad, graph_id, dtype=None):
         # A fresh buffer (the gradient may be read again, and the simulator frees it at its reduce, as a
-        # reduce-scatter's input), all-reduced in place.
-        flat = grad.reshape(-1).clone()
+        # reduce-scatter's input), in the reduce dtype, all-reduced in place.
+        flat = grad.reshape(-1).to(dtype or grad.dtype, copy=True)
         return self._mean(flat, flat, graph_id)
 
     def _mean(self, out, flat, graph_id: int, owned: bool = False):
@@ -507,10 +515,11 @@ class DistributedZero3Runtime(Zero3Runtime):
         return out.div_(self.world_size) if divide else out
 
     def reduced_shard_like(self, grad, graph_id, ds_id):
+        dtype = self.reduce_dtypes.get(ds_id, grad.dtype)
         if self.plan.is_replicated(ds_id):
-            return grad.new_empty(grad.numel())
+            return grad.new_empty(grad.numel(), dtype=dtype)
         total = padded_numel(grad.numel(), self.world_size)
-        return grad.new_empty(total // self.world_size)
+        return grad.new_empty(total // self.world_size, dtype=dtype)
 
 
     def gathered_like(self, shard, graph_id, ds_id, dtype):

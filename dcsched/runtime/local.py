@@ -35,13 +35,13 @@ class LocalZero3Runtime(ops.Zero3Runtime):
         return full.to(dtype=dtype, copy=True) if dtype is not None else full.clone()
 
     def reduce(self, grad, graph_id, ds_id):
-        return grad.reshape(-1)
+        return self.in_reduce_dtype(grad, ds_id).reshape(-1)
 
     def gathered_like(self, shard, graph_id, ds_id, dtype):
         return shard.new_empty(self.shapes[ds_id], dtype=dtype if dtype is not None else shard.dtype)
 
     def reduced_shard_like(self, grad, graph_id, ds_id):
-        return grad.new_empty(grad.numel())
+        return grad.new_empty(grad.numel(), dtype=self.reduce_dtypes.get(ds_id, grad.dtype))
 
     def inline_kernels(self) -> dict:
         """The ops as aten for inductor to trace in (:func:`dcsched.train.inductor.compile_graph`).
@@ -61,4 +61,4 @@ class LocalZero3Runtime(ops.Zero3Runtime):
             return value
 
         return {Role.ALLGATHER: allgather, Role.WAIT: passed_on, Role.RELEASE: passed_on,
-                Role.REDUCE: lambda grad, graph_id, ds_id: grad.reshape(-1)}
+                Role.REDUCE: lambda grad, graph_id, ds_id: self.in_reduce_dtype(grad, ds_id).reshape(-1)}

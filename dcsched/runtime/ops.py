@@ -96,6 +96,13 @@ class Zero3Runtime:
         self.issued: dict[int, int] = {}
         #: The running graph's parameter inputs: ds_id -> (shard, dtype of its gather) (:meth:`begin_graph`).
         self.bound: dict[int, tuple[torch.Tensor, torch.dtype | None]] = {}
+        #: ds_id -> the dtype its gradient is reduced in (mixed precision), where not the gradient's own.
+        self.reduce_dtypes: dict[int, torch.dtype] = {}
+
+    def in_reduce_dtype(self, grad: torch.Tensor, ds_id: int) -> torch.Tensor:
+        """``grad`` in the dtype ``ds_id``'s gradient is reduced in (:attr:`reduce_dtypes`)."""
+        dtype = self.reduce_dtypes.get(ds_id)
+        return grad if dtype is None or dtype == grad.dtype else grad.to(dtype)
 
     def set_plan(self, plan) -> None:
         """Run ``plan`` (a :class:`~dcsched.runtime.commplan.CommPlan`) from the next graph on."""
@@ -184,7 +191,8 @@ class Zero3Runtime:
         return value.view_as(value)
 
     def reduce(self, grad: torch.Tensor, graph_id: int, ds_id: int) -> torch.Tensor:
-        return grad.clone()
+        reduced = self.in_reduce_dtype(grad, ds_id)
+        return reduced.clone() if reduced is grad else reduced
 
     def transient_bytes(self) -> int:
         """Bytes the latest op held for a moment beyond what it left behind and :meth:`buffers` gives (a
@@ -202,7 +210,7 @@ class Zero3Runtime:
         return torch.empty_like(shard, dtype=dtype if dtype is not None else shard.dtype)
 
     def reduced_shard_like(self, grad: torch.Tensor, graph_id: int, ds_id: int) -> torch.Tensor:
-        return torch.empty_like(grad)
+        return torch.empty_like(grad, dtype=self.reduce_dtypes.get(ds_id, grad.dtype))
 
 
 RUNTIME: Zero3Runtime = Zero3Runtime()

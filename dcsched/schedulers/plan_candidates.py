@@ -8,8 +8,12 @@ once for every unit layout); :class:`GraphPlanner` makes one layout's candidates
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import hashlib
+import itertools
 import math
+from array import array
 from typing import Iterable, Sequence
 
 from dcsched.errors import BudgetError
@@ -17,7 +21,7 @@ from dcsched.graph.form import ALLGATHER, GraphForm
 from dcsched.plan import Plan
 from dcsched.schedulers.fast_free import fast_free
 from dcsched.schedulers.head_pieces import head_pieces
-from dcsched.schedulers.fsdp import Blocks, bucketed, gathered_ids, just_in_time, plan_of
+from dcsched.schedulers.fsdp import Blocks, Placement, bucketed, gathered_ids, just_in_time, placement, plan_of
 from dcsched.schedulers.overlap.scheduler import Overlap
 from dcsched.sim.plans import replicated_fused
 from dcsched.sim.simulate import CompiledGraph
@@ -44,6 +48,9 @@ REFINED = 3
 HEAD_GROUPS = (1, 2, 3, 4)
 #: The most collectives :meth:`GraphPlanner.head_cuts` adds to a graph's head.
 HEAD_MORE = 8
+#: How many node numbers' worth of bucketed orders and buckets :meth:`GraphOrders.bucketed` keeps (4 bytes
+#: each: 64 MiB).
+BUCKETED_KEPT = 1 << 24
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +96,55 @@ class GraphOrders:
         self._jit: list[int] | None = None
         self._overlap: Overlap | None = None
         self._overlap_orders: dict[float, list[int] | BudgetError] = {}
+        #: per base order (by id, the order kept so its id is not reused): its placement
+        self._placements: dict[int, tuple[list[int], Placement]] = {}
+        #: per (base order's id, ahead, blocks' digest), the latest used first out: what bucketing gives,
+        #: and its figures per held set (the refinement tries the same blocks again: each graph's other
+        #: candidates' cuts after every cut it makes)
+        self._bucketed: collections.OrderedDict[tuple, tuple[array, array, array, dict]] = collections.OrderedDict()
+        self._bucketed_size = 0
+        #: per digest of (order, buckets, held): the simulated step and collectives
+        self._figures: dict[bytes, tuple[float, int]] = {}
+
+    def bucketed(self, base: list[int], groups: tuple, ahead: int, held: frozenset
+                 ) -> tuple[list[int], list[list[int]], tuple[float, int]]:
+        """:func:`~dcsched.schedulers.fsdp.bucketed` of ``base`` with the blocks ``groups``, and the order's
+        :meth:`figures` with the ``held`` parameters: each computed once per base, blocks and ``ahead`` (while
+        that is among the last :data:`BUCKETED_KEPT` node numbers' worth bucketed), the base's placement once
+        per base."""
+        key = (id(base), ahead, _digest(groups[0], [[-2]], groups[1]))
+        found = self._bucketed.get(key)
+        if found is None:
+            if id(base) not in self._placements:
+                self._placements[id(base)] = (base, placement(self.form, base))
+            order, buckets = bucketed(self.form, base, *groups, ahead=ahead, placed=self._placements[id(base)][1])
+            # kept compactly (4 bytes a node number): a fan-in's orders are long, and the same blocks come back
+            # after up to a few hundred others
+            found = self._bucketed[key] = (array("i", order), array("i", itertools.chain.from_iterable(buckets)),
+                                           array("i", map(len, buckets)), {})
+            self._bucketed_size += 2 * len(order)
+            while self._bucketed_size > BUCKETED_KEPT and len(self._bucketed) > 1:
+                _key, (old, *_rest) = self._bucketed.popitem(last=False)
+                self._bucketed_size -= 2 * len(old)
+        else:
+            self._bucketed.move_to_end(key)
+            flat = found[1].tolist()
+            ends = list(itertools.accumulate(found[2]))
+            order, buckets = found[0].tolist(), [flat[end - n:end] for n, end in zip(found[2], ends)]
+        figures = found[3]
+        if held not in figures:
+            figures[held] = self.figures(order, buckets, held)
+        return order, buckets, figures[held]
+
+    def figures(self, order: list[int], buckets: list[list[int]], held: frozenset) -> tuple[float, int]:
+        """The simulated step (ms) and collectives of ``order`` with ``buckets`` and the ``held`` parameters,
+        simulated once per distinct plan (by its digest)."""
+        key = _digest([order], buckets, [[-3], sorted(held)])
+        found = self._figures.get(key)
+        if found is None:
+            found = self.compiled.timeline_figures(order, buckets=buckets, held=held, check=False)
+            self._figures[key] = found
+        return found
 
     def fixed_bases(self) -> dict[str, list[int]]:
         """The orders to bucket that do not depend on the budget."""
@@ -163,14 +219,15 @@ class GraphPlanner:
                 yield self.rebucketed(f"{source}, {ahead} ahead{label}", base, groups, role, ahead)
 
     def rebucketed(self, source: str, base: list[int], groups: tuple, role: dict, ahead: int) -> Candidate:
-        order, buckets = bucketed(self.form, base, *groups, ahead=ahead)
-        candidate = self.simulated(source, order, buckets, **role)
-        return dataclasses.replace(candidate, base=base, groups=groups, ahead=ahead)
+        order, buckets, (step, collectives) = self.orders.bucketed(base, groups, ahead, role.get("held", frozenset()))
+        return Candidate(source, order, buckets, step, collectives, None if math.isfinite(self.budget) else 0,
+                         {"keep": role.get("keep", frozenset()), "held": role.get("held", frozenset())}, base=base,
+                         groups=groups, ahead=ahead)
 
     def simulated(self, source: str, order: list[int], buckets: list[list[int]], *, keep: frozenset = frozenset(),
                   held: frozenset = frozenset()) -> Candidate:
         """The candidate's timeline simulated (its peak is measured by :meth:`fitted`, where a budget asks)."""
-        step, collectives = self.compiled.timeline_figures(order, buckets=buckets, held=held, check=False)
+        step, collectives = self.orders.figures(order, buckets, held)
         role = {"keep": keep, "held": held}
         return Candidate(source, order, buckets, step, collectives, None if math.isfinite(self.budget) else 0, role)
 
@@ -327,6 +384,19 @@ class GraphPlanner:
 
     def plan(self, candidate: Candidate, kept: Iterable[int], held: frozenset) -> Plan:
         return plan_of(self.form, candidate.order, candidate.buckets, kept, held)
+
+
+def _digest(*parts: Sequence[Sequence[int]]) -> bytes:
+    """A digest of lists of node numbers: their lengths, then their members (so different lists never read
+    the same).
+
+    >>> _digest([[1, 2], [3]]) == _digest([[1], [2, 3]]), _digest([[1, 2], [3]]) == _digest([[1, 2]], [[3]])
+    (False, True)
+    """
+    lists = [members for part in parts for members in part]
+    digest = hashlib.blake2b(array("q", map(len, lists)).tobytes(), digest_size=20)
+    digest.update(array("q", itertools.chain.from_iterable(lists)).tobytes())
+    return digest.digest()
 
 
 def with_blocks(groups: tuple, which: int, blocks: list[list[int]]) -> tuple:

@@ -17,7 +17,9 @@ orders (:func:`dcsched.schedulers.fsdp.bucketed`) run it.
 
 from __future__ import annotations
 
+import itertools
 import re
+import weakref
 from typing import Sequence
 
 from dcsched.graph.form import ALLGATHER, WAIT, GraphForm
@@ -63,12 +65,13 @@ def waits_first(form: GraphForm, order: Sequence[int], buckets: Sequence[Sequenc
     >>> moved[moved.index(first):moved.index(first) + 3] == [first, wait, second]
     True
     """
-    kind, preds = form.kind, form.preds
+    kind = form.kind
     kinds = bytes(map(kind.__getitem__, order))
     segments = list(_SEGMENT.finditer(kinds))  # C speed: most of an order is never looked at in Python
     if not segments:
         return list(order)
-    bucket_of: dict[int, int] | None = None
+    own_gather = _own_gathers(form)
+    bucket_of: dict[int, int] = {}  # each bucket member's bucket, made where a wait first needs it
     result: list[int] = []
     done = 0
     for segment in segments:
@@ -80,32 +83,56 @@ def waits_first(form: GraphForm, order: Sequence[int], buckets: Sequence[Sequenc
         run: list[int] = []
         place: dict[int, int] = {}
         head = 0
-        for v in order[start:end]:
-            if kind[v] == ALLGATHER:
-                place[v] = len(run)
-                run.append(v)
-                continue
-            own = next((p for p in preds[v] if kind[p] == ALLGATHER), None)
-            at = place.get(own, -1) if own is not None else -1
-            if own is None:  # no collective of its own to wait for: it stays
-                keep = len(run)
-            elif at >= head:  # issued in this run: the all-gathers of its own bucket stay before it
-                if bucket_of is None:
-                    bucket_of = {m: k for k, members in enumerate(buckets) for m in members}
-                keep = at + 1
-                bucket = bucket_of.get(own)
-                while bucket is not None and keep < len(run) and bucket_of.get(run[keep]) == bucket:
-                    keep += 1
-            else:  # issued before every all-gather of the run
-                keep = head
-            result.extend(run[head:keep])
-            result.append(v)
-            head = keep
+        for stretch in _STRETCH.finditer(kinds, start, end):
+            gathers = order[stretch.start(1):stretch.end(1)]  # a run of all-gathers, in one step
+            place.update(zip(gathers, range(len(run), len(run) + len(gathers))))
+            run.extend(gathers)
+            for v in order[stretch.start(2):stretch.end(2)]:  # then the waits after it, one by one
+                own = own_gather[v]
+                at = place.get(own, -1)
+                if own < 0:  # no collective of its own to wait for: it stays
+                    keep = len(run)
+                elif at < head:  # issued before every all-gather of the run still to be placed: nothing to place
+                    result.append(v)
+                    continue
+                else:  # issued in this run: the all-gathers of its own bucket stay before it
+                    keep = _past_bucket(own, at, run, buckets, bucket_of)
+                result.extend(run[head:keep])
+                result.append(v)
+                head = keep
         result.extend(run[head:])
         done = end
     result.extend(order[done:])
     return result
 
 
+def _past_bucket(own: int, at: int, run: list[int], buckets: Sequence[Sequence[int]],
+                 bucket_of: dict[int, int]) -> int:
+    """Where in ``run`` a wait on ``own`` (``run[at]``) goes: after the all-gathers issued up to its own
+    collective (its bucket whole), before those issued after it (``bucket_of`` filled on first need)."""
+    if not bucket_of and buckets:
+        bucket_of.update(zip(itertools.chain.from_iterable(buckets),
+                             itertools.chain.from_iterable(itertools.repeat(k, len(b)) for k, b in enumerate(buckets))))
+    keep = at + 1
+    bucket = bucket_of.get(own)
+    while bucket is not None and keep < len(run) and bucket_of.get(run[keep]) == bucket:
+        keep += 1
+    return keep
+
+
+def _own_gathers(form: GraphForm) -> list[int]:
+    """Per node, the all-gather among its inputs (the first), -1 where it has none (computed once a form)."""
+    found = _OWN_GATHERS.get(form)
+    if found is None:
+        kind = form.kind
+        found = [next((p for p in preds if kind[p] == ALLGATHER), -1) for preds in form.preds]
+        _OWN_GATHERS[form] = found
+    return found
+
+
 #: A stretch of an order where the pass may move something: runs of all-gathers each followed by waits.
 _SEGMENT = re.compile(b"(?:" + re.escape(bytes([ALLGATHER])) + b"+" + re.escape(bytes([WAIT])) + b"+)+")
+#: Within a segment: a run of all-gathers (group 1), then the waits after it (group 2).
+_STRETCH = re.compile(b"(" + re.escape(bytes([ALLGATHER])) + b"+)(" + re.escape(bytes([WAIT])) + b"+)")
+#: :func:`_own_gathers` per form.
+_OWN_GATHERS: "weakref.WeakKeyDictionary[GraphForm, list[int]]" = weakref.WeakKeyDictionary()

@@ -21,7 +21,7 @@ _LAZY = {
     "TrainOptions": "options", "ScriptOptions": "options",
     "CheckpointError": "checkpoint", "load_checkpoint": "checkpoint", "save_checkpoint": "checkpoint",
     "ShardSpec": "sharding", "Sharding": "sharding", "ShardingError": "sharding", "shard": "sharding",
-    "sharding_of": "sharding",
+    "sharding_of": "sharding", "MixedPrecisionPolicy": "mixed_precision",
 }
 
 
@@ -29,4 +29,4 @@ __getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())
 
 
 __all__ = ["Backend", "TrainOptions", "ScriptOptions", "CheckpointError", "load_checkpoint", "save_checkpoint",
-           "ShardSpec", "Sharding", "ShardingError", "shard", "sharding_of"]
+           "ShardSpec", "Sharding", "ShardingError", "shard", "sharding_of", "MixedPrecisionPolicy"]

@@ -47,6 +47,7 @@ from dcsched.sim.collectives import latency_from_provenance
 from dcsched.train import agreement
 from dcsched.train.program import ScheduledProgram
 from dcsched.train.full_state import any_sharded
+from dcsched.train.mixed_precision import carry_dtypes
 from dcsched.train.options import TrainOptions
 from dcsched.train.sharding import ShardingError, sharding_for_inputs
 
@@ -208,6 +209,7 @@ def compile_program(gm: torch.fx.GraphModule, example_inputs, sharding, options:
     with torch.random.fork_rng(devices=_rng_devices(sharding)):
         captured = capture_compiled(gm, example_inputs, sharding.module,
                                     _traced_stand_ins(sharding, example_inputs))
+        carry_dtypes(captured.bundle, sharding.specs)  # mp_policy: shards, gathers and reduces in their dtypes
         # Before any collective of the compile: whether every rank compiles this step with these shapes.
         captured_digest = agreement.captured_collectives(captured.bundle)
         decision = agreement.announce(sharding, example_inputs, compiling=True, plan=0, captured=captured_digest,

@@ -153,9 +153,12 @@ def _mean_over_ranks(out: torch.Tensor, flat: torch.Tensor, sharding) -> torch.T
         return out.div_(sharding.world_size)
 
 
-def full_of(sharding, spec, shard: torch.Tensor) -> torch.Tensor:
+def full_of(sharding, spec, shard: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     """``spec``'s full parameter from this rank's ``shard``: all-gathered over the sharding's group (a
-    collective) or, whole here already (one rank, replicated), a copy."""
+    collective) or, whole here already (one rank, replicated), a copy; cast to ``dtype`` (if given) before
+    the gather, so the gather moves that dtype's bytes."""
+    if dtype is not None and dtype != shard.dtype:
+        shard = shard.to(dtype)
     if sharding.world_size == 1 or spec.replicated:
         return shard[:spec.numel].view(spec.shape).clone()
     from dcsched.runtime.distributed import all_gather_into_tensor
@@ -179,16 +182,20 @@ def shard_gradient(sharding, spec, grad: torch.Tensor) -> torch.Tensor:
 
 
 class _Gather(torch.autograd.Function):
-    """The full parameter from its shard; backward: the gradient reduce-scattered into the shard's."""
+    """The full parameter from its shard (in the compute dtype); backward: the gradient reduce-scattered (in the
+    reduce dtype) into the shard's (in its dtype)."""
 
     @staticmethod
     def forward(ctx, shard, sharding, spec):
         ctx.sharding, ctx.spec = sharding, spec
-        return full_of(sharding, spec, shard.detach())
+        return full_of(sharding, spec, shard.detach(), spec.param_dtype)  # in the compute dtype (mp_policy)
 
     @staticmethod
     def backward(ctx, grad):
-        return shard_gradient(ctx.sharding, ctx.spec, grad), None, None
+        spec = ctx.spec
+        if spec.reduce_dtype is not None and grad.dtype != spec.reduce_dtype:  # mp_policy: reduced in its dtype
+            grad = grad.to(spec.reduce_dtype)
+        return shard_gradient(ctx.sharding, spec, grad).to(spec.dtype), None, None
 
 
 def install(sharding) -> None:

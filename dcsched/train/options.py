@@ -26,6 +26,20 @@ DEFAULT_TIMEOUT_S = 120.0
 TIMEOUT_RANGE_S = (0.1, 7 * 24 * 3600.0)
 
 
+#: The dtype names ``dcsched train --param-dtype`` and alike take, each with the torch attribute it names.
+DTYPE_NAMES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
+               "fp32": "float32", "float32": "float32", "fp64": "float64", "float64": "float64"}
+#: What the mixed-precision flags mean (``dcsched train --param-dtype/--reduce-dtype/--output-dtype``).
+DTYPE_HELP = {
+    "param_dtype": "Mixed precision (FSDP2's MixedPrecisionPolicy): gather the parameters and compute in this dtype "
+                   "(bf16, fp16, fp32, fp64), the shards staying in theirs (the optimizer's master weights); "
+                   "floating inputs of the compiled module are cast to it. Default: each parameter's own dtype.",
+    "reduce_dtype": "Mixed precision: reduce the gradients in this dtype (they land in the shards' dtype). "
+                    "Default: --param-dtype.",
+    "output_dtype": "Mixed precision: cast the compiled module's floating outputs to this dtype. Default: none.",
+}
+
+
 def _field(default, help: str, **kwargs):
     """A dataclass field with its default and its one-line help (``metadata["help"]``, read by the CLI)."""
     return dataclasses.field(default=default, metadata={"help": help}, **kwargs)
@@ -271,12 +285,16 @@ class ScriptOptions:
     replicate_below : int
         Trainable parameters of fewer elements stay whole on every rank (``dcsched.shard(...,
         replicate_below=N)``): no all-gather, their gradients all-reduced. 0 (default): every one sharded.
+    param_dtype, reduce_dtype, output_dtype : str, optional
+        Mixed precision (``dcsched.shard(..., mp_policy=...)``, :mod:`dcsched.train.mixed_precision`), dtypes
+        by name (:data:`DTYPE_NAMES`): gather and compute in ``param_dtype``, reduce in ``reduce_dtype``, cast
+        outputs to ``output_dtype``. None (default): each parameter's own dtype.
 
     Raises
     ------
     OptionError
-        From :meth:`check`: ``timeout_s`` out of range, a negative ``replicate_below``, or
-        :meth:`TrainOptions.check`'s.
+        From :meth:`check`: ``timeout_s`` out of range, a negative ``replicate_below``, a dtype name not in
+        :data:`DTYPE_NAMES`, or :meth:`TrainOptions.check`'s.
 
     Examples
     --------
@@ -293,6 +311,9 @@ class ScriptOptions:
     replicate_below: int = _field(0, "Keep every trainable parameter of fewer elements whole on every rank (no "
                                      "all-gather; its gradient all-reduced), as DeepSpeed's "
                                      "stage3_param_persistence_threshold does; 0: shard every one.")
+    param_dtype: str | None = _field(None, DTYPE_HELP["param_dtype"])
+    reduce_dtype: str | None = _field(None, DTYPE_HELP["reduce_dtype"])
+    output_dtype: str | None = _field(None, DTYPE_HELP["output_dtype"])
 
     def check(self) -> None:
         """Refuse options no run can use (:meth:`TrainOptions.check`, then ``timeout_s``)."""
@@ -305,3 +326,7 @@ class ScriptOptions:
                 or self.replicate_below < 0:
             raise OptionError("replicate_below", f"must be a whole number of elements, 0 or more, not "
                                                  f"{self.replicate_below!r}")
+        for field in ("param_dtype", "reduce_dtype", "output_dtype"):
+            name = getattr(self, field)
+            if name is not None and (not isinstance(name, str) or name.lower() not in DTYPE_NAMES):
+                raise OptionError(field, f"must be one of {', '.join(DTYPE_NAMES)}, not {name!r}")

@@ -108,6 +108,9 @@ class ScheduledProgram:
                                                    lambda: around("backward"))
         self.param_at = {pos: sharding.specs[int(entry["ds_id"])]
                          for pos, entry in enumerate(bundle.forward_placeholders) if entry.get("kind") == "param"}
+        # mixed precision (dcsched.shard's mp_policy): each gradient reduced in its reduce dtype
+        self.runtime.reduce_dtypes = {spec.ds_id: spec.reduce_dtype for spec in sharding.specs
+                                      if spec.reduce_dtype is not None}
         self.mutated_inputs = list(mutated_inputs)
         self.num_outputs = bundle.num_user_outputs - len(self.mutated_inputs)
         self.original = original
@@ -228,4 +231,8 @@ class _ScheduledStep(torch.autograd.Function):
             tangents.append(grad)
         saved, ctx.saved = ctx.saved, None
         grads = program.run_backward(saved, tangents)
+        # reduced in the reduce dtype (mp_policy), each lands in its shard's dtype (the waits are done)
+        for pos, spec in program.param_at.items():
+            if pos < len(grads) and isinstance(grads[pos], torch.Tensor) and grads[pos].dtype != spec.dtype:
+                grads[pos] = grads[pos].to(spec.dtype)
         return (None, *grads)

@@ -36,6 +36,7 @@ from dcsched.profile.checkpointing import tracing_checkpoints
 from dcsched.profile.scripts import compile_interceptor, describe_exception, run_script
 from dcsched.train import agreement, hf_trainer
 from dcsched.train.backend import Backend
+from dcsched.train.mixed_precision import from_names
 from dcsched.train.options import ScriptOptions, TrainOptions
 from dcsched.train.program import ScheduledProgram
 from dcsched.train.sharding import shard
@@ -166,7 +167,9 @@ class _Interceptor:
             # reduce-scatters the gradients itself, so the inner module is compiled and DDP's forward never runs:
             # its reducer then never expects a gradient, and its all-reduce hooks stay idle.
             model = module = module.module
-        sharding = shard(module, replicate_below=self.options.replicate_below)
+        options = self.options
+        sharding = shard(module, replicate_below=options.replicate_below,
+                         mp_policy=from_names(options.param_dtype, options.reduce_dtype, options.output_dtype))
         self.sharded.update({id(spec.param): spec.name for spec in sharding.specs})
         backend = _RecordingBackend(self.options.train, type(module).__name__, self.options.measure, self.compiling)
         self.backends.append(backend)

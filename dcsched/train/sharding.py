@@ -56,6 +56,7 @@ import torch.nn as nn
 from dcsched.runtime.distributed import padded_numel, shard_of
 from dcsched.errors import DcschedError
 from dcsched.train import eager, full_state
+from dcsched.train.mixed_precision import MixedPrecisionPolicy, policy_of
 
 
 class ShardingError(DcschedError):
@@ -82,6 +83,8 @@ class ShardSpec:
     #: The same without grad: what the traced graph takes while the parameter is frozen (None: ``stand_in``,
     #: for a parameter that cannot require grad).
     frozen_stand_in: torch.Tensor | None = None
+    #: The dtype its gradient is reduced in (``mp_policy``); None: the gradient's own.
+    reduce_dtype: torch.dtype | None = None
 
     @property
     def stand_ins(self) -> tuple[torch.Tensor, ...]:
@@ -93,6 +96,11 @@ class ShardSpec:
         if self.frozen_stand_in is None or self.param.requires_grad:
             return self.stand_in
         return self.frozen_stand_in
+
+    @property
+    def param_dtype(self) -> torch.dtype:
+        """The dtype it is gathered and computed in: its stand-in's (``dtype`` under no ``mp_policy``)."""
+        return self.stand_in.dtype
 
     @property
     def numel(self) -> int:
@@ -108,6 +116,8 @@ class Sharding:
     rank: int
     world_size: int
     group: object = None
+    #: The mixed-precision policy it gathers, computes and reduces under (None: each parameter's own dtype).
+    mp_policy: MixedPrecisionPolicy | None = None
 
     def spec_of_stand_in(self, tensor) -> ShardSpec | None:
         return self._by_stand_in.get(id(tensor))
@@ -183,12 +193,19 @@ class _ClassForward(nn.Module):
         return type(self.inner).forward(self.inner, *args, **kwargs)
 
 
-def _install_forward(module: nn.Module, specs: list[ShardSpec]) -> None:
+def _install_forward(module: nn.Module, specs: list[ShardSpec], policy: MixedPrecisionPolicy | None) -> None:
     holder = _ClassForward(module)
     keys = [(f"inner.{spec.name}", spec) for spec in specs]
     own = [(f"inner.{spec.name}", spec) for spec in specs if "." not in spec.name]  # the module's own
 
     def forward(*args, **kwargs):
+        if policy is None:
+            return _forward(args, kwargs)
+        # traced too when compiling: the graph takes the inputs as given and casts them itself
+        args, kwargs = policy.cast_inputs(args, kwargs)
+        return policy.cast_output(_forward(args, kwargs))
+
+    def _forward(args, kwargs):
         # Reading each parameter's requires_grad here makes TorchDynamo guard on it: freezing or unfreezing one
         # after the compile traces the step again, with the gradients it now needs.
         stand_ins = {key: spec.traced_stand_in() for key, spec in keys}
@@ -204,7 +221,7 @@ def _install_forward(module: nn.Module, specs: list[ShardSpec]) -> None:
     module.forward = forward
 
 
-def shard(module: nn.Module, group=None, replicate_below: int = 0) -> Sharding:
+def shard(module: nn.Module, group=None, replicate_below: int = 0, mp_policy=None) -> Sharding:
     """Shard ``module``'s parameters over ``group`` (default: the default process group) in place.
 
     Frozen parameters are sharded too, so one unfrozen after the compile
@@ -225,6 +242,11 @@ def shard(module: nn.Module, group=None, replicate_below: int = 0) -> Sharding:
         Over more than one rank, a parameter of fewer elements stays whole (flattened) on every
         rank: no all-gather, its gradient all-reduced (the plan's ``'replicated'`` residency), as DeepSpeed's
         ``stage3_param_persistence_threshold`` keeps small parameters. Default 0: every one sharded.
+    mp_policy : MixedPrecisionPolicy, optional
+        Mixed precision as FSDP2's ``mp_policy`` (:mod:`dcsched.train.mixed_precision`; its
+        ``torch.distributed.fsdp.MixedPrecisionPolicy`` is taken too): the shards keep their dtype (the
+        optimizer's master weights), gathers and compute run in ``param_dtype``, gradients are reduced in
+        ``reduce_dtype`` and land in the shard's dtype. Default: none (every parameter in its own dtype).
 
     Returns
     -------
@@ -236,6 +258,8 @@ def shard(module: nn.Module, group=None, replicate_below: int = 0) -> Sharding:
     ShardingError
         Not a module, a module compiled already (an instance-level ``forward``), one with no trainable
         parameter, or a negative ``replicate_below``.
+    MixedPrecisionError
+        ``mp_policy`` is no policy, or names a dtype that is not floating.
 
     Examples
     --------
@@ -249,8 +273,12 @@ def shard(module: nn.Module, group=None, replicate_below: int = 0) -> Sharding:
         raise ShardingError(f"dcsched.shard takes an nn.Module, not {type(module).__name__}")
     if isinstance(replicate_below, bool) or not isinstance(replicate_below, int) or replicate_below < 0:
         raise ShardingError(f"replicate_below must be a whole number of elements, 0 or more, not {replicate_below!r}")
+    policy = policy_of(mp_policy)
     existing = sharding_of(module)
     if existing is not None:
+        if policy is not None and policy != existing.mp_policy:
+            raise ShardingError(f"{type(module).__name__} is sharded already under mp_policy={existing.mp_policy}; "
+                                f"it cannot be sharded again under {policy}")
         return existing
     if "forward" in module.__dict__:
         raise ShardingError(f"{type(module).__name__} has an instance-level forward (compiled already?): shard "
@@ -265,16 +293,21 @@ def shard(module: nn.Module, group=None, replicate_below: int = 0) -> Sharding:
         # At world size 1 every shard is whole already: nothing to replicate, the plans stay as they were.
         whole = world_size > 1 and full.numel() < replicate_below
         trainable = full.is_floating_point() or full.is_complex()  # an integer parameter never requires grad
-        stand_in = eager.stand_in(shape, full.dtype, full.device, requires_grad=trainable)
-        frozen = eager.stand_in(shape, full.dtype, full.device, requires_grad=False) if trainable else None
+        # the traced graph takes the stand-in: of the gathered dtype, so it computes in it
+        compute = policy.gather_dtype(full.dtype) if policy is not None and full.is_floating_point() else full.dtype
+        stand_in = eager.stand_in(shape, compute, full.device, requires_grad=trainable)
+        frozen = eager.stand_in(shape, compute, full.device, requires_grad=False) if trainable else None
+        reduce_dtype = policy.reduce_dtype_for(full.dtype) if policy is not None and full.is_floating_point() \
+            else None
         grad, param.grad = param.grad, None  # a gradient accumulated eagerly before: sharded alike
         with torch.no_grad():
             param.data = full.reshape(-1).clone() if whole else shard_of(full, rank, world_size)
             if grad is not None:
                 param.grad = grad.reshape(-1).clone() if whole else shard_of(grad, rank, world_size)
-        specs.append(ShardSpec(name, len(specs), shape, full.dtype, param, stand_in, whole, frozen))
-    sharding = Sharding(module, specs, rank, world_size, group)
-    _install_forward(module, specs)
+        specs.append(ShardSpec(name, len(specs), shape, full.dtype, param, stand_in, whole,
+                               frozen_stand_in=frozen, reduce_dtype=reduce_dtype))
+    sharding = Sharding(module, specs, rank, world_size, group, policy)
+    _install_forward(module, specs, policy)
     module.__dict__[ATTRIBUTE] = sharding
     full_state.install(sharding)  # full weights in state_dict(), the global norm in clip_grad_norm_
     eager.install(sharding)  # eager module calls gather their own parameters
