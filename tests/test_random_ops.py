@@ -18,6 +18,7 @@ import dcsched
 from dcsched import replay as rp
 from dcsched.graph.nxview import to_networkx
 from dcsched.graph.roles import is_random
+from dcsched.schedulers import reorder
 from dcsched.sim.simulate import compile_view
 from scheduling import scheduled as order_of
 
@@ -72,7 +73,7 @@ def test_view_chains_random_ops_with_an_order_only_edge_that_holds_no_memory(tar
     # order-only edge, were it a read, would keep rand0's 1000 bytes alive until then).
     order = [n.name for n in graph.nodes]
     assert compile_view(view).simulate(order).peak_bytes == 2000 + 2000 + 4
-    assert all(o.index("rand0") < o.index("rand1") for o in (dcsched.schedulers.reorder.order(graph, algo) for algo in
+    assert all(o.index("rand0") < o.index("rand1") for o in (reorder.order(graph, algo) for algo in
                                                             ("list", "simple-prefetch", "fast-free")))
 
 
