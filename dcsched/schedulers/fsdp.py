@@ -232,9 +232,14 @@ def just_in_time(form: GraphForm, order: Sequence[int]) -> list[int]:
 
 
 def _waits_and_readers(form: GraphForm, gather: int) -> tuple[list[int], list[int]]:
-    """An all-gather's waits, and the nodes that read what they return."""
+    """An all-gather's waits, and the nodes that read what they return or the gather itself.
+
+    A captured graph reads a gather only through its wait; a graph from a file may read it directly, and
+    such a reader bounds how late the gather may move as a wait's reader does.
+    """
     waits = [w for w in form.succs[gather] if form.kind[w] == WAIT]
-    return waits, [r for w in waits for r in form.succs[w]]
+    direct = [r for r in form.succs[gather] if form.kind[r] != WAIT]
+    return waits, [r for w in waits for r in form.succs[w]] + direct
 
 
 @dataclasses.dataclass(frozen=True)
