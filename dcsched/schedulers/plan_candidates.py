@@ -134,7 +134,7 @@ class GraphOrders:
             order, buckets = found[0].tolist(), [flat[end - n:end] for n, end in zip(found[2], ends)]
         figures = found[3]
         if held not in figures:
-            figures[held] = self.figures(order, buckets, held, key=_plan_digest(*found[:3], held))
+            figures[held] = self.figures(order, buckets, held, key=_plan_digest(found[0], found[1], found[2], held))
         return order, buckets, figures[held]
 
     def figures(self, order: list[int], buckets: list[list[int]], held: frozenset, *, key: bytes | None = None
