@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
@@ -11,11 +12,12 @@ from hypothesis import given, settings, strategies as st
 
 from dcsched.bundle.core import load
 from dcsched.errors import GraphError
-from dcsched.graph.form import GraphForm
+from dcsched.graph.form import ALLGATHER, GraphForm
 from dcsched.report.compare import compare_bundle, compare_graph
 from dcsched.runtime import ops
 from dcsched.schedulers import run
 from dcsched.schedulers.deepcompile import deepcompile
+from dcsched.schedulers.fsdp import bucketed, just_in_time, step_blocks
 from dcsched.plan import Bucket
 from dcsched.sim.collectives import DEFAULT_LATENCY_MS, bucket_time_ms, latency_from_provenance
 from dcsched.sim.simulate import compile_view
@@ -214,3 +216,23 @@ def test_fsdp_backward_holds_two_blocks_as_fsdp2_does(name):
     read = [next(k for k, ids in enumerate(forward_blocks) if backward.ds_id[group[0]] in ids) for group in blocks]
     assert read[0] == 0  # the root (forward unit 0): its final norm and head are read first
     assert read[1:] == sorted(read[1:], reverse=True) and len(read) == 5
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10**6), kind=st.sampled_from(["forward", "backward"]), n_params=st.integers(1, 8),
+       ahead=st.integers(0, 2), held_share=st.floats(0, 1))
+def test_bucketed_step_alone_is_the_recorded_timelines(seed, kind, n_params, ahead, held_share):
+    """The step time alone (no series recorded: nodes that move no clock skipped) is the recorded
+    timeline's, bit for bit, with buckets and held parameters."""
+    form = GraphForm(random_graph(seed, kind=kind, n_params=n_params))
+    compiled = compile_view(form, assume_zero=True)
+    blocks = step_blocks({"graph": form})["graph"]
+    rng = random.Random(seed)
+    held = frozenset(compiled.ds_id[i] for i in range(len(compiled.names))
+                     if compiled.kind[i] == ALLGATHER and rng.random() < held_share)
+    order, buckets = bucketed(form, just_in_time(form, list(form.topo)), blocks.gathers, blocks.reduces, ahead=ahead)
+    fused = compiled._fused([list(b) for b in buckets], compiled._held_gathers(held))
+    alone, recorded = compiled._fused_timeline(order, False, fused), compiled._fused_timeline(order, True, fused)
+    assert alone[0] == recorded[0]
+    assert recorded[3] and max(recorded[3]) <= recorded[0]
+    assert compiled.timeline_figures(order, buckets=buckets, held=held, check=False)[0] == recorded[0]

@@ -1,5 +1,5 @@
 """overlap-plan's caches change no plan: bucketed orders kept or evicted, a placement given or computed, the
-waits-first pass against its literal statement."""
+waits-first pass against its literal statement, fast-free run once for both orders that start from it."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from dcsched.budget import Budget
 from dcsched.graph.form import ALLGATHER, WAIT, GraphForm
 from dcsched.schedulers import run_step
 from dcsched.schedulers import plan_candidates
+from dcsched.schedulers.fast_free import fast_free
+from dcsched.schedulers.overlap.scheduler import Overlap
 from dcsched.schedulers.fsdp import bucketed, just_in_time, placement, step_blocks
 from dcsched.schedulers.plan_candidates import GraphOrders
 from dcsched.schedulers.waits_first import waits_first
@@ -93,3 +95,36 @@ def test_bucketing_and_waits_first_match_their_statements(seed, n_params, fanin,
         shuffled = [b for b in buckets if rng.random() < 0.5]
         for bucket_list in (buckets, shuffled, []):
             assert waits_first(form, order, bucket_list) == _literal_waits_first(form, order, bucket_list)
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10**6), n_params=st.integers(1, 10), fanin=st.booleans(), backward=st.booleans())
+def test_fast_free_computed_once_is_both_orders_fast_free(seed, n_params, fanin, backward):
+    """The ``fast-free`` base and ``overlap``'s first skeleton come from one run of fast-free: the same
+    orders as each computed on its own."""
+    kind = "backward" if backward else "forward"
+    graph = fanin_graph(n_params, kind=kind, seed=seed) if fanin else random_graph(seed, kind=kind,
+                                                                                   n_params=n_params)
+    form = GraphForm(graph)
+    orders = GraphOrders(form, 0.05, "all")
+    assert orders.fixed_bases()["fast-free"] == [form.index[n] for n in fast_free(form).order]
+    alone, handed = Overlap(form), Overlap(form, fast_free_order=orders.fast_free())
+    assert [p.fast_free_order for p in handed.planners] == [p.fast_free_order for p in alone.planners]
+    for budget in (float("inf"), handed.min_budget("all")):
+        assert handed.order(budget, "all") == alone.order(budget, "all")
+
+
+def test_a_plan_simulated_from_its_lists_is_the_cached_one():
+    """:meth:`GraphOrders.figures` keys a plan given as lists as :meth:`GraphOrders.bucketed` keys it from
+    its arrays: the second asks no new simulation."""
+    form = GraphForm(moe_graph(2, kind="backward"))
+    blocks = step_blocks({"graph": form})["graph"]
+    orders = GraphOrders(form, 0.05, "all")
+    base = just_in_time(form, list(form.topo))
+    held = frozenset(blocks.gathers[0][:1])
+    order, buckets, figures = orders.bucketed(base, (blocks.gathers, blocks.reduces), 1, held)
+    assert len(orders._figures) == 1
+    assert orders.figures(order, buckets, held) == figures
+    assert orders.figures(order, buckets, frozenset()) == orders.compiled.timeline_figures(order, buckets=buckets,
+                                                                                         check=False)
+    assert len(orders._figures) == 2

@@ -451,7 +451,7 @@ def bucketed(form: GraphForm, order: Sequence[int], gathers: Sequence[Sequence[i
         if not group:
             continue
         at = min(firsts[max(0, k - ahead)], firsts[k])
-        members = sorted((m for m in group if last_pred[m] < at), key=pos.__getitem__)
+        members = sorted([m for m in group if last_pred[m] < at], key=pos.__getitem__)
         before.setdefault(at, []).extend(members)
         moved.update(members)
         buckets.append(members)
@@ -459,7 +459,7 @@ def bucketed(form: GraphForm, order: Sequence[int], gathers: Sequence[Sequence[i
         if not group:
             continue
         at = max(map(pos.__getitem__, group))
-        members = sorted((m for m in group if first_succ[m] > at), key=pos.__getitem__)
+        members = sorted([m for m in group if first_succ[m] > at], key=pos.__getitem__)
         later = [m for m in members if pos[m] != at]
         after.setdefault(at, []).extend(later)
         moved.update(later)

@@ -17,9 +17,9 @@ from array import array
 from typing import Iterable, Sequence
 
 from dcsched.errors import BudgetError
-from dcsched.graph.form import ALLGATHER, GraphForm
+from dcsched.graph.form import ALLGATHER, GraphForm, paused_gc
 from dcsched.plan import Plan
-from dcsched.schedulers.fast_free import fast_free
+from dcsched.schedulers.fast_free import fast_free_indices
 from dcsched.schedulers.head_pieces import head_pieces
 from dcsched.schedulers.fsdp import Blocks, Placement, bucketed, gathered_ids, just_in_time, placement, plan_of
 from dcsched.schedulers.overlap.scheduler import Overlap
@@ -94,6 +94,7 @@ class GraphOrders:
         self.compiled = CompiledGraph(form, assume_zero=True, comm_latency_ms=latency_ms)
         self._bases: dict[str, list[int]] = {}
         self._jit: list[int] | None = None
+        self._fast_free: list[int] | None = None
         self._overlap: Overlap | None = None
         self._overlap_orders: dict[float, list[int] | BudgetError] = {}
         #: per base order (by id, the order kept so its id is not reused): its placement
@@ -133,13 +134,17 @@ class GraphOrders:
             order, buckets = found[0].tolist(), [flat[end - n:end] for n, end in zip(found[2], ends)]
         figures = found[3]
         if held not in figures:
-            figures[held] = self.figures(order, buckets, held)
+            figures[held] = self.figures(order, buckets, held, key=_plan_digest(found[0], found[1], found[2], held))
         return order, buckets, figures[held]
 
-    def figures(self, order: list[int], buckets: list[list[int]], held: frozenset) -> tuple[float, int]:
+    def figures(self, order: list[int], buckets: list[list[int]], held: frozenset, *, key: bytes | None = None
+                ) -> tuple[float, int]:
         """The simulated step (ms) and collectives of ``order`` with ``buckets`` and the ``held`` parameters,
-        simulated once per distinct plan (by its digest)."""
-        key = _digest([order], buckets, [[-3], sorted(held)])
+        simulated once per distinct plan (by its digest, :func:`_plan_digest`: ``key`` where the caller has
+        it already)."""
+        if key is None:
+            key = _plan_digest(array("i", order), array("i", itertools.chain.from_iterable(buckets)),
+                               array("i", map(len, buckets)), held)
         found = self._figures.get(key)
         if found is None:
             found = self.compiled.timeline_figures(order, buckets=buckets, held=held, check=False)
@@ -149,9 +154,17 @@ class GraphOrders:
     def fixed_bases(self) -> dict[str, list[int]]:
         """The orders to bucket that do not depend on the budget."""
         if not self._bases:
-            index = self.form.index
-            self._bases = {"fast-free": [index[n] for n in fast_free(self.form).order], "input": list(self.form.topo)}
+            self._bases = {"fast-free": self.fast_free(), "input": list(self.form.topo)}
         return self._bases
+
+    def fast_free(self) -> list[int]:
+        """``fast-free``'s order (node numbers, the output where fast-free puts it), computed once: the
+        ``fast-free`` base and the order ``overlap`` builds its first skeleton from."""
+        if self._fast_free is None:
+            with paused_gc():
+                self.form.check_input_order()
+                self._fast_free = fast_free_indices(self.form)
+        return self._fast_free
 
     def just_in_time(self) -> list[int]:
         """The input order, every parameter gathered just before it is read: ``fsdp``'s base (computed once)."""
@@ -163,7 +176,7 @@ class GraphOrders:
         """``overlap``'s order under ``budget`` (node numbers), or its error where it refuses the budget."""
         if budget not in self._overlap_orders:
             if self._overlap is None:
-                self._overlap = Overlap(self.form)
+                self._overlap = Overlap(self.form, fast_free_order=self.fast_free())
             try:
                 names = self._overlap.order(budget, self.scope)
                 self._overlap_orders[budget] = [self.form.index[n] for n in names]
@@ -396,6 +409,21 @@ def _digest(*parts: Sequence[Sequence[int]]) -> bytes:
     lists = [members for part in parts for members in part]
     digest = hashlib.blake2b(array("q", map(len, lists)).tobytes(), digest_size=20)
     digest.update(array("q", itertools.chain.from_iterable(lists)).tobytes())
+    return digest.digest()
+
+
+def _plan_digest(order: array, members: array, sizes: array, held: frozenset) -> bytes:
+    """A digest of a plan: its order, its buckets (``members`` one after another, ``sizes`` their lengths)
+    and its ``held`` node numbers, each an ``array("i")`` but ``held``. The counts come first, so
+    different plans never read the same.
+
+    >>> one = _plan_digest(array("i", [1, 2]), array("i", [1, 2]), array("i", [2]), frozenset())
+    >>> one == _plan_digest(array("i", [1, 2]), array("i", [1, 2]), array("i", [1, 1]), frozenset())
+    False
+    """
+    digest = hashlib.blake2b(array("q", (len(order), len(sizes), len(held))).tobytes(), digest_size=20)
+    for part in (order, sizes, members, array("i", sorted(held))):
+        digest.update(part.tobytes())
     return digest.digest()
 
 

@@ -87,9 +87,10 @@ def waits_first(form: GraphForm, order: Sequence[int], buckets: Sequence[Sequenc
             gathers = order[stretch.start(1):stretch.end(1)]  # a run of all-gathers, in one step
             place.update(zip(gathers, range(len(run), len(run) + len(gathers))))
             run.extend(gathers)
-            for v in order[stretch.start(2):stretch.end(2)]:  # then the waits after it, one by one
-                own = own_gather[v]
-                at = place.get(own, -1)
+            waits = order[stretch.start(2):stretch.end(2)]  # then the waits after it, one by one
+            owns = list(map(own_gather.__getitem__, waits))
+            # (each wait's own all-gather's place in run, at C speed: run grows only before the waits)
+            for v, own, at in zip(waits, owns, map(place.get, owns, itertools.repeat(-1))):
                 if own < 0:  # no collective of its own to wait for: it stays
                     keep = len(run)
                 elif at < head:  # issued before every all-gather of the run still to be placed: nothing to place

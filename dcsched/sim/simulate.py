@@ -456,7 +456,8 @@ class CompiledGraph(MemoryModel, Timeline, GraphForm):
         lead = [-1] * len(self.names)
         for i in held:
             lead[i] = HELD
-        buckets = [[m for m in members if lead[m] != HELD] for members in buckets]  # held members leave
+        if held:
+            buckets = [[m for m in members if lead[m] != HELD] for members in buckets]  # held members leave
         buckets = [members for members in buckets if members]
         time: dict[int, float] = {}
         dur, latency = self.duration, self.comm_latency_ms

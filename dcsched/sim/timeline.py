@@ -78,6 +78,24 @@ class Timeline:
         reach: list[float] = []
         start: list[float] = []
         end: list[float] = []
+        if not record:  # as in _timeline: nodes that take no time and wait for nothing leave both clocks alone
+            for i in itertools.compress(idx, map(self.timed.__getitem__, idx)):
+                if is_comm[i]:
+                    first = lead[i]
+                    if first == HELD:
+                        done[i] = tc
+                    elif first < 0 or first == i:
+                        s = tc if tc > tq else tq
+                        tq = done[i] = s + (dur[i] if first < 0 else time[i])
+                    else:
+                        done[i] = done[first]
+                else:
+                    for g in gates[i]:
+                        e = done[g]
+                        if e > tc:
+                            tc = e
+                    tc += dur[i]
+            return (tc if tc > tq else tq), reach, start, end
         for i in idx:
             if is_comm[i]:
                 first = lead[i]

@@ -44,11 +44,13 @@ class OverlapPlanner:
     buffer lives, earliest slot its inputs allow), ``jit_peak`` and
     ``jit_gathered_peak`` (just-in-time gathering's peaks), ``fast_free`` (the
     simulation of fast-free's own order). ``shares``: a planner of the same graph whose compiled form,
-    fast-free order and fast-free simulation this one reuses.
+    fast-free order and fast-free simulation this one reuses. ``fast_free_order``: where given,
+    :func:`~dcsched.schedulers.fast_free.fast_free_indices` of the graph, computed already (so not run again).
     """
 
     def __init__(self, view: nx.DiGraph | GraphForm, *, base: str = "fast-free", name: str | None = None,
-                 compiled: CompiledGraph | None = None, shares: OverlapPlanner | None = None):
+                 compiled: CompiledGraph | None = None, shares: OverlapPlanner | None = None,
+                 fast_free_order: list[int] | None = None):
         if base not in BASES:
             raise ValueError(f"unknown base order {base!r} (choose from {', '.join(BASES)})")
         self.base_name = base
@@ -66,7 +68,9 @@ class OverlapPlanner:
         else:
             self.compiled.check_input_order()
             # As the registered fast-free runs it: the output last, after any chain nothing reads.
-            ff = output_last_indices(self.compiled.kind, fast_free_indices(self.compiled))
+            if fast_free_order is None:
+                fast_free_order = fast_free_indices(self.compiled)
+            ff = output_last_indices(self.compiled.kind, fast_free_order)
         self.fast_free_order: list[int] = ff
         if base == "fast-free":
             base_order = ff

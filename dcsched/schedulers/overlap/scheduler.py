@@ -121,8 +121,9 @@ class Overlap:
     simulated step wins (ties: fast-free's, which keeps activations shortest).
     """
 
-    def __init__(self, view: nx.DiGraph | GraphForm, *, name: str | None = None):
-        first = OverlapPlanner(view, name=name)
+    def __init__(self, view: nx.DiGraph | GraphForm, *, name: str | None = None,
+                 fast_free_order: list[int] | None = None):
+        first = OverlapPlanner(view, name=name, fast_free_order=fast_free_order)
         second = OverlapPlanner(view, base="input", shares=first)
         third = OverlapPlanner(view, base="sunk", shares=first)
         second.guard_from = third.guard_from = first
