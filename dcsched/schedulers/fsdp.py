@@ -232,14 +232,17 @@ def just_in_time(form: GraphForm, order: Sequence[int]) -> list[int]:
 
 
 def _waits_and_readers(form: GraphForm, gather: int) -> tuple[list[int], list[int]]:
-    """An all-gather's waits, and the nodes that read what they return or the gather itself.
-
-    A captured graph reads a gather only through its wait; a graph from a file may read it directly, and
-    such a reader bounds how late the gather may move as a wait's reader does.
-    """
+    """An all-gather's waits, and the nodes that read what they return."""
     waits = [w for w in form.succs[gather] if form.kind[w] == WAIT]
-    direct = [r for r in form.succs[gather] if form.kind[r] != WAIT]
-    return waits, [r for w in waits for r in form.succs[w]] + direct
+    return waits, [r for w in waits for r in form.succs[w]]
+
+
+def reads_gathers_directly(form: GraphForm) -> bool:
+    """Whether a node other than a wait reads an all-gather: never in a captured graph (DeepCompile's ops read
+    a gathered parameter through its wait), possible in a graph from a file, where moving the gathers as FSDP2
+    does would not keep the order topological."""
+    return any(form.kind[r] != WAIT for g in range(len(form.kind)) if form.kind[g] == ALLGATHER
+               for r in form.succs[g])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -533,6 +536,9 @@ def fsdp(forms: Mapping[str, GraphForm]) -> dict[str, Plan]:
     >>> {b.kind for b in plans["graph"].buckets} == {"allgather", "reduce"}
     True
     """
+    if any(reads_gathers_directly(form) for form in forms.values()):
+        # Not a captured step: its input order, every collective alone (no unit to prefetch or keep).
+        return {name: plan_of(form, list(form.topo), [], frozenset(), frozenset()) for name, form in forms.items()}
     with paused_gc():
         found = step_blocks(forms)
         kept = kept_root(forms, found)
