@@ -117,9 +117,13 @@ def test_chained_8192_products_recorded_at_a_tenth_of_a_ms_are_refused_before_ru
     assert time.monotonic() - start < 30, flat
 
 
+#: 100 products of 2048 x 2048 (17 GFLOP each, 1.7 TFLOP in all: 60 s on CI's two cores, several seconds even on
+#: a CPU ten times as fast), each recorded as 0.2 ms: the step's figures say 20.1 ms with the final sum.
+SLOW_CHAIN = (100, 2048, 0.2)
+
+
 def test_timeout_stops_a_replay_with_one_line(tmp_path):
-    # 20 products of 2048 x 2048 (17 GFLOP each: about 0.6 s each on a 2-core CPU), recorded as 1 ms each
-    path = dcsched.save(_chain(20, 2048, 1.0), tmp_path / "slow.pt")
+    path = dcsched.save(_chain(*SLOW_CHAIN), tmp_path / "slow.pt")
     code, err, _rss, seconds = _cli(["replay", str(path), "--device", "cpu", "--iters", "1", "--warmup", "0",
                                      "--timeout", "2"])
     assert code == 2 and len(err.splitlines()) == 1, err
@@ -128,12 +132,12 @@ def test_timeout_stops_a_replay_with_one_line(tmp_path):
 
 
 def test_a_step_past_its_figures_bound_is_stopped(tmp_path):
-    path = dcsched.save(_chain(20, 2048, 1.0), tmp_path / "slow.pt")
+    path = dcsched.save(_chain(*SLOW_CHAIN), tmp_path / "slow.pt")
     setup = "import dcsched.replay.bounds as b; b.TIME_FLOOR_S = 1.0; b.TIME_FACTOR = 100"
     code, err, _rss, seconds = _cli(["replay", str(path), "--device", "cpu", "--iters", "1", "--warmup", "0"],
                                     setup=setup)
     assert code == 2 and len(err.splitlines()) == 1, err
-    # 20 x 1 ms and the sum's 0.1 ms, times 100: 2.01 s
+    # 100 x 0.2 ms and the sum's 0.1 ms, times 100: 2.01 s
     assert "the first step ran past its bound of 2.01 s (a step may take 100 x the bundle's 20.1 ms of recorded " \
         "device time, at least 1 s; --timeout SECONDS sets another bound)" in err
     assert seconds < 60
