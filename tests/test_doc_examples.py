@@ -52,3 +52,27 @@ def test_readme_scheduler_table_has_one_short_linked_row_per_algorithm():
     assert list(rows) == schedulers.available()
     for name, row in rows.items():
         assert "](docs/" in row and len(row) < 300, (name, len(row))
+
+
+def _pages():
+    return [doc_examples.ROOT / "README.md", *sorted((doc_examples.ROOT / "docs").glob("*.md"))]
+
+
+def test_glossary_links_name_a_term_it_defines():
+    import re
+    glossary = (doc_examples.ROOT / "docs" / "glossary.md").read_text(encoding="utf-8")
+    anchors = {re.sub(r"[^a-z0-9 -]", "", line[4:].strip().lower()).replace(" ", "-")
+               for line in glossary.splitlines() if line.startswith("### ")}
+    for page in _pages():
+        for anchor in re.findall(r"glossary\.md#([a-z0-9-]+)", page.read_text(encoding="utf-8")):
+            assert anchor in anchors, f"{page.name}: glossary.md#{anchor} is not a term of the glossary"
+
+
+def test_reference_pages_hold_no_history():
+    import re
+    history = re.compile(r"\(issue #?\d+|issue #\d+|\bissue \d+'s|\bissue \d+,? item|this commit|"
+                         r"before this (change|commit|round|one)|first form of|the run before this|before this was",
+                         re.IGNORECASE)
+    for page in _pages():
+        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+            assert not history.search(line), f"{page.name}:{number}: history belongs in CHANGELOG.md: {line.strip()}"
