@@ -23,7 +23,7 @@ def test_example_is_current(name):
     for path in USED.get(name, []):
         for found, text in doc_examples.blocks(path):
             if found == name:
-                assert text == expected, f"{path.name}: example {name} is stale: python tools/doc_examples.py --write {name}"
+                assert text == expected, f"{path.name}: example {name} is stale: tools/doc_examples.py --write {name}"
 
 
 def test_check_names_a_stale_block(tmp_path, monkeypatch, capsys):

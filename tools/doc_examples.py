@@ -140,7 +140,8 @@ QUICKSTART = ("schedule", "sample_graphs/gpt.pt", "--algo", "all", "-o", "quicks
 def quickstart() -> str:
     """README: what the quickstart's schedule command prints, its forward graph's table."""
     out = dcsched_stdout(QUICKSTART)
-    return fenced(_until_blank(out) + "\n\nbackward: ... (the same for the backward graph)\nwrote quickstart/gpt.none.pt (none)\n...")
+    tail = "backward: ... (the same for the backward graph)\nwrote quickstart/gpt.none.pt (none)\n..."
+    return fenced(_until_blank(out) + "\n\n" + tail)
 
 
 def schedule_all() -> str:
