@@ -205,7 +205,30 @@ def schedule_json() -> str:
 def algorithms() -> str:
     """Inline: every registered scheduler, in ``--algo all``'s order."""
     from dcsched import schedulers
-    return ", ".join(f"`{name}`" for name in schedulers.available())
+    return _names(schedulers.available())
+
+
+def _names(names: list[str]) -> str:
+    return ", ".join(f"`{name}`" for name in names)
+
+
+def budget_takers() -> str:
+    """Inline: the schedulers that take a memory budget."""
+    from dcsched import schedulers
+    return _names([name for name in schedulers.available() if schedulers.get(name).takes_budget])
+
+
+def scope_takers() -> str:
+    """Inline: the schedulers that take a budget scope."""
+    from dcsched import schedulers
+    return _names([name for name in schedulers.available() if schedulers.get(name).takes_scope])
+
+
+def scheduler_options() -> str:
+    """Inline: each scheduler that takes options, with them (the registry's names)."""
+    from dcsched import schedulers
+    return "; ".join(f"`{name}`: {', '.join(f'`{o}`' for o in schedulers.get(name).options)}"
+                     for name in schedulers.available() if schedulers.get(name).options)
 
 
 #: Every generated block, by the name its marker gives.
@@ -215,6 +238,9 @@ EXAMPLES: dict[str, Callable[[], str]] = {
     "schedule-narrow": schedule_narrow,
     "schedule-json": schedule_json,
     "algorithms": algorithms,
+    "budget-takers": budget_takers,
+    "scope-takers": scope_takers,
+    "scheduler-options": scheduler_options,
 }
 
 
