@@ -75,10 +75,21 @@ def _terminal(width: int) -> Iterator[None]:
             c._width, c._color_system, c._force_terminal = w, colour, force
 
 
-@functools.lru_cache(maxsize=8)
-def dcsched_stdout(argv: tuple[str, ...], *, width: int = 200) -> str:
-    """What ``dcsched ARGV`` prints on stdout at ``width`` columns, run in a fresh directory that holds
-    ``sample_graphs/`` (so relative output paths print as the docs show them); lines right-stripped.
+@contextlib.contextmanager
+def _sample_directory() -> Iterator[Path]:
+    """A fresh working directory holding ``sample_graphs/`` (so relative paths print as the docs show them)."""
+    here = os.getcwd()
+    with tempfile.TemporaryDirectory(prefix="doc-example-") as tmp:
+        os.symlink(ROOT / "sample_graphs", Path(tmp) / "sample_graphs")
+        os.chdir(tmp)
+        try:
+            yield Path(tmp)
+        finally:
+            os.chdir(here)
+
+
+def _run(argv: tuple[str, ...], width: int) -> str:
+    """Run ``dcsched ARGV`` here; its stdout.
 
     Raises
     ------
@@ -87,19 +98,29 @@ def dcsched_stdout(argv: tuple[str, ...], *, width: int = 200) -> str:
     """
     from dcsched.cli import run
     out, err = io.StringIO(), io.StringIO()
-    here = os.getcwd()
-    with tempfile.TemporaryDirectory(prefix="doc-example-") as tmp:
-        os.symlink(ROOT / "sample_graphs", Path(tmp) / "sample_graphs")
-        os.chdir(tmp)
-        try:
-            with _terminal(width), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-                code = run(list(argv))
-        finally:
-            os.chdir(here)
+    with _terminal(width), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = run(list(argv))
     if code != 0:
         raise RuntimeError(f"dcsched {' '.join(argv)} exited {code}: {err.getvalue().strip()}")
-    text = "\n".join(line.rstrip() for line in out.getvalue().splitlines())
-    return _mask_scheduler_time(text)
+    return out.getvalue()
+
+
+@functools.lru_cache(maxsize=8)
+def dcsched_stdout(argv: tuple[str, ...], *, width: int = 200) -> str:
+    """What ``dcsched ARGV`` prints on stdout at ``width`` columns, run in a fresh directory that holds
+    ``sample_graphs/``; lines right-stripped, scheduler times masked."""
+    with _sample_directory():
+        text = _run(argv, width)
+    return _mask_scheduler_time("\n".join(line.rstrip() for line in text.splitlines()))
+
+
+def written_document(argv: tuple[str, ...], output: str) -> dict:
+    """The JSON document of the bundle ``dcsched ARGV`` writes to ``output``."""
+    from dcsched.bundle import fileio
+    with _sample_directory() as tmp:
+        _run(argv, 200)
+        doc, _ = fileio.read_raw(tmp / output)
+    return doc
 
 
 def _mask_scheduler_time(text: str) -> str:
@@ -202,6 +223,23 @@ def schedule_json() -> str:
     return fenced(text.replace('"backward": "..."', '"backward": {...}'), "text")
 
 
+def bundle_plans() -> str:
+    """docs/bundle-format.md: the plans and residency ``schedule -o`` writes for ``overlap-plan`` on the
+    sample GPT, each graph's first bucket and the first residencies shown."""
+    doc = written_document(("schedule", "sample_graphs/gpt.pt", "--algo", "overlap-plan", "-o", "out/gpt.pt"),
+                           "out/gpt.pt")
+    lines = ['"plans": {']
+    for k, (graph, plan) in enumerate(doc["plans"].items()):
+        first = json.dumps(plan["buckets"][0])
+        more = len(plan["buckets"]) - 1
+        end = "}," if k < len(doc["plans"]) - 1 else "}},"
+        lines.append(f'  "{graph}": {{"buckets": [{first}, ... {more} more]{end}')
+    shown = list(doc["residency"].items())[:3]
+    lines.append('"residency": {' + ", ".join(f'"{key}": "{value}"' for key, value in shown)
+                 + f", ... {len(doc['residency']) - len(shown)} more}}")
+    return fenced("\n".join(lines), "text")
+
+
 def algorithms() -> str:
     """Inline: every registered scheduler, in ``--algo all``'s order."""
     from dcsched import schedulers
@@ -238,6 +276,7 @@ EXAMPLES: dict[str, Callable[[], str]] = {
     "schedule-narrow": schedule_narrow,
     "schedule-json": schedule_json,
     "algorithms": algorithms,
+    "bundle-plans": bundle_plans,
     "budget-takers": budget_takers,
     "scope-takers": scope_takers,
     "scheduler-options": scheduler_options,
