@@ -76,3 +76,23 @@ def test_reference_pages_hold_no_history():
     for page in _pages():
         for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
             assert not history.search(line), f"{page.name}:{number}: history belongs in CHANGELOG.md: {line.strip()}"
+
+
+def _anchors(page):
+    import re
+    return {re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+            for line in page.read_text(encoding="utf-8").splitlines() if re.match(r"#+ ", line)}
+
+
+def test_links_between_pages_reach_a_file_and_a_heading():
+    import re
+    for page in [*_pages(), doc_examples.ROOT / "CHANGELOG.md"]:
+        text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.DOTALL)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if target.startswith(("http://", "https://")):
+                continue
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            assert linked.exists(), f"{page.name}: link to {target}: no such file"
+            if anchor and linked.suffix == ".md":
+                assert anchor in _anchors(linked), f"{page.name}: link to {target}: no such heading"
