@@ -98,7 +98,7 @@ def test_train_uses_the_same_rule():
 
 def test_train_budget_fsdp_is_fsdps_own_peak_and_a_step_planners_default_where_no_device_is_known():
     from dcsched import replay
-    from dcsched.schedulers.fsdp_peak import fsdp_peak
+    from dcsched.schedulers.fsdp.peak import fsdp_peak
     from dcsched.sim.collectives import latency_from_provenance
 
     bundle = replay.example_bundle()  # profiled on the CPU: no device's memory recorded
@@ -211,7 +211,7 @@ def test_run_is_the_one_entry_and_matches_dcsched_schedule():
         assert plan.order[-1] == "output"
     # The same order from the FX graph's form and from the networkx view's form.
     assert run("fast-free", GraphForm(to_networkx(graph))).order == run("fast-free", form).order
-    assert dcsched.schedulers.reorder.plan(graph, "deepcompile").buckets == run("deepcompile", form).buckets
+    assert dcsched.reorder.plan(graph, "deepcompile").buckets == run("deepcompile", form).buckets
 
 
 def test_run_takes_a_form_and_a_budget_object():

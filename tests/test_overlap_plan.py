@@ -20,7 +20,7 @@ from dcsched.graph.form import ALLGATHER, REDUCE, GraphForm
 from dcsched.plan import Plan
 from dcsched.schedulers import register, run, run_step
 from dcsched.schedulers.overlap.scheduler import Overlap
-from dcsched.schedulers.fsdp import bucketed
+from dcsched.schedulers.fsdp.scheduler import bucketed
 from dcsched.schedulers.registry import unregister
 from dcsched.sim.collectives import DEFAULT_LATENCY_MS, latency_from_provenance
 from dcsched.sim.plans import kept_ids, simulate_plan

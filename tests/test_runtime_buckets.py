@@ -256,7 +256,7 @@ def test_a_bucket_gathers_in_place(tmp_path):
 def unkept_fsdp_plans(bundle) -> dict:
     """FSDP's buckets for each graph planned alone: nothing kept (the step's plan keeps the root)."""
     from dcsched.graph.form import GraphForm
-    from dcsched.schedulers.fsdp import fsdp
+    from dcsched.schedulers.fsdp.scheduler import fsdp
 
     return {name: fsdp({name: GraphForm(graph)})[name] for name, graph in bundle.graphs.items()}
 

@@ -9,7 +9,7 @@ import torch
 
 import train_runs as runs
 from dcsched.graph.form import ALLGATHER, REDUCE, WAIT, GraphForm
-from dcsched.schedulers.fsdp import fsdp
+from dcsched.schedulers.fsdp.scheduler import fsdp
 from dcsched.sim.plans import kept_ids, simulate_plan
 from dcsched.sim.simulate import compile_view
 from dcsched.synthetic import layered_stack
@@ -140,7 +140,7 @@ def _step_figures(forms, plans, *, staging: bool) -> tuple[float, int, int]:
 def test_within_fsdps_own_peak_on_gloo_the_plan_is_no_slower_than_fsdp_with_no_more_collectives(layers):
     from dcsched.budget import Budget
     from dcsched.schedulers import run_step
-    from dcsched.schedulers.fsdp_peak import fsdp_peak
+    from dcsched.schedulers.fsdp.peak import fsdp_peak
 
     step = layered_stack(layers)
     forms = {"forward": GraphForm(step.forward), "backward": GraphForm(step.backward)}

@@ -40,7 +40,7 @@ import torch.fx
 from dcsched.bundle import checks as loadchecks, saved_memory
 from dcsched.bundle.graph_encoding import _dtype_name, decode_graph, dtype_from_name, encode_graph
 
-from dcsched.errors import BundleError
+from dcsched.errors import BundleError, DcschedError
 from dcsched.outputs import write_atomic  # noqa: F401  (re-exported: dcsched.bundle.core.write_atomic)
 from dcsched.plan import Plan
 
@@ -469,3 +469,11 @@ def save_v1(bundle: Bundle, path: str | os.PathLike, *, overwrite: bool = True) 
 
 
 from dcsched.bundle.legacy import TORCH_FILE_MAGIC, check_magic as _check_magic  # noqa: E402,F401  (v1 readers)
+
+
+def check_replayable(bundle: Bundle) -> None:
+    """Raise :class:`DcschedError` for a bundle planned without data (captured with ``meta=True``): nothing to run."""
+    if bundle.provenance.get("planned"):
+        raise DcschedError("this bundle was planned without data (`meta=True`): it holds shapes, no weights or input "
+                           "values, so it can be scheduled but not replayed; capture the script again without it to "
+                           "replay it")

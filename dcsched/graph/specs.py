@@ -115,3 +115,19 @@ def shard_numel(numel: int, world_size: int) -> int:
     11
     """
     return math.ceil(numel / world_size)
+
+
+def recorded_bytes(node: torch.fx.Node) -> int:
+    """The bytes of a node's output as the bundle records them: its profiled ``tensor_size``, else
+    :func:`node_bytes` of its recorded shapes (0 if neither)."""
+    size = node.meta.get("tensor_size")
+    if isinstance(size, (int, float)):
+        return int(size)
+    return node_bytes(node)
+
+
+def flat_nodes(args) -> list[torch.fx.Node]:
+    """The nodes in a node's (nested) arguments, in order."""
+    found: list[torch.fx.Node] = []
+    torch.fx.node.map_arg(args, found.append)
+    return found

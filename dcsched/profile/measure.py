@@ -57,79 +57,12 @@ from dcsched.costmodels.registry import build as build_cost_model
 from dcsched.runtime import consensus
 from dcsched.bundle.core import Bundle
 from dcsched.costmodels.options import ProfileOptions
-from dcsched.errors import DcschedError
 from dcsched.graph.nxview import copy_graph
-from dcsched.graph.roles import Role, role_of
-from dcsched.graph.specs import node_bytes, sharded_bytes
+from dcsched.bundle.resharding import tensor_sizes
 
 
 #: ``provenance['data']`` of a bundle captured with ``meta=True``; ``provenance['planned']`` is True there.
 PLANNED = "none: planned from shapes on the meta device, not measured (no weights, no input values)"
-
-
-def check_replayable(bundle: Bundle) -> None:
-    """Raise :class:`DcschedError` for a bundle planned without data (captured with ``meta=True``): nothing to run."""
-    if bundle.provenance.get("planned"):
-        raise DcschedError("this bundle was planned without data (`meta=True`): it holds shapes, no weights or input "
-                           "values, so it can be scheduled but not replayed; capture the script again without it to "
-                           "replay it")
-
-
-# ---------------------------------------------------------------------------
-# Sizes
-# ---------------------------------------------------------------------------
-
-def tensor_sizes(bundle: Bundle, world_size: int) -> dict[str, dict[str, int]]:
-    """``tensor_size`` (bytes) per node of each graph, ZeRO-3 sharding over ``world_size`` ranks applied."""
-    param_placeholders = {"forward": _param_placeholder_names(bundle, "forward"),
-                          "backward": _param_placeholder_names(bundle, "backward")}
-    sizes: dict[str, dict[str, int]] = {}
-    for name, graph in bundle.graphs.items():
-        out = {}
-        for node in graph.nodes:
-            role = role_of(node)
-            if role is Role.OUTPUT:
-                out[node.name] = 0
-            elif (role is Role.PLACEHOLDER and node.name in param_placeholders[name]) or role is Role.REDUCE:
-                out[node.name] = sharded_bytes(node, world_size)
-            else:
-                out[node.name] = node_bytes(node)
-        sizes[name] = out
-    return sizes
-
-
-def resharded(bundle: Bundle, world_size: int) -> Bundle:
-    """A copy of ``bundle`` whose ``tensor_size`` figures are those of a run over ``world_size`` ranks.
-
-    Times are kept; only shard-dependent sizes (parameter shards, reduced
-    gradients) change, so a bundle profiled for 8 ranks can be compared with a
-    single-process replay.
-    """
-    sizes = tensor_sizes(bundle, world_size)
-    graphs = {}
-    for name, graph in bundle.graphs.items():
-        copy = copy_graph(graph)
-        for node in copy.nodes:
-            if "tensor_size" in node.meta:
-                node.meta["tensor_size"] = sizes[name][node.name]
-        graphs[name] = copy
-    result = bundle.with_graphs(**graphs)
-    result.plans = dict(bundle.plans)  # the same nodes (sizes alone change): the plans still hold
-    result.provenance["world_size"] = world_size
-    return result
-
-
-def _param_placeholder_names(bundle: Bundle, graph_name: str) -> set[str]:
-    """Placeholders holding a parameter shard: the forward's params, and the backward's saved copies of them.
-
-    The backward reads a saved parameter under its forward placeholder name.
-    """
-    forward = [n for n in bundle.forward.nodes if n.op == "placeholder"]
-    names = {node.name for node, kind in zip(forward, bundle.forward_placeholders) if kind.get("kind") == "param"}
-    graph = bundle.graphs.get(graph_name)
-    if graph_name == "forward" or graph is None:
-        return names if graph is not None else set()
-    return {n.name for n in graph.nodes if n.op == "placeholder" and n.name in names}
 
 
 # ---------------------------------------------------------------------------

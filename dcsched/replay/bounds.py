@@ -243,7 +243,7 @@ def check_step(bundle: Bundle, device: torch.device | str, runtime: ops.Zero3Run
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from dcsched.replay.simulated import simulated_figures
+    from dcsched.sim.bundle_figures import simulated_figures
     from dcsched.runtime.step import build_step, installed, run_step
 
     device = torch.device(device)

@@ -18,9 +18,9 @@ from dcsched.replay.bounds import check_memory, check_step, watchdog_for
 from dcsched.replay.compare import ResultComparison, compare
 from dcsched.replay.device import check_fits, resolve_device
 from dcsched.replay.measure import Measurement, clock_for, synchronize, time_step
-from dcsched.profile.measure import check_replayable
+from dcsched.bundle.core import check_replayable
 from dcsched.replay.run import ReplayRun, deterministic, prepare, replay
-from dcsched.replay.simulated import percent_error, simulated_figures, timing_caveat
+from dcsched.sim.bundle_figures import percent_error, simulated_figures, timing_caveat
 from dcsched.replay.watchdog import Unwatched
 from dcsched.sim.plans import check_bundle_plans
 from dcsched.runtime.step import DEFAULT_SEED, graph_placeholder_names, installed, run_step

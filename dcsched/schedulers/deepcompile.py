@@ -54,7 +54,7 @@ import networkx as nx
 
 from dcsched.sim.simulate import ALLGATHER, PLACEHOLDER, CompiledGraph, compile_view
 from dcsched.graph.form import GraphForm, paused_gc
-from dcsched.schedulers.fast_free import fast_free_indices
+from dcsched.schedulers.fast_free.scheduler import fast_free_indices
 from dcsched.budget import UNLIMITED
 from dcsched.plan import Bucket, Plan
 from dcsched.schedulers.registry import register

@@ -111,7 +111,7 @@ def simulate_plan(compiled: CompiledGraph, plan: Plan, graph: str, *, detail: bo
     --------
     >>> from dcsched.synthetic import layered_stack
     >>> from dcsched.sim.simulate import compile_view
-    >>> from dcsched.schedulers.fsdp import fsdp
+    >>> from dcsched.schedulers.fsdp.scheduler import fsdp
     >>> from dcsched.graph.form import GraphForm
     >>> forward = layered_stack(2).forward
     >>> plan = fsdp({"forward": GraphForm(forward)})["forward"]

@@ -181,7 +181,7 @@ def asynchrony(budget: Budget | None, scheduled, *, staging: bool) -> dict[str, 
     """
     if budget is None or not math.isfinite(budget.bytes):
         return {name: (True, True) for name in scheduled.graph_names}
-    from dcsched.replay.simulated import simulate_graph
+    from dcsched.sim.bundle_figures import simulate_graph
 
     ways = ASYNCHRONY if staging else tuple(way for way in ASYNCHRONY if way[0])
     chosen = {}
@@ -204,7 +204,7 @@ def _traced_stand_ins(sharding, example_inputs) -> list[tuple[str, torch.Tensor]
 
 def compile_program(gm: torch.fx.GraphModule, example_inputs, sharding, options: TrainOptions) -> ScheduledProgram:
     """Capture, profile and schedule ``gm`` (a TorchDynamo graph of the sharded module) into a program."""
-    from dcsched.replay.simulated import simulated_figures
+    from dcsched.sim.bundle_figures import simulated_figures
 
     with torch.random.fork_rng(devices=_rng_devices(sharding)):
         captured = capture_compiled(gm, example_inputs, sharding.module,

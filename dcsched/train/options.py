@@ -205,7 +205,7 @@ class TrainOptions:
         The default rule is :func:`dcsched.budget.default_budget`'s: the target device's memory recorded in the
         bundle less 10%, else no limit; except that a step planner (``overlap-plan``) given no budget where
         no device's memory is recorded (the CPU) plans within ``'fsdp'``, the peak of FSDP2's policy on the step
-        (:func:`dcsched.schedulers.fsdp_peak.fsdp_peak`, its collectives run as FSDP2 runs them, on gloo where
+        (:func:`dcsched.schedulers.fsdp.peak.fsdp_peak`, its collectives run as FSDP2 runs them, on gloo where
         ``staging``): training needs no more memory than the sharding it replaces unless told it may, and a
         step planner always finds a plan within it (``fsdp``'s own).
 
@@ -234,7 +234,7 @@ class TrainOptions:
             return None
         if self.fsdp_budget or self._fsdp_by_default(bundle):
             from dcsched.budget import DEFAULT_SCOPE, Budget, check_scope
-            from dcsched.schedulers.fsdp_peak import fsdp_peak
+            from dcsched.schedulers.fsdp.peak import fsdp_peak
             from dcsched.sim.collectives import latency_from_provenance
             scope = DEFAULT_SCOPE if self.budget_scope is None else check_scope(self.budget_scope)
             peak = fsdp_peak({name: bundle.form(name) for name in bundle.graph_names}, scope=scope, staging=staging,

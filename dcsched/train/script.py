@@ -301,7 +301,7 @@ def _result(path: Path, options: ScriptOptions, backends: list[_RecordingBackend
             saved = saved_memory.from_provenance(program.bundle.provenance)
             if saved is not None:
                 activation_memory[label] = saved.to_json()
-    from dcsched.replay.simulated import timing_caveat
+    from dcsched.sim.bundle_figures import timing_caveat
     losses = next(([float(v) for v in b.losses] for b in backends if b.losses), None)
     programs = [p for b in backends for p in b.programs]
     caveat = timing_caveat(programs[0].bundle.provenance) if programs else None

@@ -9,11 +9,12 @@ import torch.fx
 
 from dcsched.bundle.core import Bundle
 from dcsched.errors import DcschedError
-from dcsched.replay.device import flat_nodes, node_bytes
+from dcsched.bundle.resharding import resharded
+from dcsched.graph.specs import flat_nodes, recorded_bytes
 
 
 def _meta_bytes(nodes: Iterable[torch.fx.Node]) -> int:
-    return sum(node_bytes(node) for node in nodes)
+    return sum(recorded_bytes(node) for node in nodes)
 
 
 def simulate_graph(bundle: Bundle, name: str, *, async_reduce: bool = False, staging: bool = False,
@@ -48,8 +49,6 @@ def simulated_figures(bundle: Bundle, world_size: int | None = None, *,
     and the backward's peak plus what the real step holds across it (the
     forward's inputs and user outputs that the backward does not take).
     """
-    from dcsched.profile.measure import resharded
-
     profiled_for = bundle.provenance.get("world_size")
     resized = world_size is not None and isinstance(profiled_for, int) and profiled_for != world_size
     if resized and world_size is not None:

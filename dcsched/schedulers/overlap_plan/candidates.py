@@ -2,8 +2,8 @@
 
 :class:`GraphOrders` holds a graph's compiled form and the orders that do not depend on its blocks (computed
 once for every unit layout); :class:`GraphPlanner` makes one layout's candidates
-(:mod:`dcsched.schedulers.overlap_plan`, steps 2 to 4), fits them to the budget, and makes the moves step 5
-(:mod:`dcsched.schedulers.plan_refine`) tries: a block cut, a head cut again, neighbouring blocks merged.
+(:mod:`dcsched.schedulers.overlap_plan.scheduler`, steps 2 to 4), fits them to the budget, and makes the moves step 5
+(:mod:`dcsched.schedulers.overlap_plan.refine`) tries: a block cut, a head cut again, neighbouring blocks merged.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ from typing import Iterable, Sequence
 from dcsched.errors import BudgetError
 from dcsched.graph.form import ALLGATHER, GraphForm, paused_gc
 from dcsched.plan import Plan
-from dcsched.schedulers.fast_free import fast_free_indices
-from dcsched.schedulers.head_pieces import head_pieces
-from dcsched.schedulers.fsdp import Blocks, Placement, bucketed, gathered_ids, just_in_time, placement, plan_of
+from dcsched.schedulers.fast_free.scheduler import fast_free_indices
+from dcsched.schedulers.overlap_plan.head_pieces import head_pieces
+from dcsched.schedulers.fsdp.scheduler import (Blocks, Placement, bucketed, gathered_ids, just_in_time, placement,
+                                              plan_of)
 from dcsched.schedulers.overlap.scheduler import Overlap
 from dcsched.sim.plans import replicated_fused
 from dcsched.sim.simulate import CompiledGraph
@@ -58,7 +59,7 @@ class Candidate:
     """One graph's order with its buckets (node numbers), simulated with the step's residency.
 
     ``base`` is the order the buckets were made from and ``groups`` the blocks (all-gather blocks, then
-    reduce blocks) :func:`~dcsched.schedulers.fsdp.bucketed` made them of, so a block can be cut and the
+    reduce blocks) :func:`~dcsched.schedulers.fsdp.scheduler.bucketed` made them of, so a block can be cut and the
     buckets made again;
     ``fsdp``'s own orders have none (their buckets sit where FSDP2 issues them).
     """
@@ -109,7 +110,7 @@ class GraphOrders:
 
     def bucketed(self, base: list[int], groups: tuple, ahead: int, held: frozenset
                  ) -> tuple[list[int], list[list[int]], tuple[float, int]]:
-        """:func:`~dcsched.schedulers.fsdp.bucketed` of ``base`` with the blocks ``groups``, and the order's
+        """:func:`~dcsched.schedulers.fsdp.scheduler.bucketed` of ``base`` with the blocks ``groups``, and the order's
         :meth:`figures` with the ``held`` parameters: each computed once per base, blocks and ``ahead`` (while
         that is among the last :data:`BUCKETED_KEPT` node numbers' worth bucketed), the base's placement once
         per base."""

@@ -23,7 +23,7 @@ from typing import Mapping
 
 from dcsched.budget import DEFAULT_SCOPE
 from dcsched.graph.form import GraphForm
-from dcsched.schedulers.fsdp import fsdp
+from dcsched.schedulers.fsdp.scheduler import fsdp
 from dcsched.sim.collectives import DEFAULT_LATENCY_MS
 from dcsched.sim.plans import simulate_plan
 from dcsched.sim.simulate import compile_view

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from dcsched.schedulers.plan_candidates import REFINED, Candidate, GraphPlanner
+from dcsched.schedulers.overlap_plan.candidates import REFINED, Candidate, GraphPlanner
 
 #: The most blocks :func:`refine` cuts in a step.
 MAX_CUTS = 16

@@ -6,7 +6,7 @@ collectives run as one (buckets) and which parameters stay gathered from the
 forward to the backward (``'kept'`` residency), and picks each graph's order,
 by the simulator, within ``budget_bytes`` of ``budget_scope``:
 
-1. **Blocks.** ``fsdp``'s blocks (:func:`dcsched.schedulers.fsdp.step_blocks`:
+1. **Blocks.** ``fsdp``'s blocks (:func:`dcsched.schedulers.fsdp.scheduler.step_blocks`:
    the period of the forward's parameter sizes, one block per transformer
    layer, the same parameters in the backward). A block is one all-gather
    bucket (and one reduce bucket). The root (embeddings, final norm, head) is
@@ -20,7 +20,7 @@ by the simulator, within ``budget_bytes`` of ``budget_scope``:
    no more collectives than ``fsdp``'s plan (FSDP2's count) wherever that
    plan fits.
 2. **Orders.** Candidates per graph, each with the block buckets
-   (:func:`dcsched.schedulers.fsdp.bucketed`: a bucket's all-gathers move to where its first one
+   (:func:`dcsched.schedulers.fsdp.scheduler.bucketed`: a bucket's all-gathers move to where its first one
    stands, its reduces to where its last one stands): ``fsdp``'s order
    prefetching one and two blocks ahead, and ``overlap``'s, ``fast-free``'s
    and the graph's own order.
@@ -48,14 +48,14 @@ by the simulator, within ``budget_bytes`` of ``budget_scope``:
 6. **Replication.** The small parameters the forward's first collective
    gathers may be kept whole on every rank (``'replicated'``: no gather,
    their gradients all-reduced) where that shortens the step within the
-   budget and the cap (:func:`~dcsched.schedulers.plan_replicate.replicated_head`):
+   budget and the cap (:func:`~dcsched.schedulers.overlap_plan.replicate.replicated_head`):
    the forward's first compute then waits on less.
 
 7. **Never slower than ``overlap``.** Where ``fsdp``'s plan does not fit the
    budget (near the smallest one ``overlap`` accepts, every parameter gathered
    alone, just in time), no FSDP2-style count binds, and ``overlap``'s own
    orders with neighbouring collectives merged wherever that costs no time and
-   fits (:func:`~dcsched.schedulers.plan_coalesce.coalesced`) replace the
+   fits (:func:`~dcsched.schedulers.overlap_plan.coalesce.coalesced`) replace the
    bucketed plan where their step is shorter, or as short with fewer
    collectives.
 
@@ -82,12 +82,12 @@ from dcsched.budget import DEFAULT_SCOPE
 from dcsched.graph.form import GraphForm
 from dcsched.errors import BudgetError, OptionError
 from dcsched.plan import MERGED_OVERLAP_OPTION, REPLICATE_OPTION, STAGING_OPTION, Plan
-from dcsched.schedulers.fsdp import bucketed, kept_root, step_blocks
+from dcsched.schedulers.fsdp.scheduler import bucketed, kept_root, step_blocks
 from dcsched.schedulers.overlap.planner import UNLIMITED, check_scope
-from dcsched.schedulers.plan_candidates import Candidate, GraphOrders, GraphPlanner, doubling_counts
-from dcsched.schedulers.plan_coalesce import coalesced
-from dcsched.schedulers.plan_refine import refine
-from dcsched.schedulers.plan_replicate import REPLICATE_MAX_BYTES, replicated_head
+from dcsched.schedulers.overlap_plan.candidates import Candidate, GraphOrders, GraphPlanner, doubling_counts
+from dcsched.schedulers.overlap_plan.coalesce import coalesced
+from dcsched.schedulers.overlap_plan.refine import refine
+from dcsched.schedulers.overlap_plan.replicate import REPLICATE_MAX_BYTES, replicated_head
 from dcsched.schedulers.registry import register
 from dcsched.sim.collectives import DEFAULT_LATENCY_MS
 
@@ -239,7 +239,7 @@ def _plan_units(planners: dict[str, GraphPlanner], budget: float, root: frozense
 
 def _coalesced_if_better(planners: dict[str, GraphPlanner], planned: tuple[float, int], budget: float
                          ) -> dict[str, Candidate] | None:
-    """Step 7: each graph's :func:`~dcsched.schedulers.plan_coalesce.coalesced` candidate where that step is
+    """Step 7: each graph's :func:`~dcsched.schedulers.overlap_plan.coalesce.coalesced` candidate where that step is
     shorter than the bucketed plan's (``planned``: its step and collectives, replication included), or as
     short with fewer collectives; None where it is not (or ``overlap`` refuses the budget)."""
     try:
