@@ -7,9 +7,11 @@ bandwidth* of an all-gather or reduce-scatter (its ``busbw`` column is
 ``bytes / time * (W - 1) / W``), so the figures below are bus bandwidths read
 from NCCL benchmarks where they were published, not link peaks.
 
-A node holds :data:`GPUS_PER_NODE` GPUs (an HGX / DGX board). Up to that many
-ranks talk over the node's NVLink / NVSwitch; more ranks span
-``ceil(W / 8)`` nodes and each step of the ring crosses the network, whose
+A node holds :data:`GPUS_PER_NODE` GPUs (an HGX / DGX board) unless the run's
+topology says otherwise (torchrun's ``LOCAL_WORLD_SIZE``,
+:mod:`dcsched.costmodels.topology`). Up to that many ranks talk over the
+node's NVLink / NVSwitch; more ranks span ``ceil(W / ranks per node)`` nodes
+and each step of the ring crosses the network, whose
 per-GPU NIC is then the narrowest link. The latency across nodes grows with
 the number of nodes: ``latency_us + per_doubling_us * log2(nodes)`` (NCCL
 picks ring or tree depending on size; a small message's time grows about
@@ -17,8 +19,8 @@ with the depth of the tree). The ``cpu`` row is gloo (the process-group
 backend of CPU runs) over TCP, at every world size.
 
 Every figure is a round number of the order the source reports, not a
-measurement of a particular machine: a profile under ``torchrun`` measures
-the real collectives instead, and ``ProfileOptions(latency_us=...,
+measurement of a particular machine: the measured cost model under
+``torchrun`` measures the real collectives instead, and ``ProfileOptions(latency_us=...,
 bandwidth_gbps=...)`` (``dcsched profile --latency --bandwidth``) override
 the table.
 
