@@ -76,8 +76,8 @@ def test_without_a_process_group_the_default_world_size_is_modelled_and_said(mlp
     assert_modelled_at(bundle, DEFAULT_WORLD_SIZE, link.latency_us, link.bandwidth_gbps)
     prov = bundle.provenance
     assert (prov["world_size"], prov["ranks_per_node"]) == (8, 8)
-    assert prov["comm_time"] == ("modelled: analytic, h100, world size 8, 1 node: latency 15 us + bytes*(W-1)/W "
-                                 "at 360 GB/s (h100, 1 node: NVLink 4 / NVSwitch)")
+    assert prov["comm_time"] == ("modelled (analytic cost model, one process): h100, world size 8, 1 node: latency "
+                                 "15 us + bytes*(W-1)/W at 360 GB/s (h100, 1 node: NVLink 4 / NVSwitch)")
     assert (prov["comm_latency_ms"], prov["comm_bandwidth_GBps"], prov["comm_link"]) == \
         (0.015, 360.0, link.name)
     assert latency_from_provenance(prov) == 0.015 != DEFAULT_LATENCY_MS
@@ -88,7 +88,8 @@ def test_a_measured_profile_alone_models_its_collectives_at_the_given_size(mlp):
     bundle = profile_bundle(mlp, options)
     gloo = costmodels.interconnect("cpu", 3)
     assert_modelled_at(bundle, 3, gloo.latency_us, gloo.bandwidth_gbps)
-    assert bundle.provenance["comm_time"].startswith("modelled: measured, cpu, world size 3, 1 node:")
+    assert bundle.provenance["comm_time"].startswith("modelled (measured cost model, one process): cpu, world "
+                                                     "size 3, 1 node: latency 100 us")
     assert bundle.provenance["comm_latency_ms"] == 0.1
 
 
@@ -114,8 +115,8 @@ def test_a_groups_topology_passed_down_prices_collectives_at_its_size(mlp):
     assert_modelled_at(bundle, 2, H100.latency_us, H100.bandwidth_gbps)
     prov = bundle.provenance
     assert prov["world_size"] == 2 and prov["comm_latency_ms"] == 0.015
-    assert prov["comm_time"].startswith("modelled: analytic, h100, world size 2, the process group's size; its "
-                                        "collectives were not run: latency 15 us")
+    assert prov["comm_time"].startswith("modelled (analytic cost model, the process group's collectives not run): "
+                                        "h100, world size 2, 1 node: latency 15 us")
 
 
 def test_a_world_size_the_group_does_not_have_is_refused_from_python(mlp):
@@ -188,7 +189,8 @@ def test_two_ranks_profile_analytically_at_the_groups_size(tmp_path):
     assert_modelled_at(bundle, 2, H100.latency_us, H100.bandwidth_gbps)
     prov = bundle.provenance
     assert (prov["world_size"], prov["ranks_per_node"]) == (2, 2)
-    assert prov["comm_time"].startswith("modelled: analytic, h100, world size 2, the process group's size")
+    assert prov["comm_time"].startswith("modelled (analytic cost model, the process group's collectives not run): "
+                                        "h100, world size 2, 1 node: latency 15 us")
     assert (prov["comm_latency_ms"], prov["comm_bandwidth_GBps"], prov["comm_link"]) == (0.015, 360.0, H100.name)
     # the simulator charges a bucket the latency the figures include, not its default
     assert latency_from_provenance(prov) == 0.015 != DEFAULT_LATENCY_MS

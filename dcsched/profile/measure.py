@@ -186,18 +186,18 @@ def comm_description(model: CostModel, topology: Topology) -> str:
 
     >>> options = ProfileOptions(cost_model="analytic", gpu="h100", world_size=2)
     >>> comm_description(build_cost_model(options), profile_topology(options))
-    'modelled: analytic, h100, world size 2, 1 node: latency 15 us + bytes*(W-1)/W at 360 GB/s (h100, 1 node: NVLink 4 / NVSwitch)'
+    'modelled (analytic cost model, one process): h100, world size 2, 1 node: latency 15 us + bytes*(W-1)/W at 360 GB/s (h100, 1 node: NVLink 4 / NVSwitch)'
     """  # noqa: E501
-    ranks = f"world size {topology.world_size}"
     if model.measures_collectives(topology):
-        return (f"measured: real all-gathers and reduce-scatters of each node's size over the process group's "
-                f"{topology.world_size} ranks (median per rank, the slowest rank's); latency measured as an "
-                f"all-gather of one float a rank")
+        return (f"measured ({model.name} cost model): real all-gathers and reduce-scatters of each node's size "
+                f"over the process group's {topology.world_size} ranks (median per rank, the slowest rank's); "
+                f"latency measured as an all-gather of one float a rank")
     link = topology.link
-    where = ("the process group's size; its collectives were not run" if topology.process_group
-             else f"{topology.nodes} node{'s' if topology.nodes > 1 else ''}")
-    return (f"modelled: {model.name}, {topology.device_kind}, {ranks}, {where}: latency {link.latency_us:g} us + "
-            f"bytes*(W-1)/W at {link.bandwidth_gbps:g} GB/s ({link.name})")
+    how = f"{model.name} cost model, " + ("the process group's collectives not run" if topology.process_group
+                                          else "one process")
+    where = f"{topology.nodes} node{'s' if topology.nodes > 1 else ''}"
+    return (f"modelled ({how}): {topology.device_kind}, world size {topology.world_size}, {where}: latency "
+            f"{link.latency_us:g} us + bytes*(W-1)/W at {link.bandwidth_gbps:g} GB/s ({link.name})")
 
 
 def _provenance(model: CostModel, options: ProfileOptions, run: ProfileRun, device: str) -> dict:
