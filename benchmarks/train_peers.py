@@ -366,12 +366,13 @@ def _warm_compilers(inductor: bool) -> None:
 def worker(rank: int, world_size: int, port: int, family: str, args, out_dir: str) -> None:
     """mp.spawn target: train every configuration of ``family`` in rounds; results to ``out_dir/rank<r>.json``."""
     import torch.distributed as dist
+
+    from dcsched.runtime import distributed
     os.dup2(2, 1)  # the parent's stdout carries the table or JSON alone
     torch.set_num_threads(1)
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=args.timeout))
+    distributed.init("cpu", timeout=datetime.timedelta(seconds=args.timeout))  # gloo, from the environment above
     torch._dynamo.config.cache_size_limit = 64
     torch._dynamo.config.recompile_limit = 64
     _warm_compilers(any(name == "fsdp2-compile" or name.endswith("-inductor") for name in args.configs))

@@ -13,6 +13,10 @@ import os
 from dcsched.errors import OptionError
 
 
+#: Ranks a profile in one process models when no ``world_size`` is given (one HGX / DGX board).
+DEFAULT_WORLD_SIZE = 8
+
+
 def _field(default, help: str, **kwargs):
     """A dataclass field with its default and its one-line help (``metadata["help"]``, read by the CLI)."""
     return dataclasses.field(default=default, metadata={"help": help}, **kwargs)
@@ -35,8 +39,10 @@ class ProfileOptions:
         Timed runs per node; the median is kept (measured model). At least 1.
     warmup : int
         Untimed runs per node before timing (measured model). Not negative.
-    world_size : int
+    world_size : int or None
         Ranks the parameters are sharded over, for shard sizes and the communication model. At least 1.
+        None: the process group's size under one of more than one rank, else :data:`DEFAULT_WORLD_SIZE`.
+        Under such a group another number is refused (:func:`~dcsched.costmodels.topology.resolve_topology`).
     bandwidth_gbps : float or None
         Collective (bus) bandwidth in GB/s for the communication model. Positive. None: the interconnect
         table's figure for the GPU kind and ``world_size`` (:func:`dcsched.costmodels.interconnect`).
@@ -61,8 +67,8 @@ class ProfileOptions:
 
     Examples
     --------
-    >>> ProfileOptions(cost_model="analytic", gpu="h100").world_size
-    8
+    >>> ProfileOptions(cost_model="analytic", gpu="h100").world_size is None  # the group's size, else 8
+    True
     >>> ProfileOptions(iters=0).check()
     Traceback (most recent call last):
     ...
@@ -75,8 +81,10 @@ class ProfileOptions:
                                          "``calibration``.")
     iters: int = _field(5, "Timed runs per node (the median is kept).")
     warmup: int = _field(2, "Untimed runs per node before timing.")
-    world_size: int = _field(8, "Ranks the parameters are sharded over (single-process profile: sets shard sizes "
-                                "and the communication model).")
+    world_size: int | None = _field(
+        None, f"Ranks the parameters are sharded over, for shard sizes and the communication model (default: the "
+              f"process group's size under torchrun, else {DEFAULT_WORLD_SIZE}; under torchrun another number is "
+              f"refused).")
     bandwidth_gbps: float | None = _field(
         None, "Collective bus bandwidth in GB/s (10^9 bytes/s) for the communication model (default: from the "
               "interconnect table for ``gpu`` and ``world_size``: NVLink within 8 GPUs, InfiniBand across nodes, "
@@ -110,7 +118,7 @@ class ProfileOptions:
             raise OptionError("iters", "must be at least 1")
         if self.warmup < 0:
             raise OptionError("warmup", "must not be negative")
-        if self.world_size < 1:
+        if self.world_size is not None and self.world_size < 1:
             raise OptionError("world_size", "must be at least 1")
         if self.bandwidth_gbps is not None and not self.bandwidth_gbps > 0:
             raise OptionError("bandwidth_gbps", "must be positive (GB/s)")

@@ -232,6 +232,8 @@ class DistributedZero3Runtime(Zero3Runtime):
     def __init__(self, params: Iterable[ParamInfo], group=None) -> None:
         super().__init__()
         self.group = group
+        # The group the shards are exchanged over: this runtime runs the plan, it prices nothing (a profile's
+        # world size is its topology's, dcsched.costmodels.topology).
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self.shapes: dict[int, tuple[int, ...]] = {p.ds_id: tuple(p.shape) for p in params}
@@ -574,7 +576,7 @@ def init(device_type: str, *, store=None, rank: int = -1, world_size: int = -1, 
         if backend == "nccl":
             given["device_id"] = device
         dist.init_process_group(backend, **given)
-    return Launch(dist.get_rank(), dist.get_world_size(), local_rank, device)
+    return Launch(dist.get_rank(), dist.get_world_size(), local_rank, device)  # the launch's, for its caller
 
 
 def shutdown(*, together: bool = True) -> None:

@@ -41,7 +41,7 @@ import torch
 from dcsched.budget import Budget
 from dcsched.profile.capture import capture_compiled
 from dcsched.runtime.consensus import check_same, plan_fingerprints
-from dcsched.profile.measure import profile_bundle
+from dcsched.profile.measure import profile_bundle, profile_topology
 from dcsched.schedulers import run_step
 from dcsched.sim.collectives import latency_from_provenance
 from dcsched.train import agreement
@@ -217,8 +217,10 @@ def compile_program(gm: torch.fx.GraphModule, example_inputs, sharding, options:
         agreement.mark_compiled_alone(decision != "planned")
         if decision != "planned":
             return _as_captured(sharding, captured, captured_digest, options, decision)
-        profiled = profile_bundle(captured.bundle, options.profile_options(sharding.world_size),
-                                  inputs=captured.inputs)
+        # The world size is the sharding's (its group cut the shards), alone too: the topology is resolved from it.
+        profile_options = options.profile_options(sharding.world_size)
+        profiled = profile_bundle(captured.bundle, profile_options, inputs=captured.inputs,
+                                  topology=profile_topology(profile_options, group_size=sharding.world_size))
     staging = stages_collectives(sharding)
     budget = options.budget(profiled, staging=staging)
     # Both graphs at once: a step scheduler plans them together (what it keeps gathered spans the two).
