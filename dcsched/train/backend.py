@@ -170,7 +170,6 @@ def issue_ways(fastest: CollectiveIssue) -> tuple[CollectiveIssue, ...]:
     all-gathers blocking (gloo's staging copy of one is then gone before the compute goes on: tried only where
     ``fastest`` counts the copies, elsewhere blocking saves nothing); its reduce-scatters blocking; both.
 
-    >>> from dcsched.collective_issue import GLOO
     >>> [(way.async_gather, way.async_reduce) for way in issue_ways(PROCESS_GROUP)]
     [(True, True), (True, False)]
     >>> len(issue_ways(GLOO))
