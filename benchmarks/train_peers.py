@@ -227,8 +227,8 @@ class Config:
         runtime, graph_ids = program.runtime, program.bundle.graph_ids
         ways = []
         for name in ("forward", "backward"):
-            async_gather, async_reduce = runtime.asynchronous_in(graph_ids[name])
-            kinds = [kind for kind, on in (("gathers", async_gather), ("reduces", async_reduce)) if on]
+            issue = runtime.issue_in(graph_ids[name])
+            kinds = [kind for kind, on in (("gathers", issue.async_gather), ("reduces", issue.async_reduce)) if on]
             ways.append("+".join(kinds) or "none")
         return " / ".join(ways)
 
