@@ -29,7 +29,6 @@ from dcsched.bundle.arguments import decode_argument
 from dcsched.errors import BundleError
 from dcsched.graph import commops
 from dcsched.graph.roles import qualified_name
-from dcsched.graph.torch_values import dtype_from_name as dtype_from_name
 
 #: Python functions a graph may call, besides torch ops.
 ALLOWED_OPERATORS = frozenset({
