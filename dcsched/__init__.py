@@ -40,7 +40,7 @@ _LAZY = {
 
 def _register_ops() -> None:
     import importlib
-    importlib.import_module("dcsched.graph.commops")  # registers torch.ops.dcsched.* before any graph is built
+    importlib.import_module("dcsched.runtime.ops")  # registers torch.ops.dcsched.* before any graph is built
 
 
 __getattr__, __dir__ = lazy_names(__name__, _LAZY, globals(), before=_register_ops)

@@ -19,7 +19,7 @@ call; ``'reduce'`` runs on the communication stream and outputs a shard-sized
 gradient. A new kind with one of these roles is one row (:func:`register`),
 its runtime kernel and its cost; nothing else changes.
 
-This module imports nothing (it is on the ground floor of the package's
+This module imports nothing of dcsched (it is on the ground floor of the package's
 layers: ``tools/import_cycles.py --layers``), so a kernel or cost is a plain
 callable, or for the built-in kinds the name of a
 :class:`~dcsched.runtime.ops.Zero3Runtime` method.
