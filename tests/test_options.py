@@ -127,3 +127,32 @@ def test_the_cost_models_import_nothing_from_profile():
     tool = _import_cycles()
     edges = tool.graph(tool.package_of, deferred=True)  # imports inside functions included
     assert "dcsched.profile" not in edges["dcsched.costmodels"]
+
+
+def test_no_import_cycle_between_packages():
+    tool = _import_cycles()
+    assert tool.cycles(tool.graph(tool.package_of)) == []
+
+
+def test_no_module_imports_from_a_lower_floor_up():
+    tool = _import_cycles()
+    assert tool.upward_imports() == []
+    ground, graph, bundle = 0, 1, 2
+    assert [tool.floor_of(name) for name in ("dcsched.collectives", "dcsched.plan", "dcsched.graph.commops",
+                                             "dcsched.bundle.graph_encoding")] == [ground, ground, graph, bundle]
+    assert tool.floor_of("dcsched.cli.app") == len(tool.FLOORS) - 1
+
+
+def test_the_layer_check_names_an_import_from_a_lower_floor_up(tmp_path, monkeypatch):
+    tool = _import_cycles()
+    (tmp_path / "dcsched" / "graph").mkdir(parents=True)
+    (tmp_path / "dcsched" / "__init__.py").write_text("")
+    (tmp_path / "dcsched" / "graph" / "__init__.py").write_text("")
+    (tmp_path / "dcsched" / "graph" / "specs.py").write_text("from dcsched.bundle.core import Bundle\n")
+    (tmp_path / "dcsched" / "bundle").mkdir()
+    (tmp_path / "dcsched" / "bundle" / "__init__.py").write_text("")
+    (tmp_path / "dcsched" / "bundle" / "core.py").write_text("from dcsched.graph import specs\n")
+    monkeypatch.setattr(tool, "ROOT", tmp_path)
+    monkeypatch.setattr(tool, "PACKAGE", tmp_path / "dcsched")
+    assert tool.upward_imports() == ["dcsched.graph.specs (graph) imports dcsched.bundle.core (bundle)"]
+    assert tool.main(["--layers"]) == 1

@@ -21,6 +21,7 @@ import networkx as nx
 import torch
 import torch.fx
 
+from dcsched import collectives
 from dcsched.bundle import checks as loadchecks
 from dcsched.bundle.column_format import (ALL_FIGURE_BITS, HAS_SIZE, HAS_TIME, META_KEYS, OPS, OUTPUT_OP, ColumnStore,
                                           decode_template, IntSlot)
@@ -132,7 +133,7 @@ class CheckedColumns(ColumnStore):
         all at most :data:`~dcsched.bundle.checks.MAX_ID`. Worked out once per distinct (op, template),
         gathered per node, checked per column."""
         comm = {c: t._opname for c, t in self._targets.items() if isinstance(t, torch._ops.OpOverload)
-                and t.namespace in ("dcsched", "dc") and t._opname in loadchecks.COMM_INTS}
+                and t.namespace in collectives.NAMESPACES and collectives.find(t._opname) is not None}
         found: dict[str, list] = {"nodes": [], "graph_id": [], "id": [], "n_users": []}
         if not comm:
             return found
@@ -155,7 +156,7 @@ class CheckedColumns(ColumnStore):
                 raise ValueError(f"node {self.names[self._found(code * width + args, pair)]}{exc}") from None
             for position, name in enumerate(fields, start=1):
                 value = a[position] if len(a) > position else kw.get(name)
-                if name not in loadchecks.COMM_INTS[opname]:
+                if name not in collectives.by_op(opname).ints:
                     value = None
                 slot[name].append(value.k if type(value) is IntSlot else -1)
                 literal[name].append(value if isinstance(value, int) else -1)

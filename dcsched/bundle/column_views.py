@@ -20,6 +20,7 @@ from typing import Sequence
 import torch
 import torch.fx
 
+from dcsched import collectives
 from dcsched.bundle.column_format import (CALL_OP, GET_ATTR_OP, HAS_SIZE, HAS_TIME, OPS, OUTPUT_OP, PLACEHOLDER_OP,
                                           ColumnStore, fill_template)
 
@@ -55,7 +56,7 @@ class ColumnViews(ColumnStore):
         codes = self._codes()[nodes]
         for c, target in self._targets.items():
             name = getattr(target, "_opname", "")
-            if name in opnames and getattr(target, "namespace", None) in ("dcsched", "dc"):
+            if name in opnames and getattr(target, "namespace", None) in collectives.NAMESPACES:
                 which[codes == c] = list(opnames).index(name)
         keep = which >= 0
         return nodes[keep], which[keep], ids[keep]
@@ -88,8 +89,7 @@ class ColumnViews(ColumnStore):
         ds_id, n_users = columns.ds_id, columns.n_users
         for v, d in zip(comm["nodes"], comm["id"]):
             ds_id[v] = d
-        release = {c for c, t in self._targets.items() if getattr(t, "_opname", None) == "release_param"
-                   and t.namespace in ("dcsched", "dc")}
+        release = self._codes_of_role("release")
         for v, u in zip(comm["nodes"], comm["n_users"]):
             if code_list[v] in release:
                 n_users[v] = u
@@ -131,10 +131,18 @@ class ColumnViews(ColumnStore):
             return None
         return sum(nbytes(shape, dtype) for shape, dtype in value_specs(out))
 
+    def _codes_of_role(self, role: str) -> set[int]:
+        """Target codes of the ops whose collective kind has role ``role`` (:mod:`dcsched.collectives`)."""
+        found = set()
+        for c, t in self._targets.items():
+            kind = collectives.find(getattr(t, "_opname", ""))
+            if kind is not None and kind.role == role and getattr(t, "namespace", None) in collectives.NAMESPACES:
+                found.add(c)
+        return found
+
     def _gathered(self) -> set[int]:
         """Nodes an all-gather reads (parameter shards)."""
-        gathers = [c for c, t in self._targets.items() if getattr(t, "_opname", None) == "allgather_param"
-                   and t.namespace in ("dcsched", "dc")]
+        gathers = sorted(self._codes_of_role("allgather"))
         readers = torch.isin(self._codes(), torch.tensor(gathers, dtype=torch.long))
         counts = self.input_offsets[1:] - self.input_offsets[:-1]
         return set(self.inputs[torch.repeat_interleave(readers, counts)].tolist())

@@ -38,9 +38,10 @@ import torch
 import torch.fx
 
 from dcsched.bundle import checks as loadchecks, saved_memory
-from dcsched.bundle.graph_encoding import dtype_name, decode_graph, dtype_from_name, encode_graph
+from dcsched.bundle.graph_encoding import dtype_name, decode_graph, encode_graph
 
 from dcsched.errors import BundleError, DcschedError
+from dcsched.graph.torch_values import dtype_from_name
 from dcsched.plan import Plan
 
 FORMAT = "dcsched-bundle"

@@ -23,7 +23,7 @@ import torch
 import torch.fx
 
 from dcsched.bundle.core import Bundle
-from dcsched.graph.roles import COMM_ROLES, Role, role_of
+from dcsched.graph.roles import COMM_ROLES, collective_of, role_of
 from dcsched.graph.specs import node_bytes
 from dcsched.costmodels.formulas import GPU, GPUS, comm_time_ms
 from dcsched.costmodels.interconnects import GPUS_PER_NODE, Link, resolve
@@ -49,10 +49,14 @@ class ProfileRun:
 
 
 def modelled_comm_time(node: torch.fx.Node, topology: Topology) -> float:
-    """All-gather / reduce-scatter time (ms) from its bytes (the full parameter or gradient) over ``topology``'s
-    ranks and link; 0 otherwise."""
-    if role_of(node) in (Role.ALLGATHER, Role.REDUCE):
-        link = topology.link
+    """A collective's time (ms) from its bytes (the full parameter or gradient) over ``topology``'s ranks and
+    link: its kind's cost (:attr:`dcsched.collectives.CollectiveKind.cost`), else an all-gather /
+    reduce-scatter's for a collective on the communication stream; 0 otherwise."""
+    kind = collective_of(node)
+    link = topology.link
+    if kind is not None and kind.cost is not None:
+        return kind.cost(node_bytes(node), topology.world_size, link.bandwidth_gbps, link.latency_us)
+    if kind is not None and kind.on_stream:
         return comm_time_ms(node_bytes(node), world_size=topology.world_size, bandwidth_gbps=link.bandwidth_gbps,
                             latency_us=link.latency_us)
     return 0.0

@@ -19,8 +19,8 @@ import math
 import torch
 import torch.fx
 
-from dcsched.bundle.graph_encoding import dtype_from_name
 from dcsched.graph.roles import Role, role_of
+from dcsched.graph.torch_values import dtype_from_name
 
 Spec = tuple[tuple[int, ...], torch.dtype]
 

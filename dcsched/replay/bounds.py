@@ -32,7 +32,7 @@ import torch.fx
 
 from dcsched.bundle.core import Bundle
 from dcsched.errors import DcschedError, GraphError
-from dcsched.graph.roles import is_view_like
+from dcsched.graph.roles import Role, is_view_like, role_of
 from dcsched.graph.specs import Spec, value_specs, nbytes, node_specs, shard_numel
 from dcsched.replay.watchdog import Watchdog
 from dcsched.runtime import ops
@@ -153,9 +153,7 @@ class _Checker:
                              f"{TIME_FACTOR} x its time); its figures do not describe it, refused before running")
 
     def _is_reduce(self, node: torch.fx.Node) -> bool:
-        target = node.target
-        return isinstance(target, torch._ops.OpOverload) and target.namespace in ("dcsched", "dc") and \
-            target._opname == "reduce_grad"
+        return role_of(node) is Role.REDUCE
 
     def _check_size(self, graph_name: str, node: torch.fx.Node, real: list[Spec]) -> None:
         where = f"graph '{graph_name}': node {node.name}"
