@@ -101,8 +101,9 @@ def schedule(
     Memory is simulated in bytes and step time in ms; see docs/schedule-cli.md.
     """
     memory_budget, budget_scope, extra = named_from_options(memory_budget, budget_scope, algo_options)
-    selection = ScheduleOptions(algo=algo, memory_budget=memory_budget, budget_scope=budget_scope,
-                                algo_options=parse_options(extra), assume_zero=assume_zero).resolve()
+    options = ScheduleOptions(algo=algo, memory_budget=memory_budget, budget_scope=budget_scope,
+                              algo_options=parse_options(extra), assume_zero=assume_zero)
+    selection = options.resolve()  # each scheduler looked up once, the budget read once, before any file
     algorithms = selection.names
     report_files = {name: p for name, p in (("trace", trace), ("plot", plot)) if p is not None}
     outputs = _bundles_to_write(path, algorithms, output, sweep_budgets, memory_budget)
@@ -130,7 +131,7 @@ def schedule(
         budget = budget_for(selection.budget, bundle, scope=selection.scope)  # the default rule, where none given
         if selection.budget is None:
             note_default_budget(bundle, selection, budget)
-        comparison = run_comparison(bundle, selection, assume_zero=assume_zero, budget=budget,
+        comparison = run_comparison(bundle, selection, assume_zero=options.assume_zero, budget=budget,
                                     skip_failing=algo == "all")
         scheduled = {a: p for a, p in outputs.items() if a in comparison.algorithms}
         report = formats.ScheduleReport(path, comparison, files=report_files, params=params,
