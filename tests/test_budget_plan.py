@@ -296,6 +296,7 @@ def _python_paths(algo: str, option: str, value):
         "dcsched.schedule": lambda: dcsched.schedule(graph, algo, **given),
         "dcsched.plan": lambda: dcsched.reorder.plan(graph, algo, **given),
         "dcsched.order": lambda: dcsched.reorder.order(graph, algo, **given),
+        "dcsched.backend": lambda: dcsched.backend(algo=algo, **given),
         "TrainOptions.check": lambda: TrainOptions(algo=algo, **given).check(),
         "TrainOptions.budget": lambda: TrainOptions(algo=algo, **given).budget(_bundle()),
         "ScheduleOptions.resolve": lambda: ScheduleOptions(algo=algo, **given).resolve(),
