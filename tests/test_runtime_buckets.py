@@ -21,7 +21,8 @@ from dcsched.graph.roles import Role, comm_ids, role_of
 from dcsched.plan import Bucket, Plan
 from dcsched.runtime import ops
 from dcsched.runtime.buckets import offsets, pack_gradient, unpack_gathered
-from dcsched.runtime.commplan import EMPTY, comm_plan, planned_collectives
+from comm_counts import planned_collectives
+from dcsched.runtime.commplan import EMPTY, comm_plan
 from dcsched.runtime.distributed import padded_numel, shard_of
 from dcsched.runtime.step import build_step, installed, make_state, run_backward, run_forward
 

@@ -51,7 +51,7 @@ KEPT_META = ("device_time", "tensor_size", "out", "ds_id", "time_source")
 # Encoding graph arguments as plain data
 # ---------------------------------------------------------------------------
 
-def _dtype_name(dtype: torch.dtype) -> str:
+def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
@@ -65,7 +65,7 @@ def _encode(value: Any) -> Any:
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, torch.dtype):
-        return {"$dtype": _dtype_name(value)}
+        return {"$dtype": dtype_name(value)}
     if isinstance(value, torch.device):
         return {"$device": str(value)}
     if isinstance(value, torch.layout):
@@ -97,7 +97,7 @@ def _decode(value: Any, env: dict[str, torch.fx.Node], refs: list[str]) -> Any:
 def _output_spec(val: Any) -> Any:
     """Shapes and dtypes of a node's output, from its FakeTensor ``meta['val']``."""
     if isinstance(val, torch.Tensor):
-        return {"shape": [int(s) for s in val.shape], "dtype": _dtype_name(val.dtype)}
+        return {"shape": [int(s) for s in val.shape], "dtype": dtype_name(val.dtype)}
     if isinstance(val, (tuple, list)):
         return [_output_spec(v) for v in val]
     return None

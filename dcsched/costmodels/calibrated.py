@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any, Iterable
 import torch
 import torch.fx
 
-from dcsched.bundle.core import Bundle, write_atomic
+from dcsched.bundle.core import Bundle
+from dcsched.outputs import write_atomic
 from dcsched.errors import DcschedError, OptionError
 from dcsched.graph.roles import Role, role_of
 from dcsched.costmodels.analytic import AnalyticCostModel, analytic_time, target_gpu

@@ -164,10 +164,6 @@ class GraphForm:
     def __len__(self) -> int:
         return len(self.names)
 
-    def in_input_order(self) -> bool:
-        """Whether every node comes after its inputs in the input order."""
-        return self._forward
-
     def check_input_order(self) -> None:
         """Raise :class:`GraphError` unless every node comes after its inputs (what the fast schedulers need).
 

@@ -135,10 +135,6 @@ def ds_id_of(node: torch.fx.Node) -> int | None:
     return comm_ids(node)[1] if role_of(node) in COMM_ROLES else None
 
 
-def graph_id_of(node: torch.fx.Node) -> int | None:
-    return comm_ids(node)[0] if role_of(node) in COMM_ROLES else None
-
-
 def comm_ids(node: torch.fx.Node) -> tuple[int, int]:
     """``(graph_id, ds_id)`` of a node known to be a comm node (its ``graph_id`` and ``id`` arguments)."""
     args = node.args

@@ -25,7 +25,7 @@ from dcsched.graph.roles import Role, role_of
 Spec = tuple[tuple[int, ...], torch.dtype]
 
 
-def _specs(value) -> list[Spec]:
+def value_specs(value) -> list[Spec]:
     """(shape, dtype) of every tensor in a node's ``meta['val']`` or ``meta['out']``."""
     found: list[Spec] = []
 
@@ -46,8 +46,8 @@ def _specs(value) -> list[Spec]:
 def node_specs(node: torch.fx.Node) -> list[Spec]:
     """(shape, dtype) of every tensor ``node`` outputs, in output order."""
     if "val" in node.meta and node.meta["val"] is not None:
-        return _specs(node.meta["val"])
-    return _specs(node.meta.get("out"))
+        return value_specs(node.meta["val"])
+    return value_specs(node.meta.get("out"))
 
 
 def _tensor_meta_specs(meta) -> list[Spec]:

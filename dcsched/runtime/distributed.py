@@ -57,7 +57,7 @@ a :class:`~dcsched.runtime.commplan.CommPlan`; the layout is
 :attr:`~dcsched.runtime.ops.Zero3Runtime.issued` counts each graph's
 collectives of its latest run: all-gathers + reduces, less ``len - 1`` per
 bucket, less the backward's gathers of kept parameters, less every gather
-of a replicated one (:func:`dcsched.runtime.commplan.planned_collectives`);
+of a replicated one (``tests/comm_counts.py`` counts them);
 :attr:`DistributedZero3Runtime.all_reduces` counts the all-reduces. Every real collective
 also counts once in the process-wide count :func:`collectives_issued`.
 

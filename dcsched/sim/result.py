@@ -122,11 +122,6 @@ class SimResult:
             "collectives": self.collectives,
         }
 
-    def scalars(self) -> SimResult:
-        """This result as ``detail=False`` gives it: the scalars, every list empty."""
-        return dataclasses.replace(self, order=[], memory=[], gathered_memory=[], kinds=[], reach_ms=[], start_ms=[],
-                                   end_ms=[], params=[], indices=[])
-
     def memory_timeline(self) -> tuple[list[float], list[int], list[int]]:
         """``(times_ms, all_bytes, gathered_bytes)``: memory as a step function of simulated time.
 

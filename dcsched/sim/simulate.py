@@ -447,7 +447,7 @@ class CompiledGraph(MemoryModel, Timeline, GraphForm):
                 result.indices = idx
             else:
                 result.kinds = [KIND_NAMES[kind[i]] for i in idx]
-                result.params = self._lifetimes(idx, free, reach, start, end)
+                result.params = self._lifetimes(idx, free, reach, end)
         return result, free
 
     def _fused(self, buckets: list[list[int]], held: Sequence[int] = (), keep: frozenset = frozenset()) -> Fused:
@@ -501,7 +501,7 @@ class CompiledGraph(MemoryModel, Timeline, GraphForm):
             collectives=self.num_allgathers + self.num_reduces if fused is None else fused.collectives,
         )
 
-    def _lifetimes(self, idx, free, reach, start, end) -> list[ParamLifetime]:
+    def _lifetimes(self, idx, free, reach, end) -> list[ParamLifetime]:
         names, kind = self.names, self.kind
         lifetimes = []
         for pos, i in enumerate(idx):

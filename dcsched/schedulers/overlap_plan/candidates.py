@@ -349,8 +349,8 @@ class GraphPlanner:
                 yield self.rebucketed(candidate.source, candidate.base, (pieces + groups[count:], reduces), role,
                                       candidate.ahead)
 
-    def merged(self, candidate: Candidate, kept: frozenset, budget: float) -> Candidate:
-        """The candidate with neighbouring inner blocks merged wherever that costs no time and fits ``budget``
+    def merged(self, candidate: Candidate, kept: frozenset) -> Candidate:
+        """The candidate with neighbouring inner blocks merged wherever that costs no time and still fits the budget
         (one pass over each kind, first and last blocks left alone)."""
         if candidate.base is None or candidate.groups is None:
             return candidate

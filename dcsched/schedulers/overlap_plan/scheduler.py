@@ -234,7 +234,7 @@ def _plan_units(planners: dict[str, GraphPlanner], budget: float, root: frozense
         return None
     _key, picked, kept = min(choices, key=lambda choice: choice[0])
     spare = cap[0] - sum(c[0].collectives for c in picked.values())
-    return refine(planners, picked, kept, spare, budget), kept
+    return refine(planners, picked, kept, spare), kept
 
 
 def _coalesced_if_better(planners: dict[str, GraphPlanner], planned: tuple[float, int], budget: float
