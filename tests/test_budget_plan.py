@@ -99,6 +99,7 @@ def test_train_uses_the_same_rule():
 
 def test_train_budget_fsdp_is_fsdps_own_peak_and_a_step_planners_default_where_no_device_is_known():
     from dcsched import replay
+    from dcsched.collective_issue import FSDP2, FSDP2_ON_GLOO, GLOO, PROCESS_GROUP
     from dcsched.schedulers.fsdp.peak import fsdp_peak
     from dcsched.sim.collectives import latency_from_provenance
 
@@ -106,14 +107,14 @@ def test_train_budget_fsdp_is_fsdps_own_peak_and_a_step_planners_default_where_n
     assert device_memory(bundle) is None
     forms = {name: bundle.form(name) for name in bundle.graph_names}
     latency = latency_from_provenance(bundle.provenance)
-    for staging in (False, True):
-        peak = fsdp_peak(forms, comm_latency_ms=latency, staging=staging)
+    for issue, fsdp_issue in ((PROCESS_GROUP, FSDP2), (GLOO, FSDP2_ON_GLOO)):  # FSDP2's way on the run's backend
+        peak = fsdp_peak(forms, comm_latency_ms=latency, issue=fsdp_issue)
         for given in ("fsdp", " FSDP", None):  # named, or overlap-plan's default
-            assert TrainOptions(algo="overlap-plan", memory_budget=given).budget(bundle, staging=staging) == \
+            assert TrainOptions(algo="overlap-plan", memory_budget=given).budget(bundle, issue=issue) == \
                 Budget(peak)
         assert TrainOptions(algo="overlap-plan", memory_budget="fsdp", budget_scope="gathered").budget(
-            bundle, staging=staging) == Budget(fsdp_peak(forms, comm_latency_ms=latency, staging=staging,
-                                                         scope="gathered"), "gathered")
+            bundle, issue=issue) == Budget(fsdp_peak(forms, comm_latency_ms=latency, issue=fsdp_issue,
+                                                     scope="gathered"), "gathered")
     # not a step planner: no limit where no device is known; a device's memory recorded: the one default rule
     assert TrainOptions(algo="overlap").budget(bundle) == Budget.unlimited()
     assert TrainOptions(algo="overlap-plan").budget(_with_device(bundle, 1000)) == Budget(900)

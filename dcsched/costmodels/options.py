@@ -17,6 +17,10 @@ import os
 from dcsched.errors import OptionError
 
 
+#: Ranks a profile in one process models when no ``world_size`` is given (one HGX / DGX board).
+DEFAULT_WORLD_SIZE = 8
+
+
 def help_field(default, help: str, **kwargs):
     """A dataclass field with its default and its one-line help (``metadata["help"]``, read by the CLI).
 
@@ -58,9 +62,9 @@ class CostOptions:
     iters: int = help_field(5, "Timed runs per node (the median is kept; measured cost model).")
     warmup: int = help_field(2, "Untimed runs per node before timing (measured cost model).")
     bandwidth_gbps: float | None = help_field(
-        None, "Collective bus bandwidth in GB/s (10^9 bytes/s) of the modelled collectives (one process; under a "
-              "process group they are measured); default: from the interconnect table for ``gpu`` and the world "
-              "size: NVLink within 8 GPUs, InfiniBand across nodes, gloo on the CPU.")
+        None, "Collective bus bandwidth in GB/s (10^9 bytes/s) of the modelled collectives (all but the measured "
+              "cost model's under a process group, which are measured); default: from the interconnect table for "
+              "``gpu`` and the world size: NVLink within 8 GPUs, InfiniBand across nodes, gloo on the CPU.")
     latency_us: float | None = help_field(
         None, "Per-collective latency in microseconds of the modelled collectives; default: from the interconnect "
               "table for ``gpu`` and the world size.")
@@ -96,8 +100,10 @@ class ProfileOptions(CostOptions):
         Timed runs per node; the median is kept (measured model). At least 1.
     warmup : int
         Untimed runs per node before timing (measured model). Not negative.
-    world_size : int
+    world_size : int or None
         Ranks the parameters are sharded over, for shard sizes and the communication model. At least 1.
+        None: the process group's size under one of more than one rank, else :data:`DEFAULT_WORLD_SIZE`.
+        Under such a group another number is refused (:func:`~dcsched.costmodels.topology.resolve_topology`).
     bandwidth_gbps : float or None
         Collective (bus) bandwidth in GB/s for the communication model. Positive. None: the interconnect
         table's figure for the GPU kind and ``world_size`` (:func:`dcsched.costmodels.interconnect`).
@@ -122,16 +128,18 @@ class ProfileOptions(CostOptions):
 
     Examples
     --------
-    >>> ProfileOptions(cost_model="analytic", gpu="h100").world_size
-    8
+    >>> ProfileOptions(cost_model="analytic", gpu="h100").world_size is None  # the group's size, else 8
+    True
     >>> ProfileOptions(iters=0).check()
     Traceback (most recent call last):
     ...
     dcsched.errors.OptionError: iters must be at least 1
     """
 
-    world_size: int = help_field(8, "Ranks the parameters are sharded over (single-process profile: sets shard sizes "
-                                "and the communication model).")
+    world_size: int | None = help_field(
+        None, f"Ranks the parameters are sharded over, for shard sizes and the communication model (default: the "
+              f"process group's size under torchrun, else {DEFAULT_WORLD_SIZE}; under torchrun another number is "
+              f"refused).")
     device: str | None = help_field(None, "Where a measured profile runs (default: CUDA if available, else the CPU).")
     progress: bool = help_field(True, "Show a progress bar (on stderr).")
     calibration: str | os.PathLike | None = help_field(
@@ -155,7 +163,7 @@ class ProfileOptions(CostOptions):
             raise OptionError("iters", "must be at least 1")
         if self.warmup < 0:
             raise OptionError("warmup", "must not be negative")
-        if self.world_size < 1:
+        if self.world_size is not None and self.world_size < 1:
             raise OptionError("world_size", "must be at least 1")
         if self.bandwidth_gbps is not None and not self.bandwidth_gbps > 0:
             raise OptionError("bandwidth_gbps", "must be positive (GB/s)")

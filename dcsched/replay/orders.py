@@ -12,6 +12,7 @@ import torch.fx
 from dcsched.runtime import ops
 from dcsched.runtime.select import runtime_for
 from dcsched.bundle.core import Bundle
+from dcsched.collective_issue import PROCESS_GROUP, SIMULATOR
 from dcsched.runtime.consensus import check_same, plan_fingerprints
 from dcsched.errors import DcschedError, ResultMismatch
 from dcsched.replay.bounds import check_memory, check_step, watchdog_for
@@ -271,7 +272,8 @@ def _run_jobs(jobs, *, device: torch.device, seed: int, iters: int, warmup: int,
     orders = []
     for label, path, bundle, run in runs:
         # under a process group the reduce-scatters run asynchronously, one in flight (runtime_for's default)
-        simulated, note = simulated_figures(bundle, run.world_size, async_reduce=(run.world_size or 1) > 1)
+        issue = PROCESS_GROUP if (run.world_size or 1) > 1 else SIMULATOR
+        simulated, note = simulated_figures(bundle, run.world_size, issue=issue)
         assert run.measurement is not None
         orders.append(OrderReport(label, path, _slowest_rank(run.measurement), simulated, note,
                                   timing_caveat(bundle.provenance)))

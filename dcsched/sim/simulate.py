@@ -53,6 +53,7 @@ from typing import Iterable, Sequence
 import networkx as nx
 import torch.fx
 
+from dcsched.collective_issue import SIMULATOR, CollectiveIssue
 from dcsched.errors import GraphError
 from dcsched.sim.collectives import DEFAULT_LATENCY_MS, bucket_time_ms
 from dcsched.sim.fused import HELD, Fused
@@ -344,7 +345,7 @@ class CompiledGraph(MemoryModel, Timeline, GraphForm):
 
     def simulate(self, order: Sequence | None = None, *, detail: bool | str = True, check: bool = True,
                  buckets: Sequence | None = None, keep: Iterable[int] = (), held: Iterable[int] = (),
-                 async_reduce: bool = False, staging: bool = False, async_gather: bool = True) -> SimResult:
+                 issue: CollectiveIssue = SIMULATOR) -> SimResult:
         """Simulate ``order`` (names or node numbers; None = input order). O(N + E).
 
         ``detail``: True (everything), False (scalars only) or ``"series"`` (also the
@@ -368,26 +369,24 @@ class CompiledGraph(MemoryModel, Timeline, GraphForm):
         once (a bucket simply goes without them), and their release frees
         them as usual.
 
-        ``async_reduce``: the gradient reduce-scatters run as the runtime runs
-        them on a process group (:mod:`dcsched.runtime.distributed`): issued
-        asynchronously, at most one in flight, so a gradient (a bucket's, for
-        a bucket issued at its last member) lives until the next reduce-scatter
-        is issued, or to the graph's end; the step time is unchanged.
-
-        ``staging``: the memory series counts gloo's staging copies, the flat
-        tensors its collectives allocate for themselves while they run
-        (:mod:`dcsched.sim.staging`), with the all-gathers asynchronous
-        (``async_gather``, the default: each copy lives until the first wait
-        on the collective) or not (each blocks where it is issued, its copy
-        alive there alone); the step time is unchanged.
+        ``issue``: how the run issues its collectives
+        (:class:`~dcsched.collective_issue.CollectiveIssue`; default
+        :data:`~dcsched.collective_issue.SIMULATOR`). With ``async_reduce``
+        the gradient reduce-scatters run as the runtime runs them on a process
+        group (:mod:`dcsched.runtime.distributed`): asynchronously, at most one
+        in flight, so a gradient (a bucket's, for a bucket issued at its last
+        member) lives until the next reduce-scatter is issued, or to the
+        graph's end. With ``staging`` the memory series counts gloo's staging
+        copies, the flat tensors its collectives allocate for themselves while
+        they run (:mod:`dcsched.sim.staging`), each alive as ``async_gather``
+        and ``async_reduce`` say. The step time is unchanged.
         """
         idx = self.order_indices(order, check=check)
         keep, held = frozenset(keep), frozenset(held)
-        if not buckets and not keep and not held and not async_reduce and not staging:
+        if not buckets and not keep and not held and not issue.adds_memory:
             return self.simulate_with_frees(idx, detail=detail)[0]
         fused = self._fused(self.bucket_indices(buckets or (), idx), self._held_gathers(held), keep)
-        if async_reduce or staging:
-            fused = dataclasses.replace(fused, async_reduce=async_reduce, staging=staging, async_gather=async_gather)
+        fused = dataclasses.replace(fused, issue=issue)
         return self.simulate_with_frees(idx, detail=detail, fused=fused)[0]
 
     def timeline_figures(self, idx: list[int], *, buckets: Sequence | None = None, held: Iterable[int] = (),

@@ -12,6 +12,7 @@ import functools
 from typing import TYPE_CHECKING, Any, Mapping
 
 from dcsched.budget import BUDGET_SCOPE_HELP
+from dcsched.collective_issue import FSDP2, FSDP2_ON_GLOO, PROCESS_GROUP, CollectiveIssue
 from dcsched.costmodels.options import CostOptions, ProfileOptions, help_field, with_default
 from dcsched.errors import DcschedError, OptionError
 from dcsched.plan import MERGED_OVERLAP_OPTION, REPLICATE_OPTION, STAGING_OPTION
@@ -150,15 +151,15 @@ class TrainOptions(CostOptions):
                 raise OptionError("algo_options", f"has {key!r}, which scheduler '{self.algo}' does not take ({who})")
         self.profile_options(1).check()
 
-    def scheduler_options(self, device: str | None = None, staging: bool = False) -> dict[str, Any]:
+    def scheduler_options(self, device: str | None = None, issue: CollectiveIssue = PROCESS_GROUP) -> dict[str, Any]:
         """``algo_options`` as training runs the scheduler on ``device`` (the profile's: ``'cpu'``, ``'cuda'``),
-        its collectives staged through gloo's own copies or not (``staging``).
+        its collectives issued at fastest as ``issue`` says (:func:`dcsched.train.backend.fastest_issue`).
 
         A scheduler that may replicate parameters on its own (``overlap-plan``'s ``replicate_max_bytes``)
         replicates none, since the module's shards are cut before any plan (``--replicate-below`` decides what
         is whole). On the CPU ``overlap-plan`` keeps within buckets (``merged_overlap`` False unless given):
         gloo's collectives take CPU from the compute, which the simulator does not charge. On gloo
-        (``staging``) its budget counts gloo's staging copies (``staging`` True unless given).
+        (``issue.staging``) its budget counts gloo's staging copies (``staging`` True unless given).
 
         Examples
         --------
@@ -166,9 +167,10 @@ class TrainOptions(CostOptions):
         {'replicate_max_bytes': 0}
         >>> TrainOptions(algo="overlap-plan").scheduler_options("cpu")
         {'replicate_max_bytes': 0, 'merged_overlap': False}
-        >>> TrainOptions(algo="overlap-plan").scheduler_options("cpu", staging=True)
+        >>> from dcsched.collective_issue import GLOO
+        >>> TrainOptions(algo="overlap-plan").scheduler_options("cpu", GLOO)
         {'replicate_max_bytes': 0, 'merged_overlap': False, 'staging': True}
-        >>> TrainOptions(algo="prefetch-ahead", algo_options={"k": 2}).scheduler_options("cpu", staging=True)
+        >>> TrainOptions(algo="prefetch-ahead", algo_options={"k": 2}).scheduler_options("cpu", GLOO)
         {'k': 2}
         """
         options = dict(self.algo_options)
@@ -177,7 +179,7 @@ class TrainOptions(CostOptions):
             options[REPLICATE_OPTION] = 0
         if MERGED_OVERLAP_OPTION in takes and device == "cpu":
             options.setdefault(MERGED_OVERLAP_OPTION, False)
-        if STAGING_OPTION in takes and staging:
+        if STAGING_OPTION in takes and issue.staging:
             options.setdefault(STAGING_OPTION, True)
         return options
 
@@ -185,22 +187,25 @@ class TrainOptions(CostOptions):
         """The options of the profile a compile runs before it schedules, for ``world_size`` ranks."""
         return ProfileOptions(**self.cost_options(), world_size=world_size, progress=False)
 
-    def budget(self, bundle, *, staging: bool = False) -> Budget | None:
+    def budget(self, bundle, *, issue: CollectiveIssue = PROCESS_GROUP) -> Budget | None:
         """The budget to schedule ``bundle`` with: the one given, else the one default rule's.
 
-        The default rule is :func:`dcsched.budget.default_budget`'s: the target device's memory recorded in the
+        The default rule is :func:`dcsched.budget.budget_for`'s: the target device's memory recorded in the
         bundle less 10%, else no limit; except that a step planner (``overlap-plan``) given no budget where
         no device's memory is recorded (the CPU) plans within ``'fsdp'``, the peak of FSDP2's policy on the step
         (:func:`dcsched.schedulers.fsdp.peak.fsdp_peak`, its collectives run as FSDP2 runs them, on gloo where
-        ``staging``): training needs no more memory than the sharding it replaces unless told it may, and a
+        ``issue.staging``): training needs no more memory than the sharding it replaces unless told it may, and a
         step planner always finds a plan within it (``fsdp``'s own).
 
         Parameters
         ----------
         bundle : Bundle
             The profiled bundle (its provenance may record the device's memory).
-        staging : bool, optional
-            The step's collectives run on gloo (:func:`dcsched.train.backend.stages_collectives`).
+        issue : CollectiveIssue, optional
+            The fastest way the step's process group issues its collectives
+            (:func:`dcsched.train.backend.fastest_issue`): on gloo (``staging``) FSDP2's peak is taken as
+            FSDP2 runs there (:data:`~dcsched.collective_issue.FSDP2_ON_GLOO`), else
+            :data:`~dcsched.collective_issue.FSDP2`.
 
         Returns
         -------
@@ -223,7 +228,8 @@ class TrainOptions(CostOptions):
             from dcsched.schedulers.fsdp.peak import fsdp_peak
             from dcsched.sim.collectives import latency_from_provenance
             scope = DEFAULT_SCOPE if self.budget_scope is None else check_scope(self.budget_scope)
-            peak = fsdp_peak({name: bundle.form(name) for name in bundle.graph_names}, scope=scope, staging=staging,
+            peak = fsdp_peak({name: bundle.form(name) for name in bundle.graph_names}, scope=scope,
+                             issue=FSDP2_ON_GLOO if issue.staging else FSDP2,
                              comm_latency_ms=latency_from_provenance(bundle.provenance))
             return Budget(peak, scope)
         return budget_for(self.given_budget, bundle, scope=self.budget_scope)

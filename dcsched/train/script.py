@@ -267,6 +267,7 @@ def _join(timeout_s: float):
 
 
 def _rank_and_size() -> tuple[int, int]:
+    """This rank and the group's size, for the :class:`TrainResult` alone (figures take the sharding's)."""
     import torch.distributed as dist
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()

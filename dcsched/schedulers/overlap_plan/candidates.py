@@ -16,6 +16,7 @@ import math
 from array import array
 from typing import Iterable, Sequence
 
+from dcsched.collective_issue import SIMULATOR, CollectiveIssue
 from dcsched.errors import BudgetError
 from dcsched.graph.form import ALLGATHER, GraphForm, paused_gc
 from dcsched.plan import Plan
@@ -87,11 +88,12 @@ class GraphOrders:
     """One graph's compiled form and the orders that do not depend on its blocks (each computed once, then
     shared by the planners of every unit layout :func:`overlap_plan` tries)."""
 
-    def __init__(self, form: GraphForm, latency_ms: float, scope: str, staging: bool = False) -> None:
+    def __init__(self, form: GraphForm, latency_ms: float, scope: str, issue: CollectiveIssue = SIMULATOR) -> None:
         self.form, self.scope, self.latency_ms = form, scope, latency_ms
-        #: peaks count gloo's staging copies (:mod:`dcsched.sim.staging`), every collective blocking: the least
-        #: memory the runtime can run a plan in (:func:`dcsched.train.backend.asynchrony` picks how it runs)
-        self.staging = staging
+        #: how the peaks are simulated: the simulator's default, or on gloo with its staging copies counted and
+        #: every collective blocking (:data:`~dcsched.collective_issue.FSDP2_ON_GLOO`), the least memory the
+        #: runtime can run a plan in there (:func:`dcsched.train.backend.asynchrony` picks how it runs)
+        self.issue = issue
         self.compiled = CompiledGraph(form, assume_zero=True, comm_latency_ms=latency_ms)
         self._bases: dict[str, list[int]] = {}
         self._jit: list[int] | None = None
@@ -248,9 +250,8 @@ class GraphPlanner:
     def fitted(self, candidate: Candidate) -> Candidate | None:
         """``candidate`` with its peak measured, or None where it exceeds the budget."""
         if candidate.peak is None:
-            staging = self.orders.staging  # gloo's copies, every collective blocking
             result = self.compiled.simulate(candidate.order, detail=False, check=False, buckets=candidate.buckets,
-                                            staging=staging, async_gather=not staging, **candidate.role)
+                                            issue=self.orders.issue, **candidate.role)
             candidate = dataclasses.replace(candidate, peak=result.peak_in(self.scope))
         return candidate if candidate.peak is not None and candidate.peak <= self.budget else None
 
@@ -376,8 +377,7 @@ class GraphPlanner:
         role = self.role(kept - replicated)
         fused = replicated_fused(self.compiled, candidate.buckets, role.get("held", frozenset()),
                                  role.get("keep", frozenset()), replicated)
-        if self.orders.staging:
-            fused = dataclasses.replace(fused, staging=True, async_gather=False)
+        fused = dataclasses.replace(fused, issue=self.orders.issue)
         result = self.compiled.simulate_with_frees(candidate.order, detail=False, fused=fused)[0]
         return result.step_ms, result.collectives, result.peak_in(self.scope)
 

@@ -79,6 +79,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from dcsched.budget import DEFAULT_SCOPE
+from dcsched.collective_issue import FSDP2_ON_GLOO, SIMULATOR
 from dcsched.graph.form import GraphForm
 from dcsched.errors import BudgetError, OptionError
 from dcsched.plan import MERGED_OVERLAP_OPTION, REPLICATE_OPTION, STAGING_OPTION, Plan
@@ -121,9 +122,11 @@ def overlap_plan(forms: Mapping[str, GraphForm], *, budget_bytes: float = UNLIMI
         compute, which the simulator does not charge: at ``--memory-budget 49MiB`` on bench_train's 2-rank
         steps the merged orders took 1.38-1.63x DDP's step against 1.22-1.33x for the bucketed plan).
     staging : bool, optional
-        Count gloo's staging copies in every peak (:mod:`dcsched.sim.staging`), each collective blocking:
-        the least memory the runtime can run a plan in on gloo, which picks the fastest way of issuing them
-        that fits (:func:`dcsched.train.backend.asynchrony`). Default False; ``dcsched train`` on gloo: True.
+        Simulate every peak as :data:`~dcsched.collective_issue.FSDP2_ON_GLOO` issues the collectives:
+        gloo's staging copies counted (:mod:`dcsched.sim.staging`), each collective blocking: the least
+        memory the runtime can run a plan in on gloo, which picks the fastest way of issuing them that fits
+        (:func:`dcsched.train.backend.asynchrony`). Default False (the simulator's default,
+        :data:`~dcsched.collective_issue.SIMULATOR`); ``dcsched train`` on gloo: True.
 
     Returns
     -------
@@ -155,7 +158,8 @@ def overlap_plan(forms: Mapping[str, GraphForm], *, budget_bytes: float = UNLIMI
     fsdp_units = step_blocks(forms)
     root = kept_root(forms, fsdp_units)
     best: tuple | None = None
-    orders = {name: GraphOrders(form, comm_latency_ms, budget_scope, staging) for name, form in forms.items()}
+    issue = FSDP2_ON_GLOO if staging else SIMULATOR
+    orders = {name: GraphOrders(form, comm_latency_ms, budget_scope, issue) for name, form in forms.items()}
     fsdp_planners = {name: GraphPlanner(orders[name], fsdp_units[name], budget_bytes, name) for name in forms}
     cap = _fsdp_cap(fsdp_planners, root)
     # The root's parameters travel with the blocks beside them; in the forward, alone or with them: the
