@@ -96,7 +96,8 @@ def train_dcsched(name: str, algo: str, steps: int, batch: int, rank: int = 0, w
     """
     import dcsched
     from dcsched.plan import Plan
-    from dcsched.runtime.commplan import comm_plan, planned_collectives
+    from comm_counts import planned_collectives
+    from dcsched.runtime.commplan import comm_plan
     from dcsched.sim.plans import kept_ids, simulate_plan
     from dcsched.sim.simulate import compile_view
     torch._dynamo.reset()

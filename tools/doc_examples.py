@@ -269,6 +269,19 @@ def scheduler_options() -> str:
                      for name in schedulers.available() if schedulers.get(name).options)
 
 
+def budget_refusal() -> str:
+    """Inline: the one refusal of a memory budget given to a scheduler that takes none, as the command line prints
+    it (``dcsched schedule ... --algo fast-free --memory-budget 1GiB``)."""
+    from dcsched import schedulers
+    from dcsched.cli.app import in_flags
+    from dcsched.errors import OptionError
+    try:
+        schedulers.check_budget_taken([schedulers.get("fast-free")], memory_budget=True)
+    except OptionError as exc:
+        return f"`{in_flags(exc, 'schedule')}`"
+    raise AssertionError("fast-free took a memory budget")
+
+
 #: Every generated block, by the name its marker gives.
 EXAMPLES: dict[str, Callable[[], str]] = {
     "quickstart": quickstart,
@@ -280,6 +293,7 @@ EXAMPLES: dict[str, Callable[[], str]] = {
     "budget-takers": budget_takers,
     "scope-takers": scope_takers,
     "scheduler-options": scheduler_options,
+    "budget-refusal": budget_refusal,
 }
 
 

@@ -1,8 +1,12 @@
 """How to profile: :class:`ProfileOptions`, the options every cost model is built from.
 
-This module imports neither torch nor the cost models themselves (only when
-:meth:`ProfileOptions.check` runs), so the command line reads its defaults and
-help from here without paying for torch.
+:class:`CostOptions` declares the cost model's options once, for a profile
+(:class:`ProfileOptions`, ``dcsched profile``) and for training's compile-time
+profile (:class:`dcsched.train.options.TrainOptions`, ``dcsched train``);
+:func:`help_field` is the one way an options dataclass declares a field with
+its help. This module imports neither torch nor the cost models themselves
+(only when :meth:`ProfileOptions.check` runs), so the command line reads its
+defaults and help from here without paying for torch.
 """
 
 from __future__ import annotations
@@ -17,13 +21,70 @@ from dcsched.errors import OptionError
 DEFAULT_WORLD_SIZE = 8
 
 
-def _field(default, help: str, **kwargs):
-    """A dataclass field with its default and its one-line help (``metadata["help"]``, read by the CLI)."""
+def help_field(default, help: str, **kwargs):
+    """A dataclass field with its default and its one-line help (``metadata["help"]``, read by the CLI).
+
+    Examples
+    --------
+    >>> help_field(3, "Three.").metadata["help"]
+    'Three.'
+    """
     return dataclasses.field(default=default, metadata={"help": help}, **kwargs)
 
 
+def with_default(cls, name: str, default):
+    """Dataclass ``cls``'s field ``name`` with another ``default`` (the same help), for a subclass.
+
+    Examples
+    --------
+    >>> field = with_default(CostOptions, "iters", 1)
+    >>> field.default, field.metadata["help"]
+    (1, 'Timed runs per node (the median is kept; measured cost model).')
+    """
+    field = next(f for f in dataclasses.fields(cls) if f.name == name)
+    return help_field(default, field.metadata["help"])
+
+
 @dataclasses.dataclass(frozen=True)
-class ProfileOptions:
+class CostOptions:
+    """The cost model's options: what a profile and training's compile-time profile both take.
+
+    :class:`ProfileOptions` adds what a profile alone takes; training
+    (:class:`dcsched.train.options.TrainOptions`) runs fewer timed runs per node.
+    The fields are documented in :class:`ProfileOptions`.
+    """
+
+    cost_model: str = help_field(
+        "measured", "Costs the nodes are given: measured (every node run and timed here), analytic (compute time "
+                    "estimated for ``gpu`` from FLOPs and bytes, a roofline; nothing run) or calibrated (the "
+                    "analytic estimate times per-op-kind factors from a calibration file, dcsched profile "
+                    "--calibration).")
+    iters: int = help_field(5, "Timed runs per node (the median is kept; measured cost model).")
+    warmup: int = help_field(2, "Untimed runs per node before timing (measured cost model).")
+    bandwidth_gbps: float | None = help_field(
+        None, "Collective bus bandwidth in GB/s (10^9 bytes/s) of the modelled collectives (all but the measured "
+              "cost model's under a process group, which are measured); default: from the interconnect table for "
+              "``gpu`` and the world size: NVLink within 8 GPUs, InfiniBand across nodes, gloo on the CPU.")
+    latency_us: float | None = help_field(
+        None, "Per-collective latency in microseconds of the modelled collectives; default: from the interconnect "
+              "table for ``gpu`` and the world size.")
+    gpu: str | None = help_field(None, "Target GPU: h100, a100 or h200. Needed by ``cost_model`` analytic; also sets "
+                                       "the target device memory recorded in the bundle and the interconnect "
+                                       "collectives are modelled on.")
+
+    def cost_options(self) -> dict:
+        """The :class:`CostOptions` fields by name, as given (to build a :class:`ProfileOptions` from them).
+
+        Examples
+        --------
+        >>> CostOptions(gpu="h100").cost_options()["gpu"]
+        'h100'
+        """
+        return {field.name: getattr(self, field.name) for field in dataclasses.fields(CostOptions)}
+
+
+@dataclasses.dataclass(frozen=True)
+class ProfileOptions(CostOptions):
     """How :func:`~dcsched.profile.measure.profile_bundle` obtains each node's figures.
 
     Times are in milliseconds, bandwidth in GB/s (10^9 bytes/s), latency in
@@ -75,29 +136,13 @@ class ProfileOptions:
     dcsched.errors.OptionError: iters must be at least 1
     """
 
-    cost_model: str = _field("measured", "measured: run every node and time it here; analytic: estimate compute "
-                                         "time for ``gpu`` from FLOPs and bytes (roofline), running nothing; "
-                                         "calibrated: the analytic estimate times per-op-kind factors from "
-                                         "``calibration``.")
-    iters: int = _field(5, "Timed runs per node (the median is kept).")
-    warmup: int = _field(2, "Untimed runs per node before timing.")
-    world_size: int | None = _field(
+    world_size: int | None = help_field(
         None, f"Ranks the parameters are sharded over, for shard sizes and the communication model (default: the "
               f"process group's size under torchrun, else {DEFAULT_WORLD_SIZE}; under torchrun another number is "
               f"refused).")
-    bandwidth_gbps: float | None = _field(
-        None, "Collective bus bandwidth in GB/s (10^9 bytes/s) for the communication model (default: from the "
-              "interconnect table for ``gpu`` and ``world_size``: NVLink within 8 GPUs, InfiniBand across nodes, "
-              "gloo on the CPU).")
-    latency_us: float | None = _field(
-        None, "Per-collective latency in microseconds for the communication model (default: from the "
-              "interconnect table for ``gpu`` and ``world_size``).")
-    gpu: str | None = _field(None, "Target GPU: h100, a100 or h200. Needed by ``cost_model`` analytic; also sets "
-                                   "the target device memory recorded in the bundle and the interconnect "
-                                   "collectives are modelled on.")
-    device: str | None = _field(None, "Where a measured profile runs (default: CUDA if available, else the CPU).")
-    progress: bool = _field(True, "Show a progress bar (on stderr).")
-    calibration: str | os.PathLike | None = _field(
+    device: str | None = help_field(None, "Where a measured profile runs (default: CUDA if available, else the CPU).")
+    progress: bool = help_field(True, "Show a progress bar (on stderr).")
+    calibration: str | os.PathLike | None = help_field(
         None, "Calibration file (JSON: measured/analytic factors by op kind, written by benchmarks/gpu_check.sh); "
               "with ``cost_model`` analytic or calibrated.")
 

@@ -232,7 +232,7 @@ def compile_program(gm: torch.fx.GraphModule, example_inputs, sharding, options:
     fastest = fastest_issue(sharding)
     budget = options.budget(profiled, issue=fastest)
     # Both graphs at once: a step scheduler plans them together (what it keeps gathered spans the two).
-    plans = run_step(options.algo, {name: profiled.form(name) for name in profiled.graph_names}, budget=budget,
+    plans = run_step(options.scheduler, {name: profiled.form(name) for name in profiled.graph_names}, budget=budget,
                      comm_latency_ms=latency_from_provenance(profiled.provenance),
                      **options.scheduler_options(_device(sharding).type, issue=fastest))
     if sharding.replicated:  # whole on every rank since dcsched.shard: the plans must not gather them
