@@ -19,7 +19,8 @@ from dcsched import replay as rp
 from dcsched.collective_issue import CollectiveIssue
 from dcsched.plan import Bucket, Plan
 from dcsched.runtime import ops
-from dcsched.runtime.commplan import EMPTY, comm_plan, planned_collectives
+from comm_counts import planned_collectives
+from dcsched.runtime.commplan import EMPTY, comm_plan
 from dcsched.runtime.distributed import padded_numel
 from dcsched.runtime.step import build_step, installed, make_state, run_backward, run_forward
 
