@@ -412,11 +412,17 @@ class CompiledGraph(MemoryModel, Timeline, GraphForm):
         return self._fused_timeline(idx, False, fused)[0], fused.collectives
 
     def _held_gathers(self, held: frozenset) -> list[int]:
-        """The all-gathers of the ``held`` parameters (ds_ids)."""
+        """The all-gathers of the ``held`` parameters (ds_ids), in node order."""
         if not held:
             return []
-        kind, ds_id = self.kind, self.ds_id
-        return [i for i in range(len(self.names)) if kind[i] == ALLGATHER and ds_id[i] in held]
+        by_param = self.__dict__.get("_gathers_by_param")
+        if by_param is None:  # built once: a planner asks for many held sets of one graph
+            by_param = {}
+            for i, (k, d) in enumerate(zip(self.kind, self.ds_id)):
+                if k == ALLGATHER:
+                    by_param.setdefault(d, []).append(i)
+            self.__dict__["_gathers_by_param"] = by_param
+        return sorted(i for d in held for i in by_param.get(d, ()))
 
     def bucket_indices(self, buckets: Sequence, idx: Sequence[int]) -> list[list[int]]:
         """``buckets`` as lists of member numbers, each in the order ``idx`` runs them, checked against ``idx``
