@@ -69,19 +69,24 @@ def schema_argument(target, args, kwargs, name: str, default=None):
     return default
 
 
-def gemm_tiles(name: str, args) -> tuple[int, int, int]:
-    """``(m, n, batch)`` of a matmul's output: the dimensions its tiles cover (``(1, 1, 1)``, no limit from
-    tiling, for ops whose output is not one GEMM's, such as convolutions and grouped GEMMs)."""
-    def shape(value):
+def gemm_tiles(name: str, args) -> tuple[int, int, int] | None:
+    """``(m, n, batch)`` of a matmul's output, the dimensions its tiles cover; None for ops whose output is not
+    one GEMM's (convolutions, grouped GEMMs), which are taken to fill the GPU.
+
+    >>> gemm_tiles("addmm", (None, torch.empty(64, 32, device="meta"), torch.empty(32, 16, device="meta")))
+    (64, 16, 1)
+    >>> gemm_tiles("convolution", ()) is None
+    True
+    """
+    def shape(value) -> tuple[int, ...]:
         return tuple(value.shape) if hasattr(value, "shape") else ()
     operands = {"mm": (0, 1), "bmm": (0, 1), "addmm": (1, 2), "baddbmm": (1, 2)}.get(name)
     if operands is None:
-        return 1, 1, 1
+        return None
     a, b = (shape(args[i]) if i < len(args) else () for i in operands)
     if len(a) < 2 or len(b) < 2:
-        return 1, 1, 1
-    batch = math.prod(a[:-2]) if len(a) > 2 else 1
-    return int(a[-2]), int(b[-1]), int(batch)
+        return None
+    return int(a[-2]), int(b[-1]), int(math.prod(a[:-2]))
 
 
 def analytic_time(node: torch.fx.Node, device: GPU) -> float:
@@ -107,8 +112,8 @@ def op_time_ms(target, args, kwargs, flops: float, bytes_moved: float, dtype: to
     peak, bandwidth = device.peak_flops(dtype), device.memory_bandwidth
     name = op_name(target)
     if name in MATMULS:
-        m, n, batch = gemm_tiles(name, args)
-        fill = matmul_fill(m, n, sms=fractions.sms, batch=batch) if (m, n, batch) != (1, 1, 1) else 1.0
+        tiles = gemm_tiles(name, args)
+        fill = 1.0 if tiles is None else matmul_fill(tiles[0], tiles[1], sms=fractions.sms, batch=tiles[2])
         return matmul_ms(flops, bytes_moved, peak_flops=peak, bandwidth=bandwidth, fill=fill, fractions=fractions)
     if any(fragment in name for fragment in ATTENTION):
         if schema_argument(target, args, kwargs, "is_causal", False) is True:
