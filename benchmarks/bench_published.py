@@ -17,7 +17,7 @@ peak is unpublished, "between SXM and NVL", so the SXM5's 989 TFLOP/s stays), an
 FSDP2 runs it) and ``overlap-plan``. Predicted tokens/s per GPU = local tokens / (simulated forward +
 backward step + the AdamW step over the rank's fp32 shard at the achievable bandwidth).
 
-    python benchmarks/bench_published.py                          # capture (about 5 minutes here) and plan
+    python benchmarks/bench_published.py                          # capture (2-5 minutes here) and plan
     python benchmarks/bench_published.py --keep /tmp/llama8b.pt   # ... and keep the captured bundle
     python benchmarks/bench_published.py --bundle /tmp/llama8b.pt # plan a kept capture again (a minute)
 """
