@@ -1,8 +1,9 @@
 """Cost models: how a profile obtains each node's ``device_time``, one module each, registered by name.
 
 * ``measured`` (:mod:`~dcsched.costmodels.measured`): run the step here and time every node;
-* ``analytic`` (:mod:`~dcsched.costmodels.analytic`): a roofline for a named GPU, nothing runs;
-* ``calibrated`` (:mod:`~dcsched.costmodels.calibrated`): the roofline times per-op-kind factors
+* ``analytic`` (:mod:`~dcsched.costmodels.analytic`): a named GPU's achievable rates from FLOPs and bytes (published
+  fractions of its peaks, :mod:`~dcsched.costmodels.achievable`), nothing runs;
+* ``calibrated`` (:mod:`~dcsched.costmodels.calibrated`): the analytic time times per-op-kind factors
   measured on a GPU, read from a JSON file.
 
 Every model costs a modelled all-gather or reduce-scatter at the run's world
