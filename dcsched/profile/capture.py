@@ -298,12 +298,15 @@ def _script_optimizer(record: _Recorded) -> dict | None:
     over the captured module's parameters, found among the live objects; None where it built none (yet) or one
     dcsched does not model."""
     import gc
+    import warnings
 
     from dcsched.bundle.optimizer import of_torch
     wanted = {id(p) for _, p in record.trainable()}
-    for value in gc.get_objects():
-        if isinstance(value, torch.optim.Optimizer) and any(
-                id(p) in wanted for group in value.param_groups for p in group.get("params", ())):
+    with warnings.catch_warnings():  # isinstance on deprecated module proxies (torch.distributed.reduce_op) warns
+        warnings.simplefilter("ignore")
+        found = [value for value in gc.get_objects() if isinstance(value, torch.optim.Optimizer)]
+    for value in found:
+        if any(id(p) in wanted for group in value.param_groups for p in group.get("params", ())):
             model = of_torch(value)
             return model.provenance() if model is not None else None
     return None
