@@ -11,10 +11,10 @@ them the size of all.
 
 >>> named("adamw").state_tensors, named("sgd").state_tensors, named("sgd-momentum").state_tensors
 (2, 0, 1)
->>> named("lamb")
+>>> named("lamb")  # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
-dcsched.bundle.optimizer.OptimizerError: unknown optimizer 'lamb': one of adadelta, adagrad, adam, adamax, adamw, none, rmsprop, sgd, sgd-momentum
+dcsched.bundle.optimizer.OptimizerError: unknown optimizer 'lamb': one of adadelta, adagrad, adam, ..., sgd-momentum
 """
 
 from __future__ import annotations
@@ -124,10 +124,10 @@ def from_provenance(provenance: Mapping[str, Any]) -> OptimizerModel | None:
     --------
     >>> from_provenance({"optimizer": named("sgd").provenance()}).name
     'sgd'
-    >>> from_provenance({"optimizer": {"name": "x", "state_tensors": -1}})
+    >>> from_provenance({"optimizer": {"name": "x", "state_tensors": -1}})  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    dcsched.bundle.optimizer.OptimizerError: the bundle's provenance optimizer is not a record of an optimizer's state (name, state_tensors 0 to 16, ...)
+    dcsched.bundle.optimizer.OptimizerError: the bundle's provenance optimizer is not a record of ...
     """
     record = provenance.get(OPTIMIZER_KEY)
     if record is None:
