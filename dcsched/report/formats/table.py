@@ -42,7 +42,7 @@ def write_table(report: ScheduleReport, console: Console) -> None:
     if report.saved is not None:
         console.print(report.saved.describe(), highlight=False)
     if report.step_memory:
-        console.print(step_memory_table(report.step_memory))
+        print_step_memory(report.step_memory, console)
     for algo, out in report.outputs.items():
         console.print(f"wrote {safe_text(out)} ({algo})", highlight=False)
 
@@ -96,6 +96,18 @@ def graph_table(name: str, cmp: GraphComparison) -> Table:
     for label, before, values in rows:
         table.add_row(label, before, *values)
     return table
+
+
+def print_step_memory(memories: dict[str, StepMemory], console: Console) -> None:
+    """:func:`step_memory_table`, split into tables of as many orders as the terminal's width holds."""
+    labels = list(memories)
+    start = 0
+    while start < len(labels):
+        end = len(labels)
+        while end > start + 1 and not rows.fits(console, step_memory_table({k: memories[k] for k in labels[start:end]})):
+            end -= 1
+        console.print(step_memory_table({k: memories[k] for k in labels[start:end]}))
+        start = end
 
 
 def step_memory_table(memories: dict[str, StepMemory]) -> Table:
