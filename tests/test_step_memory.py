@@ -155,14 +155,29 @@ def two_ranks(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.distributed
-@pytest.mark.parametrize("run", ["gpt-fp32", "gpt-bf16", "hf-llama-fp32", "hf-llama-bf16"])
+@pytest.mark.parametrize("run", ["gpt-fp32", "gpt-bf16", "llama-fp32", "hf-llama-fp32", "hf-llama-bf16"])
 def test_the_whole_step_peak_is_the_measured_one_within_5_percent(two_ranks, run):
-    # Measured (gloo, 2 ranks): gpt fp32 -0.06%, gpt bf16 0.0%, hf-llama bf16 -0.06%; hf-llama fp32 +5.6%, all of
-    # it in the backward graph's own simulated peak (389,688 B against 369,176 B measured; its forward and the
-    # optimizer's update agree within 2.1%): a gap of the per-graph model, held here at 6% until it is found.
+    # hf-llama fp32 is simulated +5.6% high, all of it in the backward graph's own peak (389,688 B against
+    # 369,176 B measured; the forward and the optimizer's update agree within 2.1%): a gap of the per-graph
+    # model (two of its saved inputs share a storage with another: 8 KiB counted twice, docs/simulator.md;
+    # the rest not found yet), held here at 6%.
     tolerance = 0.06 if run == "hf-llama-fp32" else 0.05
     for rank in range(2):
         result = two_ranks[rank][run]
         measured, simulated = result["measured"], result["simulated"]
         assert abs(measured - simulated) <= tolerance * measured, (rank, run, result)
         assert result["optimizer_states"] > 0
+
+
+@pytest.mark.parametrize("record", [{"name": "adamw", "state_tensors": 10**9}, "adamw",
+                                    {"name": "x", "state_tensors": 1, "__reduce__": "os.system"}])
+def test_a_bundle_with_a_bad_optimizer_record_is_refused_in_one_line(tmp_path, record):
+    from dcsched.bundle import core as bundle_io
+    bundle = dcsched.load("sample_graphs/convnet.pt")
+    bundle.provenance["optimizer"] = record
+    path = tmp_path / "bad.pt"
+    bundle_io.save(bundle, path)
+    before = sorted(tmp_path.iterdir())
+    done = _cli("show", str(path), "--json", cwd=tmp_path)
+    assert done.returncode == 2 and done.stderr.strip().count("\n") == 0, done.stderr
+    assert "optimizer" in done.stderr and sorted(tmp_path.iterdir()) == before
