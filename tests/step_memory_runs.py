@@ -1,6 +1,6 @@
 """The whole step's peak memory per rank, measured and simulated, on W gloo ranks.
 
-Each run trains the examples' GPT or a tiny Hugging Face Llama (as :mod:`mixed_precision_runs` builds them) with AdamW for three steps under
+Each run (:data:`RUNS`) trains a model as :mod:`mixed_precision_runs` builds it with AdamW for three steps under
 ``dcsched.shard`` (fp32, or ``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)``), scheduled
 with ``overlap-plan``. On the last step (the optimizer's states exist) the compiled graphs' peaks are measured
 with the parameters, the optimizer's states and the batch counted beside each graph's tensors
@@ -45,7 +45,8 @@ def train(name: str, mixed: bool, rank: int, world_size: int, steps: int = 3) ->
         if last:
             program = backend.programs[0]
             program.measure = True
-            program.also_tracked = lambda: [list(model.parameters()), _states(optimizer), list(args), list(kwargs.values())]
+            batch = [*args, *kwargs.values()]
+            program.also_tracked = lambda batch=batch: [list(model.parameters()), _states(optimizer), batch]
         output = compiled(*args, **kwargs)
         loss = output.loss if hasattr(output, "loss") else output
         loss.backward()

@@ -104,7 +104,8 @@ def print_step_memory(memories: dict[str, StepMemory], console: Console) -> None
     start = 0
     while start < len(labels):
         end = len(labels)
-        while end > start + 1 and not rows.fits(console, step_memory_table({k: memories[k] for k in labels[start:end]})):
+        while end > start + 1 and not rows.fits(console, step_memory_table(
+                {k: memories[k] for k in labels[start:end]})):
             end -= 1
         console.print(step_memory_table({k: memories[k] for k in labels[start:end]}))
         start = end
