@@ -297,12 +297,18 @@ def _optimizer_states(model: OptimizerModel | None, shards: list[int], gpu: bool
 
 def _temporaries(model: OptimizerModel | None, shards: list[int], gpu: bool) -> list[int]:
     """What the update allocates at once: on a GPU torch's multi-tensor update (lists the size of all shards),
-    on the CPU its single-tensor one (temporaries the size of the largest shard)."""
+    on the CPU its single-tensor one, which loops over the parameters (in their order): ``single_temporaries``
+    of one parameter's size, while the previous parameter's last one is still bound to the loop's variable
+    (AdamW's ``denom``), at the pair of neighbours where that is largest."""
     if model is None or not shards:
         return []
     if gpu:
         return list(shards) * model.foreach_temporaries
-    return [max(shards)] * model.single_temporaries
+    if not model.single_temporaries:
+        return []
+    previous = [0, *shards[:-1]]
+    at = max(range(len(shards)), key=lambda i: previous[i] + model.single_temporaries * shards[i])
+    return [s for s in [previous[at]] + [shards[at]] * model.single_temporaries if s]
 
 
 def _held_across(bundle) -> tuple[int, int]:
