@@ -77,9 +77,12 @@ def test_a_hand_computed_step():
         dcsched.ProfileOptions(cost_model="analytic", gpu="h100", world_size=1))
     memory = step_memory(bundle, "adamw", gpu=False)
     update = memory.phases["optimizer"]
-    # shards 40 + gradients 40 + two moments 80 + two step scalars 8 + the update's temporaries: the bias's two
-    # (8 each) with the weight's last (32) still bound
-    assert update == 40 + 40 + 80 + 8 + 32 + 2 * 8
+    # shards 40 + gradients 40 + two moments 80 + two step scalars 8 + the update's temporaries: the weight's two
+    # (32 each), more than the bias's two (8 each) with the weight's last still bound (32)
+    assert update == 40 + 40 + 80 + 8 + 2 * 32
+    from dcsched.sim.step_memory import _temporaries
+    assert _temporaries(named("adamw"), [8, 32, 32, 4], gpu=False) == [32, 32, 32]  # the neighbours' largest
+    assert _temporaries(named("adamw"), [8, 32, 32, 4], gpu=True) == [8, 32, 32, 4]  # _foreach_sqrt: one list
     plain = step_memory(bundle, "sgd", gpu=False)
     assert plain.phases["optimizer"] == 40 + 40
     assert memory.phases["forward"] - plain.phases["forward"] == 80 + 8

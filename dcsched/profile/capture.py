@@ -304,7 +304,7 @@ def _script_optimizer(record: _Recorded) -> dict | None:
     wanted = {id(p) for _, p in record.trainable()}
     with warnings.catch_warnings():  # isinstance on deprecated module proxies (torch.distributed.reduce_op) warns
         warnings.simplefilter("ignore")
-        found = [value for value in gc.get_objects() if isinstance(value, torch.optim.Optimizer)]
+        found = [value for value in gc.get_objects() if _is_optimizer(value)]
     for value in found:
         if any(id(p) in wanted for group in value.param_groups for p in group.get("params", ())):
             model = of_torch(value)
@@ -352,3 +352,11 @@ def capture_script(path: str | os.PathLike, argv: Sequence[str] = (), module: st
     ['backward', 'forward']
     """
     return capture_script_step(path, argv, module).bundle
+
+
+def _is_optimizer(value: Any) -> bool:
+    """Whether ``value`` is a ``torch.optim.Optimizer`` (False for a dead weak proxy, which refuses the question)."""
+    try:
+        return isinstance(value, torch.optim.Optimizer)
+    except ReferenceError:
+        return False
