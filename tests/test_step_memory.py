@@ -33,11 +33,19 @@ def _plans(graph, algo: str, name: str) -> Plan:
 
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 10_000), kind=st.sampled_from(["forward", "backward"]),
-       algo=st.sampled_from(["none", "fsdp"]), issue=st.sampled_from([SIMULATOR, PROCESS_GROUP, GLOO]))
-def test_a_graphs_parts_add_up_to_its_simulated_peak(seed, kind, algo, issue):
+       algo=st.sampled_from(["none", "fsdp"]), issue=st.sampled_from([SIMULATOR, PROCESS_GROUP, GLOO]),
+       residency=st.sampled_from([None, "kept", "replicated"]))
+def test_a_graphs_parts_add_up_to_its_simulated_peak(seed, kind, algo, issue, residency):
+    import dataclasses
+
     from dcsched.synthetic.random_dag import random_graph
     graph = random_graph(seed, kind=kind)
     plan = _plans(graph, algo, kind)
+    if residency is not None:  # every other parameter
+        from dcsched.graph.form import GraphForm
+        ids = sorted({d for d in GraphForm(graph).ds_id if d is not None and d >= 0})
+        assert ids
+        plan = dataclasses.replace(plan, residency={d: residency for d in ids[::2]})
     compiled = compile_view(graph)
     at = graph_peak(compiled, plan, kind, issue=issue)
     assert at.peak_bytes == simulate_plan(compiled, plan, kind, issue=issue).peak_bytes
