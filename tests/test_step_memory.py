@@ -161,6 +161,7 @@ def two_ranks(tmp_path_factory):
     import torch.distributed as dist
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
+    pytest.importorskip("transformers")  # the Hugging Face Llama
     import step_memory_runs
     return step_memory_runs.spawn(tmp_path_factory.mktemp("step_memory"), 2)
 
