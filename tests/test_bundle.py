@@ -22,6 +22,7 @@ import dcsched
 from dcsched.bundle import core as bundle_io
 from dcsched.bundle.op_allowlist import allowed_ops, registered_overloads, resolve
 from dcsched.cli import run
+from dcsched.outputs import write_atomic
 from dcsched.errors import BundleError, DcschedError
 
 from bundles import linear_bundle
@@ -56,7 +57,7 @@ def test_save_is_atomic_and_keeps_existing_file_on_failure(tmp_path):
         raise RuntimeError("disk full")
 
     with pytest.raises(DcschedError, match=r"cannot be written \(is the disk full\? disk full\)"):
-        bundle_io.write_atomic(path, broken)  # torch.save on a full disk raises a RuntimeError
+        write_atomic(path, broken)  # torch.save on a full disk raises a RuntimeError
     assert path.read_bytes() == b"precious"
     assert os.listdir(tmp_path) == ["graph.pt"]
 

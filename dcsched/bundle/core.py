@@ -37,7 +37,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from dcsched.bundle import checks as loadchecks, saved_memory
+from dcsched.bundle import checks as loadchecks, optimizer, saved_memory
 from dcsched.bundle.graph_encoding import dtype_name, decode_graph, encode_graph
 
 from dcsched.errors import BundleError, DcschedError
@@ -354,6 +354,7 @@ def from_data(data: Any, path=None) -> Bundle:
             loadchecks.check_arguments(data.get(part), f"the bundle's {part}")
         if isinstance(data.get("provenance"), dict):
             saved_memory.from_provenance(data["provenance"])  # its byte counts in bounds
+            optimizer.from_provenance(data["provenance"])  # an optimizer record in bounds
         constants = _constants(data.get("constants", {}))
         params = params_table(data["params"])
         ds_ids = {p.ds_id for p in params}

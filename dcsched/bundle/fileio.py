@@ -26,7 +26,7 @@ import torch
 
 from dcsched import safeparse
 from dcsched.bundle import checks as loadchecks
-from dcsched.bundle import saved_memory
+from dcsched.bundle import optimizer, saved_memory
 from dcsched.bundle.columns import GraphColumns, one_thread
 from dcsched.bundle.plans import plans_document, read_plans
 from dcsched.graph.form import paused_gc
@@ -253,6 +253,7 @@ def from_parts(doc: Any, tensors: dict[str, torch.Tensor]):
     if not isinstance(provenance, dict):
         raise ValueError("the bundle's provenance is not a table")
     saved_memory.from_provenance(provenance)  # its byte counts in bounds (a ValueError names the figure)
+    optimizer.from_provenance(provenance)  # an optimizer record in bounds
     num_user_outputs = doc.get("num_user_outputs", 1)
     if isinstance(num_user_outputs, bool) or not isinstance(num_user_outputs, int) or num_user_outputs < 0:
         raise ValueError(f"num_user_outputs {num_user_outputs!r} is not a count")

@@ -126,3 +126,8 @@ def parse_options(extra: list[str]) -> dict[str, object]:
             raise DcschedError(f"--option {item!r}: expected KEY=VALUE, e.g. --option k=3")
         given[key.strip().replace("-", "_")] = option_value(value.strip())
     return given
+
+#: ``--optimizer``'s help (``dcsched schedule``, ``dcsched show``).
+OPTIMIZER_HELP = ("The optimizer whose states the whole-step memory counts, for a bundle that records none (a planned "
+                  "or older one): adamw, adam, adamax, adagrad, adadelta, rmsprop, sgd, sgd-momentum, none. Default: "
+                  "the one the profiled script built.")

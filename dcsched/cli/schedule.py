@@ -20,7 +20,7 @@ from dcsched.outputs import all_or_none, check_outputs
 from dcsched.budget import DEFAULT_MARGIN, DEFAULT_SCOPE, Budget, budget_for, device_memory
 from dcsched.units import format_bytes
 from dcsched.cli.app import app, console, err_console, in_flags, safe_text
-from dcsched.cli.options import named_from_options, option, parse_options
+from dcsched.cli.options import OPTIMIZER_HELP, named_from_options, option, parse_options
 
 if TYPE_CHECKING:  # the modules themselves import torch, so only when a command runs
     from dcsched.bundle import core as bundle_io
@@ -95,11 +95,15 @@ def schedule(
                                        help="With --algo overlap: print the trade-off curve (budget, peak, step "
                                             "time, overlap) from the smallest workable budget to unlimited, and "
                                             "plot step time against budget with --plot. Writes no bundle."),
+    optimizer: str | None = typer.Option(None, "--optimizer", help=OPTIMIZER_HELP),
 ) -> None:
     """Reorder the bundle's graphs with a scheduler, simulate before and after, write the reordered bundle.
 
     Memory is simulated in bytes and step time in ms; see docs/schedule-cli.md.
     """
+    if optimizer is not None:
+        from dcsched.bundle.optimizer import named
+        named(optimizer)  # an unknown name: one line, before any work
     memory_budget, budget_scope, extra = named_from_options(memory_budget, budget_scope, algo_options)
     options = ScheduleOptions(algo=algo, memory_budget=memory_budget, budget_scope=budget_scope,
                               algo_options=parse_options(extra), assume_zero=assume_zero)
@@ -136,7 +140,8 @@ def schedule(
         scheduled = {a: p for a, p in outputs.items() if a in comparison.algorithms}
         report = formats.ScheduleReport(path, comparison, files=report_files, params=params,
                                         param_names={p.ds_id: p.name for p in bundle.params}, outputs=scheduled,
-                                        saved=saved_memory.from_provenance(bundle.provenance))
+                                        saved=saved_memory.from_provenance(bundle.provenance),
+                                        step_memory=_step_memory(bundle, comparison, optimizer))
     written = []
     with all_or_none(force=force):  # every output, or none where one fails (a full disk under --plot)
         for algo_name, out in scheduled.items():
@@ -149,6 +154,17 @@ def schedule(
         progress(f"wrote {target}")
     formats.get(stdout_format)(report, console)
     _note_if_planned(bundle)
+
+
+def _step_memory(bundle, comparison, optimizer: str | None) -> dict:
+    """The whole step's memory before and under each algorithm (:func:`dcsched.sim.step_memory.compared_step_memory`),
+    or nothing where the bundle's figures do not simulate (``--assume-zero`` graphs)."""
+    from dcsched.errors import GraphError
+    from dcsched.sim.step_memory import compared_step_memory
+    try:
+        return compared_step_memory(bundle, comparison, optimizer)
+    except GraphError:
+        return {}
 
 
 def _bundles_to_write(path: Path, algorithms: list[str], output: Path | None, sweep_budgets: bool,

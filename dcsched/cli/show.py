@@ -11,6 +11,7 @@ from rich.table import Table
 from dcsched.bundle.saved_memory import SavedActivations
 from dcsched.units import format_bytes, format_ms
 from dcsched.cli.app import app, console, safe_text
+from dcsched.cli.options import OPTIMIZER_HELP
 
 
 @app.command()
@@ -18,6 +19,7 @@ def show(
     path: Path = typer.Argument(..., help="Graph bundle to summarise (graph.pt)."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON (bytes and ms)."),
     params: bool = typer.Option(True, "--params/--no-params", help="List every parameter with its size."),
+    optimizer: str | None = typer.Option(None, "--optimizer", help=OPTIMIZER_HELP),
 ) -> None:
     """Summarise a bundle: graphs, nodes by role, parameters, compute and communication time, plans.
 
@@ -27,7 +29,11 @@ def show(
     """
     from dcsched.bundle import core as bundle_io  # torch, imported only when a command runs
     from dcsched.bundle.summary import summarize
-    summary = summarize(bundle_io.load(path))
+    from dcsched.sim.step_memory import bundle_step_memory
+    bundle = bundle_io.load(path)
+    summary = summarize(bundle)
+    memory = bundle_step_memory(bundle, optimizer)
+    summary["step_memory"] = memory.to_json() if memory is not None else None
     if as_json:
         console.print_json(json.dumps(summary))
         return
@@ -76,3 +82,6 @@ def show(
         saved = summary["activation_memory"]
         console.print(SavedActivations(saved["saved_bytes"], saved["without_checkpointing_bytes"]).describe(),
                       highlight=False)
+    if memory is not None:
+        from dcsched.report.formats.table import step_memory_table
+        console.print(step_memory_table({"as planned": memory}))

@@ -219,6 +219,8 @@ class _ScriptCapture:
         self.real_compile = real_compile
         self.compiled: list[_Recorded] = []
         self.done: _Recorded | None = None
+        #: The optimizer the script built over the captured module's parameters (:func:`_script_optimizer`).
+        self.optimizer: dict | None = None
         self.compile = compile_interceptor(self.compile_module, CaptureError, "dcsched captures compiled modules")
 
     def target(self) -> _Recorded | None:
@@ -229,6 +231,7 @@ class _ScriptCapture:
     def on_backward(self, record: _Recorded) -> None:
         if self.target() is record:
             self.done = record
+            self.optimizer = _script_optimizer(record)  # while the script's frames (and its optimizer) live
             raise StopScript()
 
     def compile_module(self, model, module: nn.Module, kwargs: dict):
@@ -283,7 +286,30 @@ def capture_script_step(path: str | os.PathLike, argv: Sequence[str] = (), modul
         how = (" (it only ran under no_grad or inference mode)" if recorded.forward_only else "")
         raise CaptureError(f"{path} {ran} before {recorded.name} ran a forward and a backward pass{how}: call "
                            "loss.backward() on a loss computed from its output")
-    return _build(record)  # under --meta, traced as on the CPU: the graphs name no meta device
+    captured = _build(record)  # under --meta, traced as on the CPU: the graphs name no meta device
+    if interceptor.optimizer is not None:
+        from dcsched.bundle.optimizer import OPTIMIZER_KEY
+        captured.bundle.provenance[OPTIMIZER_KEY] = interceptor.optimizer
+    return captured
+
+
+def _script_optimizer(record: _Recorded) -> dict | None:
+    """The provenance record (:mod:`dcsched.bundle.optimizer`) of the ``torch.optim`` optimizer the script built
+    over the captured module's parameters, found among the live objects; None where it built none (yet) or one
+    dcsched does not model."""
+    import gc
+    import warnings
+
+    from dcsched.bundle.optimizer import of_torch
+    wanted = {id(p) for _, p in record.trainable()}
+    with warnings.catch_warnings():  # isinstance on deprecated module proxies (torch.distributed.reduce_op) warns
+        warnings.simplefilter("ignore")
+        found = [value for value in gc.get_objects() if _is_optimizer(value)]
+    for value in found:
+        if any(id(p) in wanted for group in value.param_groups for p in group.get("params", ())):
+            model = of_torch(value)
+            return model.provenance() if model is not None else None
+    return None
 
 
 def capture_script(path: str | os.PathLike, argv: Sequence[str] = (), module: str | None = None) -> Bundle:
@@ -326,3 +352,11 @@ def capture_script(path: str | os.PathLike, argv: Sequence[str] = (), module: st
     ['backward', 'forward']
     """
     return capture_script_step(path, argv, module).bundle
+
+
+def _is_optimizer(value: Any) -> bool:
+    """Whether ``value`` is a ``torch.optim.Optimizer`` (False for a dead weak proxy, which refuses the question)."""
+    try:
+        return isinstance(value, torch.optim.Optimizer)
+    except ReferenceError:
+        return False

@@ -128,6 +128,35 @@ def simulate_plan(compiled: CompiledGraph, plan: Plan, graph: str, *, detail: bo
     return compiled.simulate_with_frees(idx, detail=detail, fused=dataclasses.replace(fused, issue=issue))[0]
 
 
+def plan_fused(compiled: CompiledGraph, plan: Plan, graph: str, *, issue: CollectiveIssue = SIMULATOR,
+               check: bool = True) -> tuple[list[int], Fused | None]:
+    """The order (node numbers) and the :class:`~dcsched.sim.fused.Fused` that :func:`simulate_plan` runs
+    ``plan`` of graph ``graph`` with (None: a plain simulation), for reading its memory model
+    (:meth:`~dcsched.sim.memory.MemoryModel.memory_with_frees`) without the clocks.
+
+    Examples
+    --------
+    >>> from dcsched import replay
+    >>> from dcsched.sim.simulate import compile_view
+    >>> compiled = compile_view(replay.example_bundle().forward)
+    >>> idx, fused = plan_fused(compiled, Plan(()), "forward")
+    >>> max(compiled.memory_with_frees(idx, fused=fused)[0]) == simulate_plan(compiled, Plan(()), "forward").peak_bytes
+    True
+    """
+    idx = compiled.order_indices(list(plan.order) if plan.order else None, check=check)
+    roles = residency_roles(plan, graph)
+    replicated = roles.pop("replicated", frozenset())
+    keep, held = roles.get("keep", frozenset()), roles.get("held", frozenset())
+    buckets = compiled.bucket_indices(plan.buckets, idx) if plan.buckets else []
+    if replicated:
+        fused = replicated_fused(compiled, buckets, held, keep, replicated)
+    elif not buckets and not keep and not held and not issue.adds_memory:
+        return idx, None
+    else:
+        fused = compiled._fused(buckets, compiled._held_gathers(held), keep)
+    return idx, dataclasses.replace(fused, issue=issue)
+
+
 def replicated_fused(compiled: CompiledGraph, buckets: list[list[int]], held: frozenset, keep: frozenset,
                      replicated: frozenset) -> Fused:
     """The plan as one simulation reads it, with ``replicated`` parameters (ds_ids), whole on every rank.

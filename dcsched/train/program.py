@@ -35,7 +35,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from typing import Callable, ContextManager, Mapping, Sequence
+from typing import Any, Callable, ContextManager, Mapping, Sequence
 
 import torch
 
@@ -121,6 +121,9 @@ class ScheduledProgram:
         #: With ``measure``: track memory too (the tracker slows the run; False: time alone, ``peak_bytes`` None).
         #: Inductor's kernels allocate their buffers without a dispatched op, where the tracker cannot see them.
         self.track_memory = compute == "eager"
+        #: With ``measure``: tensors the step holds beside the graphs (the training loop's optimizer states,
+        #: parameters, batch), given by this function and counted in the measured peaks too (whole-step peaks).
+        self.also_tracked: Callable[[], Any] | None = None
         self.stats: list[StepStats] = []
 
     def __call__(self, *args):
@@ -162,6 +165,8 @@ class ScheduledProgram:
         with tracker if tracker is not None else contextlib.nullcontext():
             if tracker is not None:
                 tracker.track(tracked)
+                if self.also_tracked is not None:
+                    tracker.track(self.also_tracked())
                 tracker.reset_peak()
             start = time.perf_counter_ns()
             result = run()

@@ -26,6 +26,8 @@ def document(report: Report) -> dict:
     extra = {"input": str(report.input), "outputs": {a: str(p) for a, p in report.outputs.items()}, **files}
     if report.saved is not None:
         extra["activation_memory"] = report.saved.to_json()
+    if report.step_memory:
+        extra["step_memory"] = {label: memory.to_json() for label, memory in report.step_memory.items()}
     return report.comparison.to_dict(params=report.params, **extra)
 
 

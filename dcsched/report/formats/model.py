@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from dcsched.bundle.saved_memory import SavedActivations
     from dcsched.report.compare import Comparison
     from dcsched.report.sweep import SweepRow
+    from dcsched.sim.step_memory import StepMemory
 
 
 @dataclasses.dataclass
@@ -38,6 +39,9 @@ class ScheduleReport:
     param_names: dict[int, str] = dataclasses.field(default_factory=dict)
     #: what the captured step saves for the backward, with and without its checkpointing (None: not recorded)
     saved: SavedActivations | None = None
+    #: the whole step's memory per rank by kind, before (``'before'``) and under each algorithm
+    #: (:func:`dcsched.sim.step_memory.compared_step_memory`; empty: not simulated)
+    step_memory: dict[str, StepMemory] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass

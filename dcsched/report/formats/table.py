@@ -22,6 +22,7 @@ from dcsched.report.formats.text import change, pct, safe_text
 
 if TYPE_CHECKING:
     from dcsched.report.compare import GraphComparison
+    from dcsched.sim.step_memory import StepMemory
     from dcsched.sim.simulate import SimResult
 
 SPARK_BLOCKS = " ▁▂▃▄▅▆▇█"
@@ -40,6 +41,8 @@ def write_table(report: ScheduleReport, console: Console) -> None:
         console.print()
     if report.saved is not None:
         console.print(report.saved.describe(), highlight=False)
+    if report.step_memory:
+        print_step_memory(report.step_memory, console)
     for algo, out in report.outputs.items():
         console.print(f"wrote {safe_text(out)} ({algo})", highlight=False)
 
@@ -92,6 +95,42 @@ def graph_table(name: str, cmp: GraphComparison) -> Table:
     ]
     for label, before, values in rows:
         table.add_row(label, before, *values)
+    return table
+
+
+def print_step_memory(memories: dict[str, StepMemory], console: Console) -> None:
+    """:func:`step_memory_table`, split into tables of as many orders as the terminal's width holds."""
+    labels = list(memories)
+    start = 0
+    while start < len(labels):
+        end = len(labels)
+        while end > start + 1 and not rows.fits(console, step_memory_table(
+                {k: memories[k] for k in labels[start:end]})):
+            end -= 1
+        console.print(step_memory_table({k: memories[k] for k in labels[start:end]}))
+        start = end
+
+
+def step_memory_table(memories: dict[str, StepMemory]) -> Table:
+    """The whole step's peak per rank split by kind (rows), for each order (columns)
+    (:mod:`dcsched.sim.step_memory`; ``dcsched show`` prints the same for a bundle's own plans)."""
+    from dcsched.sim.step_memory import KINDS
+    first = next(iter(memories.values()))
+    optimizer = first.optimizer or "none known (pass --optimizer)"
+    table = Table(title="Whole-step memory per rank", title_justify="left", caption_justify="left",
+                  caption=f"optimizer: {safe_text(optimizer)}")
+    table.add_column("kind", no_wrap=True)
+    for label in memories:
+        table.add_column(safe_text(label), justify="right", overflow="fold")
+    for kind in KINDS:
+        table.add_row(kind.replace("_", " "), *(format_bytes(m.parts[kind]) for m in memories.values()))
+    table.add_row("[bold]peak[/]", *(f"[bold]{format_bytes(m.peak_bytes)}[/]" for m in memories.values()))
+    table.add_row("  in", *(m.phase for m in memories.values()))
+    if first.cuda is not None:
+        table.add_row("CUDA allocated", *(format_bytes(m.cuda.allocated_bytes) if m.cuda else "-"
+                                          for m in memories.values()))
+        table.add_row("CUDA reserved (at least)", *(format_bytes(m.cuda.reserved_bytes) if m.cuda else "-"
+                                                    for m in memories.values()))
     return table
 
 
