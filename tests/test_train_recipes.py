@@ -13,6 +13,7 @@ without checkpointing. Two gloo ranks (slow): Hugging Face Llama and the selecti
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 
 import pytest
 import torch
@@ -180,6 +181,54 @@ def test_profile_captures_a_hugging_face_script_with_gradient_checkpointing(tmp_
     assert bundle.provenance["module"] == "LlamaForCausalLM"
     # every parameter but the embedding's gathered again in the backward, where the layers are recomputed
     assert _gathers(bundle.backward) == list(range(1, len(bundle.params)))
+
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "llama.py"
+#: examples/llama.py at the size of the tests' Llama; the script moves its model and batches with .to(device).
+EXAMPLE_ARGS = ["--layers", "2", "--d-model", "32", "--heads", "2", "--vocab", "64", "--seq", "8", "--batch", "2"]
+#: examples/llama.py's arguments for each checkpointing form.
+EXAMPLE_FORMS = {"full": ["--checkpointing", "full"], "reentrant": ["--checkpointing", "reentrant"],
+                 "selective": ["--checkpointing", "selective"], "budget": ["--activation-memory-budget", "0.5"]}
+
+
+def _signature(graph) -> list[tuple[str, str, str]]:
+    return [(node.op, str(node.target), str(node.meta.get("out"))) for node in graph.nodes]
+
+
+@pytest.mark.parametrize("form", [
+    pytest.param(form, marks=() if form in ("full", "selective") else pytest.mark.slow) for form in EXAMPLE_FORMS])
+def test_profile_meta_captures_the_example_llama_under_each_checkpointing_form_as_a_real_run(form, tmp_path, capsys):
+    from dcsched.cli import run
+    for how, meta in (("planned", ["--meta"]), ("real", [])):
+        with torch._functorch.config.patch(activation_memory_budget=1.0):  # the script sets it for the budget form
+            assert run(["profile", str(EXAMPLE), *meta, "--cost-model", "analytic", "--gpu", "h100", "--no-progress",
+                        "-o", str(tmp_path / f"{how}.pt"), "--", *EXAMPLE_ARGS, *EXAMPLE_FORMS[form]]) == 0, \
+                capsys.readouterr().err
+    planned, real = dcsched.load(tmp_path / "planned.pt"), dcsched.load(tmp_path / "real.pt")
+    assert not real.provenance.get("planned")
+    assert planned.provenance["planned"]
+    for graph in ("forward", "backward"):  # node for node the graphs of the run on the CPU
+        assert _signature(planned.graphs[graph]) == _signature(real.graphs[graph]), graph
+    # checkpointing did recompute: the step saves less than it would without, as much as the real capture says
+    saved, without = (planned.provenance[key] for key in ("saved_for_backward_bytes",
+                                                          "saved_for_backward_bytes_without_checkpointing"))
+    assert saved < without and (saved, without) == (real.provenance["saved_for_backward_bytes"],
+                                                    real.provenance["saved_for_backward_bytes_without_checkpointing"])
+    # the backward gathers again every parameter whose gradient needs it (the budget's recomputation, the
+    # embedding's too), as the real capture does
+    assert _gathers(planned.backward) == _gathers(real.backward)
+    assert set(_gathers(planned.backward)) >= set(range(1, len(planned.params)))
+
+
+def test_a_script_moving_its_model_and_batches_to_a_device_keeps_them_on_meta_when_planned():
+    from dcsched.profile.meta_device import CPU, _planning_device
+    with _planning_device(CPU):
+        model = torch.nn.Linear(4, 4).to("cpu").cuda().to(device=torch.device("cuda", 0), dtype=torch.bfloat16)
+        batch = torch.ones(2, 4).cuda(0).to(torch.empty(1, dtype=torch.float16), non_blocking=True).cpu()
+        made = torch.zeros(3)
+    assert {(p.device.type, p.dtype) for p in model.parameters()} == {("meta", torch.bfloat16)}
+    assert (batch.device.type, batch.dtype, made.device.type) == ("meta", torch.float16, "meta")
+    assert torch.ones(1).to("meta").is_meta and not torch.ones(1).is_meta  # outside planning, moves are moves
 
 
 class DropoutBlock(torch.nn.Module):
