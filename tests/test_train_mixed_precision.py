@@ -1,8 +1,8 @@
 """Mixed precision (``dcsched.shard(mp_policy=...)``): fp32 master shards, bf16 gathers and compute, fp32 reduces.
 
 One process: what the policy does to the shards, the stand-ins, the traced graph, the gradients, eager calls and
-the bundle's figures. Two gloo ranks (slow): 10 AdamW steps of the examples' GPT and a tiny Hugging Face Llama
-against FSDP2 under the same policy (``tests/mixed_precision_runs.py``).
+the bundle's figures. Two and three gloo ranks (slow): 10 AdamW steps of the examples' GPT and a tiny Hugging Face
+Llama against FSDP2 under the same policy (``tests/mixed_precision_runs.py``).
 """
 
 from __future__ import annotations
@@ -181,7 +181,7 @@ def two_ranks(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def three_ranks(tmp_path_factory):
-    return _spawned(tmp_path_factory, 3, ("gpt",))  # shards of uneven sizes (padded)
+    return _spawned(tmp_path_factory, 3)  # shards of uneven sizes (padded)
 
 
 @pytest.mark.slow
@@ -193,9 +193,10 @@ def test_bf16_training_stays_within_bf16_noise_of_fsdp2(two_ranks, name):
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_bf16_training_on_three_ranks_stays_within_bf16_noise_of_fsdp2(three_ranks):
-    _check_losses(three_ranks, "gpt")
-    _check_collectives(three_ranks, "gpt", same_reduce_bytes_as_fsdp2=False)  # FSDP2 pads its shards otherwise
+@pytest.mark.parametrize("name", ["gpt", "hf-llama"])
+def test_bf16_training_on_three_ranks_stays_within_bf16_noise_of_fsdp2(three_ranks, name):
+    _check_losses(three_ranks, name)
+    _check_collectives(three_ranks, name, same_reduce_bytes_as_fsdp2=False)  # FSDP2 pads its shards otherwise
 
 
 def _check_losses(ranks: list[dict], name: str) -> None:
