@@ -39,12 +39,18 @@ Per configuration and rank:
 
 ``--checkpointing`` trains every configuration under each form in turn (one spawn of the ranks per form):
 the Llama's blocks checkpointed with ``torch.utils.checkpoint`` inside the model's forward, so FSDP2 and DDP
-train the same checkpointed blocks dcsched captures.
+train the same checkpointed blocks dcsched captures. ``--model hf-llama`` is transformers' ``LlamaForCausalLM``
+of the example Llama's size (``--set``; built from its config, nothing downloaded), its layers checkpointed by
+``gradient_checkpointing_enable`` (``--checkpointing full``: ``use_reentrant=False``; ``reentrant``):
+
+    python benchmarks/bench_train.py --peers --model hf-llama --checkpointing none,full --algo fsdp \
+        --config dcsched-fsdp --config dcsched-overlap-plan --config fsdp2
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import importlib.util
 import json
@@ -62,6 +68,9 @@ import torch
 #: ``dcsched.examples.CHECKPOINTING``: the Llama's activation checkpointing forms (not imported here: the
 #: parent spawns the ranks before it needs dcsched).
 CHECKPOINTING = ("none", "full", "reentrant", "selective")
+#: The forms each model takes: Hugging Face's ``gradient_checkpointing_enable`` checkpoints whole layers,
+#: non-reentrant (full) or reentrant.
+FORMS_OF = {"gpt": ("none",), "llama": CHECKPOINTING, "hf-llama": ("none", "full", "reentrant")}
 #: The models' size (``dcsched.examples.build``), overridable with ``--set KEY=N``.
 SIZE = {"n_layers": 4, "d_model": 256, "n_heads": 4, "vocab": 512, "seq": 128}
 DEFAULT_ALGOS = ("none", "fast-free", "overlap", "overlap-plan")
@@ -83,21 +92,25 @@ def model_sizes(parser: argparse.ArgumentParser, items: list[str], defaults: dic
 
 
 def checkpointing_forms(parser: argparse.ArgumentParser, text: str, models: list[str]) -> list[str]:
-    """The forms ``--checkpointing`` names, in order, each once (a parser error names a bad one; a form other
-    than none needs every model to be the Llama, the example model that checkpoints its blocks)."""
+    """The forms ``--checkpointing`` names, in order, each once (a parser error names a bad one, or one a model
+    does not take: the example GPT checkpoints nothing, the Hugging Face Llama no selective form)."""
     forms = list(dict.fromkeys(form.strip() for form in text.split(",")))
     unknown = [form for form in forms if form not in CHECKPOINTING]
     if unknown:
         parser.error(f"--checkpointing {unknown[0]!r}: choose from {', '.join(CHECKPOINTING)}")
-    if forms != ["none"] and models != ["llama"]:
-        parser.error("--checkpointing other than none needs --model llama (the example GPT checkpoints nothing)")
+    for model in models:
+        refused = [form for form in forms if form not in FORMS_OF[model]]
+        if refused:
+            parser.error(f"--checkpointing {refused[0]} is not a form --model {model} takes "
+                         f"(it takes {', '.join(FORMS_OF[model])})")
     return forms
 
 
 def arguments(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="bench_train.py --peers", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", action="append", choices=("gpt", "llama"),
-                        help="repeatable; default gpt (the full comparison: --model gpt --model llama)")
+    parser.add_argument("--model", action="append", choices=tuple(FORMS_OF),
+                        help="repeatable; default gpt (the full comparison: --model gpt --model llama); hf-llama: "
+                             "transformers' LlamaForCausalLM of the same size, built from its config")
     parser.add_argument("--algo", action="append", default=[],
                         help=f"a further dcsched algorithm (repeatable) beside {', '.join(DEFAULT_ALGOS)}")
     parser.add_argument("--compute", action="append", choices=("eager", "inductor"),
@@ -120,7 +133,8 @@ def arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--checkpointing", default="none", metavar="FORMS",
                         help="activation checkpointing of the Llama's blocks, a comma-separated list of "
                              f"{', '.join(CHECKPOINTING)} (default none): every configuration trains the model "
-                             "under each form in turn, FSDP2 and DDP the same checkpointed blocks")
+                             "under each form in turn, FSDP2 and DDP the same checkpointed blocks; hf-llama: "
+                             "gradient_checkpointing_enable, full (use_reentrant=False) or reentrant")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = parser.parse_args(argv)
     if min(args.steps, args.runs, args.batch, args.world_size) < 1 or args.warmup < 0:
@@ -149,7 +163,27 @@ def arguments(argv=None) -> argparse.Namespace:
 
 
 def _blocks(model):
-    return list(model.blocks)  # the example GPT's and Llama's transformer blocks
+    if hasattr(model, "blocks"):
+        return list(model.blocks)  # the example GPT's and Llama's transformer blocks
+    return list(model.model.layers)  # Hugging Face's Llama
+
+
+def _hf_llama(size: dict, form: str):
+    """transformers' Llama of the example Llama's size (its MLP width, multi-head attention), seeded; ``form``
+    full or reentrant: ``gradient_checkpointing_enable`` with ``use_reentrant`` False or True."""
+    import math
+
+    import transformers
+    torch.manual_seed(0)
+    width = size["d_model"]
+    config = transformers.LlamaConfig(
+        num_hidden_layers=size["n_layers"], hidden_size=width, num_attention_heads=size["n_heads"],
+        num_key_value_heads=size["n_heads"], intermediate_size=64 * math.ceil(8 * width / 3 / 64),
+        vocab_size=size["vocab"], max_position_embeddings=size["seq"], use_cache=False)
+    model = transformers.LlamaForCausalLM(config)
+    if form != "none":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": form == "reentrant"})
+    return model
 
 
 class Config:
@@ -162,7 +196,11 @@ class Config:
     def setup(self) -> None:
         from dcsched.examples import build
         form = {"checkpointing": self.args.form} if self.args.form != "none" else {}
-        model, _, _ = build(self.family, seed=0, batch=self.per_rank, **self.args.size, **form)
+        if self.family == "hf-llama":
+            model = _hf_llama(self.args.size, self.args.form)
+        else:
+            model, _, _ = build(self.family, seed=0, batch=self.per_rank, **self.args.size, **form)
+        model.train()
         self.model = model
         self.optimizer = None
         name = self.name
@@ -206,7 +244,13 @@ class Config:
 
     def step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
         self.count += 1
-        loss = self.run(*batch)
+        if self.family == "hf-llama":  # its loss shifts the labels itself
+            import dcsched
+            # dcsched traces a checkpointed layer's side effects whole (docs/train.md, "Recipes")
+            with dcsched.tracing_checkpoints() if self.name.startswith("dcsched-") else contextlib.nullcontext():
+                loss = self.run(input_ids=batch[0], labels=batch[0]).loss
+        else:
+            loss = self.run(*batch)
         if self.name == "deepspeed-zero3":
             self.run.backward(loss)
             self.run.step()
