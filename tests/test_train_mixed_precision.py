@@ -62,6 +62,14 @@ def test_something_else_than_a_policy_is_refused_in_one_line(bad):
     assert "\n" not in str(caught.value) and isinstance(caught.value, DcschedError)
 
 
+def test_per_submodule_policies_are_refused_in_one_line_saying_what_to_give():
+    model = _mlp()
+    with pytest.raises(MixedPrecisionError, match="per-submodule policies .* are not supported") as caught:
+        dcsched.shard(model, mp_policy={"0": BF16, "2": MixedPrecisionPolicy(param_dtype=torch.float16)})
+    assert "\n" not in str(caught.value) and "give the one policy" in str(caught.value)
+    assert [p.shape for p in model.parameters()][0] == (8, 4)  # nothing was sharded
+
+
 def test_a_dtype_that_is_not_floating_is_refused():
     with pytest.raises(MixedPrecisionError, match="param_dtype must be a floating torch.dtype"):
         MixedPrecisionPolicy(param_dtype=torch.int8)
