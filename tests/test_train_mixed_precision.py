@@ -255,3 +255,32 @@ def test_each_graphs_peak_memory_is_the_simulators(two_ranks, name):
     for rank in range(2):
         for graph, (measured, simulated) in two_ranks[rank][f"{name}-dcsched-bf16"]["memory"].items():
             assert abs(measured - simulated) <= 0.05 * simulated, (rank, graph, measured, simulated)
+
+
+TRAINS = """
+import torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+step = torch.compile(model)
+x = torch.linspace(-1, 1, 8).view(2, 4)
+for _ in range(3):
+    out = step(x)
+    out.float().square().mean().backward()
+    print("grads", sorted({str(p.grad.dtype) for p in model.parameters()}))
+    optimizer.step()
+    optimizer.zero_grad()
+print("dtypes", out.dtype, sorted({str(p.dtype) for p in model.parameters()}))
+"""
+
+
+def test_dcsched_train_flags_set_the_policy(tmp_path, capsys):
+    from dcsched.cli import run
+    torch._dynamo.reset()
+    (tmp_path / "trains.py").write_text(TRAINS)
+    assert run(["train", str(tmp_path / "trains.py"), "--no-progress", "--cost-model", "analytic", "--gpu", "h100",
+                "--param-dtype", "bf16", "--reduce-dtype", "fp32"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    # computed in bf16, master weights and their gradients fp32
+    assert [line for line in lines if line.startswith("dtypes")] == ["dtypes torch.bfloat16 ['torch.float32']"]
+    assert [line for line in lines if line.startswith("grads")] == ["grads ['torch.float32']"] * 3
