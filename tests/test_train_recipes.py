@@ -99,20 +99,38 @@ def test_recomputed_attention_needs_no_generator_state_in_the_bundle():
 
 
 @pytest.fixture(scope="module")
-def plain_hf():
+def plain_of():
+    """``plain_of(name)``: the Hugging Face model's eager losses under gradient checkpointing, once per module."""
     pytest.importorskip("transformers")
     import hf_models
-    return hf_models.train("llama", STEPS, checkpointing={"use_reentrant": False})
+    done: dict[str, dict] = {}
+
+    def get(name: str) -> dict:
+        if name not in done:
+            done[name] = hf_models.train(name, STEPS, checkpointing={"use_reentrant": False})
+        return done[name]
+
+    return get
 
 
-@pytest.mark.parametrize("algo,reentrant", [
-    ("overlap-plan", False), pytest.param("fsdp", True, marks=pytest.mark.slow),
-    pytest.param("list", False, marks=pytest.mark.slow), pytest.param("fast-free", False, marks=pytest.mark.slow),
-    pytest.param("overlap", True, marks=pytest.mark.slow)])
-def test_hugging_face_gradient_checkpointing_trains_in_one_graph_with_the_plain_losses(algo, reentrant, plain_hf):
+@pytest.fixture(scope="module")
+def plain_hf(plain_of):
+    return plain_of("llama")
+
+
+@pytest.mark.parametrize("name,algo,reentrant", [
+    ("llama", "overlap-plan", False), pytest.param("llama", "fsdp", True, marks=pytest.mark.slow),
+    pytest.param("llama", "list", False, marks=pytest.mark.slow),
+    pytest.param("llama", "fast-free", False, marks=pytest.mark.slow),
+    pytest.param("llama", "overlap", True, marks=pytest.mark.slow),
+    pytest.param("gpt2", "overlap-plan", False, marks=pytest.mark.slow),
+    pytest.param("gpt2", "fsdp", True, marks=pytest.mark.slow)])
+def test_hugging_face_gradient_checkpointing_trains_in_one_graph_with_the_plain_losses(name, algo, reentrant,
+                                                                                       plain_of):
     import hf_models
-    result = hf_models.train("llama", STEPS, algo, checkpointing={"use_reentrant": reentrant})
-    assert torch.allclose(torch.tensor(result["losses"]), torch.tensor(plain_hf["losses"]), rtol=1e-5, atol=0)
+    result = hf_models.train(name, STEPS, algo, checkpointing={"use_reentrant": reentrant})
+    plain = plain_of(name)
+    assert torch.allclose(torch.tensor(result["losses"]), torch.tensor(plain["losses"]), rtol=1e-5, atol=0)
     assert result["collectives"]["graphs"] == 1  # one graph: no checkpointed layer left to eager code
     saved, without = result["saved"]
     assert saved < without  # the layers were checkpointed: the step saves less for its backward
@@ -161,9 +179,10 @@ def test_selective_checkpointing_on_two_ranks_trains_as_eager_with_the_planned_c
 
 #: Every form on W gloo ranks, each once, the algorithms rotated: on 2 ranks the forms the runs above leave out,
 #: on 3 (uneven shards) each form but Hugging Face's reentrant one (TorchDynamo traces it as the non-reentrant,
-#: the graphs identical; trained on 1 and 2 ranks). ``hf``: Hugging Face's ``gradient_checkpointing_enable``.
+#: the graphs identical; trained on 1 and 2 ranks). ``hf``: Hugging Face's ``gradient_checkpointing_enable`` (the
+#: Llama; ``hf-gpt2``: GPT-2).
 EVERY_FORM = {2: [("full", "overlap"), ("reentrant", "fast-free"), ("budget", "overlap-plan"),
-                  ("hf-reentrant", "fsdp")],
+                  ("hf-reentrant", "fsdp"), ("hf-gpt2", "overlap-plan")],
               3: [("full", "fsdp"), ("reentrant", "list"), ("selective", "overlap-plan"), ("budget", "fast-free"),
                   ("hf", "overlap")]}
 #: The global batch on W ranks: each rank trains an equal slice of it.
@@ -172,7 +191,8 @@ GLOBAL_BATCH = {2: BATCH, 3: 6}
 
 def _spawned_run(form: str, algo: str, world_size: int) -> tuple:
     if form.startswith("hf"):
-        return (f"{form}-{algo}", "hf-llama", algo, STEPS, 0, {"checkpointing": {"use_reentrant": form != "hf"}})
+        model = "hf-gpt2" if form == "hf-gpt2" else "hf-llama"
+        return (f"{form}-{algo}", model, algo, STEPS, 0, {"checkpointing": {"use_reentrant": form == "hf-reentrant"}})
     overrides = ({**LAYERS, "activation_memory_budget": 0.5} if form == "budget"
                  else {**LAYERS, "checkpointing": form})
     overrides["cost_model"] = "measured"  # dcsched's default, as the Hugging Face runs'
@@ -189,13 +209,13 @@ def every_form(request, tmp_path_factory):
 
 @pytest.mark.slow
 @on_gloo_ranks
-def test_every_form_trains_with_the_plain_losses_on_two_and_three_ranks(every_form, plain_hf):
+def test_every_form_trains_with_the_plain_losses_on_two_and_three_ranks(every_form, plain_of):
     world_size, ranks = every_form
     eager = runs.train_eager("llama", STEPS, GLOBAL_BATCH[world_size], **LAYERS)
     for rank in range(world_size):
         for form, algo in EVERY_FORM[world_size]:
             result = ranks[rank][f"{form}-{algo}"]
-            plain = plain_hf["losses"] if form.startswith("hf") else eager
+            plain = plain_of("gpt2" if form == "hf-gpt2" else "llama")["losses"] if form.startswith("hf") else eager
             assert torch.allclose(torch.tensor(result["losses"]), torch.tensor(plain), rtol=1e-5, atol=0), \
                 (rank, form, algo, result["losses"], plain)
             assert result["collectives"]["issued"] == result["collectives"]["planned"], (rank, form, algo)
