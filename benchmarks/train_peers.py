@@ -45,6 +45,9 @@ of the example Llama's size (``--set``; built from its config, nothing downloade
 
     python benchmarks/bench_train.py --peers --model hf-llama --checkpointing none,full --algo fsdp \
         --config dcsched-fsdp --config dcsched-overlap-plan --config fsdp2
+
+``--mp-policy bf16`` trains dcsched and FSDP2 under ``MixedPrecisionPolicy(param_dtype=bfloat16,
+reduce_dtype=float32)`` (``benchmarks/peer_recipes.py``); DDP, the losses' reference, stays fp32.
 """
 
 from __future__ import annotations
@@ -135,6 +138,10 @@ def arguments(argv=None) -> argparse.Namespace:
                              f"{', '.join(CHECKPOINTING)} (default none): every configuration trains the model "
                              "under each form in turn, FSDP2 and DDP the same checkpointed blocks; hf-llama: "
                              "gradient_checkpointing_enable, full (use_reentrant=False) or reentrant")
+    parser.add_argument("--mp-policy", choices=("none", "bf16"), default="none",
+                        help="mixed precision of the sharded configurations, dcsched.shard's and fully_shard's "
+                             "mp_policy: bf16 is MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32) "
+                             "(DDP, the losses' reference, trains in fp32; DeepSpeed is not run)")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = parser.parse_args(argv)
     if min(args.steps, args.runs, args.batch, args.world_size) < 1 or args.warmup < 0:
@@ -168,23 +175,6 @@ def _blocks(model):
     return list(model.model.layers)  # Hugging Face's Llama
 
 
-def _hf_llama(size: dict, form: str):
-    """transformers' Llama of the example Llama's size (its MLP width, multi-head attention), seeded; ``form``
-    full or reentrant: ``gradient_checkpointing_enable`` with ``use_reentrant`` False or True."""
-    import math
-
-    import transformers
-    torch.manual_seed(0)
-    width = size["d_model"]
-    config = transformers.LlamaConfig(
-        num_hidden_layers=size["n_layers"], hidden_size=width, num_attention_heads=size["n_heads"],
-        num_key_value_heads=size["n_heads"], intermediate_size=64 * math.ceil(8 * width / 3 / 64),
-        vocab_size=size["vocab"], max_position_embeddings=size["seq"], use_cache=False)
-    model = transformers.LlamaForCausalLM(config)
-    if form != "none":
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": form == "reentrant"})
-    return model
-
 
 class Config:
     """One way of training the model on this rank: :meth:`setup` builds it, :meth:`step` trains one step."""
@@ -195,9 +185,11 @@ class Config:
 
     def setup(self) -> None:
         from dcsched.examples import build
+        from peer_recipes import mixed_precision
         form = {"checkpointing": self.args.form} if self.args.form != "none" else {}
         if self.family == "hf-llama":
-            model = _hf_llama(self.args.size, self.args.form)
+            from peer_recipes import hf_llama
+            model = hf_llama(self.args.size, self.args.form)
         else:
             model, _, _ = build(self.family, seed=0, batch=self.per_rank, **self.args.size, **form)
         model.train()
@@ -209,16 +201,17 @@ class Config:
             algo = name[len("dcsched-"):]
             compute = "inductor" if algo.endswith("-inductor") else "eager"
             algo = algo.removesuffix("-inductor")
-            dcsched.shard(model)
+            dcsched.shard(model, mp_policy=mixed_precision(self.args.mp_policy, fsdp2=False))
             self.optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
             options = {"memory_budget": self.args.memory_budget} if self.args.memory_budget else {}
             self.backend = dcsched.backend(algo=algo, compute=compute, **options)
             self.run = torch.compile(model, backend=self.backend, dynamic=False)
         elif name.startswith("fsdp2"):
             from torch.distributed.fsdp import fully_shard
+            policy = mixed_precision(self.args.mp_policy, fsdp2=True)
             for block in _blocks(model):
-                fully_shard(block)
-            fully_shard(model)
+                fully_shard(block, **policy)
+            fully_shard(model, **policy)
             self.optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
             self.run = torch.compile(model, dynamic=False) if name == "fsdp2-compile" else model
         elif name == "ddp":
@@ -228,6 +221,8 @@ class Config:
             # The reducer's flat gradient buckets hold every gradient, allocated once, in C++.
             self.extra_state = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
         elif name == "deepspeed-zero3":
+            if self.args.mp_policy != "none":
+                raise ValueError("--mp-policy: DeepSpeed's bf16 section is not set up by this benchmark")
             import deepspeed
             optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
             # ZeRO-3 with the Hugging Face integration's "auto" sizes for the model's width (DeepSpeed's own
@@ -513,6 +508,8 @@ def rows_for(family: str, ranks: list[dict], args, load: float) -> list[dict]:
     label = f"{family} {args.size['n_layers']}x{args.size['d_model']} seq {args.size['seq']} batch {args.batch}"
     if args.forms != ["none"]:
         label += f" ckpt {args.form}"
+    if args.mp_policy != "none":
+        label += f" mp {args.mp_policy}"
     ddp = [rank["ddp"]["losses"] for rank in ranks]
     rows = []
     for name in args.configs:
@@ -543,7 +540,7 @@ def rows_for(family: str, ranks: list[dict], args, load: float) -> list[dict]:
             "round_step_ms": [[round(x, 1) for x in r["step_ms"]] for r in per_rank],
             "losses": [r["losses"] for r in per_rank],
             "runs": args.runs, "steps": args.steps, "warmup": args.warmup, "load": load,
-            "checkpointing": args.form,
+            "checkpointing": args.form, "mp_policy": args.mp_policy,
         })
         rows.append(row)
     return rows
