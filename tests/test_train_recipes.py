@@ -238,7 +238,7 @@ run(input_ids=ids, labels=ids).loss.backward()
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("reentrant,meta", [(False, True), (True, False)])
+@pytest.mark.parametrize("reentrant,meta", [(False, True), (True, False), (True, True)])
 def test_profile_captures_a_hugging_face_script_with_gradient_checkpointing(tmp_path, reentrant, meta):
     pytest.importorskip("transformers")
     from dcsched.profile.capture import capture_script_step
