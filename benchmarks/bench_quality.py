@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from quality_graphs import CONFIGS, STRESS, captured, depths, samples  # noqa: E402
 
 from dcsched.sim.bounds import budget_bound, tight_bound  # noqa: E402
+from dcsched.sim.plans import simulate_plan  # noqa: E402
 from dcsched.graph.nxview import to_networkx  # noqa: E402
 from dcsched.schedulers import run  # noqa: E402
 from dcsched.graph.form import GraphForm, paused_gc  # noqa: E402
@@ -72,9 +73,13 @@ class Runs:
     #: DeepCompile pipeline label -> (its step, overlap's at its all-tensor peak), as check_targets found them.
     vs_pipeline: dict = dataclasses.field(default_factory=dict)
 
-    def add(self, label: str, order_indices=None, names=None, seconds=None, budget=None):
+    def add(self, label: str, order_indices=None, names=None, seconds=None, budget=None, plan=None):
+        """Simulate an order (node numbers or names), or a plan with its buckets as ``dcsched schedule`` does."""
         compiled = self.scheduler.compiled
-        result = compiled.simulate(names if names is not None else order_indices, detail=False)
+        if plan is not None:
+            result = simulate_plan(compiled, plan, "forward", detail=False)
+        else:
+            result = compiled.simulate(names if names is not None else order_indices, detail=False)
         self.results[label] = result
         self.rows.append(dict(algo=label, peak=result.peak_bytes, gathered=result.gathered_peak_bytes,
                               step=result.step_ms, overlap=result.overlap_pct,
@@ -107,7 +112,7 @@ def run_algorithms(name: str, graph) -> Runs:
     for label, budget in (("deepcompile", None), ("deepcompile @B", ff.peak_bytes + budget_b - ff.gathered_peak_bytes),
                           ("deepcompile @ff", ff.peak_bytes)):
         t = time.process_time()
-        runs.add(label, names=pipeline.plan(math.inf if budget is None else budget).order,
+        runs.add(label, plan=pipeline.scheduled(math.inf if budget is None else budget),
                  seconds=time.process_time() - t + setup, budget=budget)
     planner = scheduler.planners[0]
     for k in AHEAD:

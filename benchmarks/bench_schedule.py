@@ -266,12 +266,16 @@ def stack_params(pair: GraphPair) -> list:
 def cli_bundle(nodes: int, path: Path, *, v1: bool) -> int:
     """Write a bundle of about ``nodes`` nodes (layered stack, forward and backward); its node count."""
     import gc
-    from dcsched.bundle.core import Bundle, save, save_v1
+    import torch
+    from dcsched.bundle.core import Bundle, save, to_data
     pair = layered_stack(max(1, round(nodes / NODES_PER_LAYER)))
     bundle = Bundle(forward=pair.forward, backward=pair.backward, params=stack_params(pair), inputs=[],
                     forward_placeholders=[], backward_placeholders=[],
                     provenance={"target_memory_bytes": DEVICE_BYTES, "gpu": "synthetic"})
-    (save_v1 if v1 else save)(bundle, path)
+    if v1:  # version 1: the plain-data torch file dcsched still reads
+        torch.save(to_data(bundle), path)
+    else:
+        save(bundle, path)
     count = len(pair.forward.nodes) + len(pair.backward.nodes)
     del pair, bundle
     gc.collect()

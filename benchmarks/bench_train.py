@@ -153,13 +153,11 @@ def cpu_rows(args) -> list[dict]:
 
 
 def _init_distributed() -> tuple[int, int]:
-    if "WORLD_SIZE" not in os.environ or int(os.environ["WORLD_SIZE"]) == 1:
+    from dcsched.runtime import distributed
+    if not distributed.launched():
         return 0, 1
-    import torch.distributed as dist
-    rank = int(os.environ["RANK"])
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
-    dist.init_process_group("nccl")
-    return rank, dist.get_world_size()
+    launch = distributed.init("cuda")
+    return launch.rank, launch.world_size
 
 
 def cuda_rows(args) -> list[dict]:

@@ -85,7 +85,10 @@ def worker(rank: int, world_size: int, port: int, family: str, args) -> None:
     torch.set_num_threads(1)
     if args.sync_gathers:
         _blocking_gathers()
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    from dcsched.runtime import distributed
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    distributed.init("cpu")  # gloo, from the environment above
     try:
         per_rank = args.batch // world_size
         batches = peers._batches(rank, per_rank, args.size)

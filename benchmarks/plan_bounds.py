@@ -9,7 +9,7 @@ searches (no budget, every parameter kept: the fewest collectives):
 * forward: every all-gather, in the order the parameters are needed, cut into 1 to 4 consecutive buckets
   (a bucket may hold the end of one layer and the start of the next): at every point among the first 16
   parameters, every third after them; each bucketed on the input order, ``fast-free``'s and ``overlap``'s,
-  0, 1 or 2 blocks ahead (``dcsched.schedulers.fsdp.bucketed``);
+  0, 1 or 2 blocks ahead (``dcsched.schedulers.fsdp.scheduler.bucketed``);
 * backward: the reduces in their blocks, the last block whole or cut at every point, on the same orders.
 
 It prints the fastest forward and backward for each collective count and the fastest step within the cap.
@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dcsched.graph.form import GraphForm  # noqa: E402
 from dcsched.schedulers import run_step  # noqa: E402
-from dcsched.schedulers.fast_free import fast_free  # noqa: E402
-from dcsched.schedulers.fsdp import bucketed, step_blocks  # noqa: E402
+from dcsched.schedulers.fast_free.scheduler import fast_free  # noqa: E402
+from dcsched.schedulers.fsdp.scheduler import bucketed, step_blocks  # noqa: E402
 from dcsched.schedulers.overlap.scheduler import Overlap  # noqa: E402
 from dcsched.sim.collectives import DEFAULT_LATENCY_MS  # noqa: E402
 from dcsched.sim.plans import simulate_plan  # noqa: E402

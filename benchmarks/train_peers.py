@@ -266,8 +266,8 @@ class Config:
         runtime, graph_ids = program.runtime, program.bundle.graph_ids
         ways = []
         for name in ("forward", "backward"):
-            async_gather, async_reduce = runtime.asynchronous_in(graph_ids[name])
-            kinds = [kind for kind, on in (("gathers", async_gather), ("reduces", async_reduce)) if on]
+            issue = runtime.issue_in(graph_ids[name])
+            kinds = [kind for kind, on in (("gathers", issue.async_gather), ("reduces", issue.async_reduce)) if on]
             ways.append("+".join(kinds) or "none")
         return " / ".join(ways)
 
@@ -405,12 +405,13 @@ def _warm_compilers(inductor: bool) -> None:
 def worker(rank: int, world_size: int, port: int, family: str, args, out_dir: str) -> None:
     """mp.spawn target: train every configuration of ``family`` in rounds; results to ``out_dir/rank<r>.json``."""
     import torch.distributed as dist
+
+    from dcsched.runtime import distributed
     os.dup2(2, 1)  # the parent's stdout carries the table or JSON alone
     torch.set_num_threads(1)
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=args.timeout))
+    distributed.init("cpu", timeout=datetime.timedelta(seconds=args.timeout))  # gloo, from the environment above
     torch._dynamo.config.cache_size_limit = 64
     torch._dynamo.config.recompile_limit = 64
     _warm_compilers(any(name == "fsdp2-compile" or name.endswith("-inductor") for name in args.configs))

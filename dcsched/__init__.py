@@ -31,7 +31,7 @@ _LAZY = {
     "capture": "profile.capture", "capture_script": "profile.capture", "ProfileOptions": "costmodels.options",
     "profile_bundle": "profile.measure", "tracing_checkpoints": "profile.checkpointing",
     "Budget": "budget", "Plan": "plan",
-    "schedule": "schedulers.reorder", "simulate": "sim.simulate", "SimResult": "sim.simulate",
+    "schedule": "reorder", "simulate": "sim.simulate", "SimResult": "sim.simulate",
     "replay_orders": "replay",
     "backend": "train.backend", "shard": "train.sharding", "MixedPrecisionPolicy": "train.mixed_precision",
     "save_checkpoint": "train.checkpoint", "load_checkpoint": "train.checkpoint", "CheckpointError": "train.checkpoint",

@@ -14,7 +14,7 @@ target device's memory recorded in a bundle's provenance less
 is recorded (a bare graph, a bundle without one), no limit. Training makes one
 exception (:meth:`dcsched.train.options.TrainOptions.budget`): a step planner
 given no budget where no device is recorded plans within the peak of FSDP2's
-policy (``'fsdp'``, :mod:`dcsched.schedulers.fsdp_peak`).
+policy (``'fsdp'``, :mod:`dcsched.schedulers.fsdp.peak`).
 
 >>> Budget.parse("6GiB")
 Budget(bytes=6442450944, scope='all')
@@ -37,7 +37,7 @@ from dcsched.units import MAX_SIZE_BYTES, parse_size  # noqa: F401
 
 #: The budget's value for "no limit".
 UNLIMITED = math.inf
-#: The training budget that names the peak of FSDP2's policy on the step (:mod:`dcsched.schedulers.fsdp_peak`).
+#: The training budget that names the peak of FSDP2's policy on the step (:mod:`dcsched.schedulers.fsdp.peak`).
 FSDP_BUDGET = "fsdp"
 #: What ``--memory-budget`` and ``memory_budget=`` accept for "no limit".
 UNLIMITED_WORDS = ("unlimited", "infinite", "inf", "none")

@@ -40,7 +40,7 @@ import torch
 import torch.fx
 
 from dcsched.runtime import ops
-from dcsched.schedulers.reorder import schedule
+from dcsched.reorder import schedule
 from dcsched.graph.roles import COMM_ROLES, role_of
 
 

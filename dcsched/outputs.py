@@ -36,7 +36,7 @@ b'data'
 >>> check_outputs({"-o": d / "new" / "out.pt"}, inputs=[])
 Traceback (most recent call last):
 ...
-dcsched.errors.DcschedError: ...out.pt: exists already (pass `force=True` to replace it)
+dcsched.errors.OutputError: ...out.pt: exists already (pass `force=True` to replace it)
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping
 
-from dcsched.errors import DcschedError, first_line
+from dcsched.errors import OutputError, first_line
 
 TEMP_SUFFIX = ".tmp"
 
@@ -72,7 +72,7 @@ def _existing_kind(path: Path) -> str | None:
     except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as exc:
-        raise DcschedError(f"{path}: cannot be written ({exc.strerror})") from None
+        raise OutputError(f"{path}: cannot be written ({exc.strerror})") from None
     return None if stat.S_ISREG(mode) else _describe(mode)
 
 
@@ -84,28 +84,28 @@ def _same_file(a: Path, b: Path) -> bool:
 
 
 def check_output(path: Path, *, inputs: Iterable[Path] = (), force: bool = False, option: str = "") -> None:
-    """Refuse ``path`` as an output by the rule in the module docstring (a one-line :class:`DcschedError`)."""
+    """Refuse ``path`` as an output by the rule in the module docstring (a one-line :class:`OutputError`)."""
     path = Path(path)
     what = f"{path}" if not option else f"{option} {path}"
     kind = _existing_kind(path)
     if kind is not None:
-        raise DcschedError(f"{what}: is {kind}; dcsched writes only regular files")
+        raise OutputError(f"{what}: is {kind}; dcsched writes only regular files")
     for source in inputs:
         if _same_file(path, Path(source)) or Path(os.path.abspath(path)) == Path(os.path.abspath(source)):
             if not force:
-                raise DcschedError(f"{what}: would overwrite the input {source} (choose another path, "
+                raise OutputError(f"{what}: would overwrite the input {source} (choose another path, "
                                    "or pass `force=True`)")
             break
     else:
         if path.exists() and not force:
-            raise DcschedError(f"{what}: exists already (pass `force=True` to replace it)")
+            raise OutputError(f"{what}: exists already (pass `force=True` to replace it)")
     ancestor = Path(os.path.abspath(path)).parent
     while not ancestor.exists():
         ancestor = ancestor.parent
     if not ancestor.is_dir():
-        raise DcschedError(f"{what}: {ancestor} is not a directory")
+        raise OutputError(f"{what}: {ancestor} is not a directory")
     if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise DcschedError(f"{what}: directory {ancestor} is not writable")
+        raise OutputError(f"{what}: directory {ancestor} is not writable")
 
 
 def check_outputs(outputs: Mapping[str, Path], *, inputs: Iterable[Path] = (), force: bool = False) -> None:
@@ -116,7 +116,7 @@ def check_outputs(outputs: Mapping[str, Path], *, inputs: Iterable[Path] = (), f
         check_output(path, inputs=inputs, force=force, option=option)
         key = os.path.realpath(path)
         if key in seen:
-            raise DcschedError(f"{option} {path}: is also the output of {seen[key]}; give each output its own path")
+            raise OutputError(f"{option} {path}: is also the output of {seen[key]}; give each output its own path")
         seen[key] = option
 
 
@@ -182,7 +182,7 @@ class _Staged:
             if not self.overwrite:  # all or none: refuse before placing any
                 for _tmp, path in self.files:
                     if os.path.lexists(path):
-                        raise DcschedError(f"{path}: was created while dcsched ran (pass `force=True` to replace it)")
+                        raise OutputError(f"{path}: was created while dcsched ran (pass `force=True` to replace it)")
             while self.files:
                 tmp, path = self.files[0]
                 _place(tmp, path, self.overwrite)
@@ -237,15 +237,15 @@ def _place(tmp: str, path: Path, overwrite: bool) -> None:
         try:
             os.link(tmp, path)  # atomic, and fails where a file exists: no check-then-rename race
         except FileExistsError:
-            raise DcschedError(f"{path}: was created while dcsched ran (pass `force=True` to replace it)") from None
+            raise OutputError(f"{path}: was created while dcsched ran (pass `force=True` to replace it)") from None
         except OSError as exc:
             if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EXDEV, errno.EMLINK):
                 raise
             if os.path.lexists(path):  # a file system without hard links: the best check there is
-                raise DcschedError(f"{path}: was created while dcsched ran (pass `force=True` to replace it)") from None
+                raise OutputError(f"{path}: was created while dcsched ran (pass `force=True` to replace it)") from None
             os.replace(tmp, path)
     except OSError as exc:
-        raise DcschedError(f"{path}: cannot be written ({exc.strerror or exc})") from None
+        raise OutputError(f"{path}: cannot be written ({exc.strerror or exc})") from None
     finally:
         Path(tmp).unlink(missing_ok=True)
 
@@ -255,24 +255,24 @@ def write_atomic(path: str | os.PathLike, write: Callable, *, overwrite: bool = 
 
     Refuses a ``path`` that exists and is not a regular file. Missing directories are
     created. A failure (an exception, a full or read-only disk) leaves no
-    file behind and is raised as a one-line :class:`DcschedError` when it is
+    file behind and is raised as a one-line :class:`OutputError` when it is
     the file system's. ``overwrite=False``: a file that exists at the rename is an error, never replaced.
     Inside :func:`all_or_none` the rename waits for the block's end.
     """
     path = Path(path)
     kind = _existing_kind(path)
     if kind is not None:
-        raise DcschedError(f"{path}: is {kind}; dcsched writes only regular files")
+        raise OutputError(f"{path}: is {kind}; dcsched writes only regular files")
     directory = path.parent if str(path.parent) else Path(".")
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise DcschedError(f"{path}: cannot create directory {directory} ({exc.strerror})") from None
+        raise OutputError(f"{path}: cannot create directory {directory} ({exc.strerror})") from None
     _remove_stale_temps(directory, path.name)
     try:
         fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path.name), suffix=TEMP_SUFFIX, dir=directory)
     except OSError as exc:
-        raise DcschedError(f"{path}: cannot write in {directory} ({exc.strerror})") from None
+        raise OutputError(f"{path}: cannot write in {directory} ({exc.strerror})") from None
     try:
         # mkstemp creates the file 0600; give it the mode a plain open() would.
         umask = os.umask(0)
@@ -286,10 +286,10 @@ def write_atomic(path: str | os.PathLike, write: Callable, *, overwrite: bool = 
         Path(tmp).unlink(missing_ok=True)
         if exc.strerror is None:
             raise
-        raise DcschedError(f"{path}: cannot be written ({exc.strerror})") from None
+        raise OutputError(f"{path}: cannot be written ({exc.strerror})") from None
     except RuntimeError as exc:  # torch.save on a full disk: "unexpected pos 64 vs 0"
         Path(tmp).unlink(missing_ok=True)
-        raise DcschedError(f"{path}: cannot be written (is the disk full? {first_line(exc)})") from None
+        raise OutputError(f"{path}: cannot be written (is the disk full? {first_line(exc)})") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

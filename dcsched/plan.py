@@ -28,8 +28,11 @@ import dataclasses
 import types
 from typing import Iterable, Mapping, Sequence
 
-#: A bucket's kinds: fused all-gathers, fused gradient reduces.
-BUCKET_KINDS = ("allgather", "reduce")
+from dcsched import collectives
+
+#: A bucket's kinds: fused all-gathers, fused gradient reduces (which collective kinds each fuses:
+#: :func:`dcsched.collectives.bucket_ops`).
+BUCKET_KINDS = collectives.BUCKET_KINDS
 #: Where a parameter lives between its uses.
 RESIDENCIES = ("sharded", "kept", "replicated")
 #: A parameter not named in :attr:`Plan.residency`.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import torch.fx
 
@@ -54,3 +56,35 @@ def linear_bundle(n_params: int = 2) -> Bundle:
         backward_placeholders=[],
         provenance={"device_time": "hand-written", "tensor_size": "hand-written"},
     )
+
+
+def save_v1(bundle: Bundle, path) -> Path:
+    """Write ``bundle`` as a version-1 torch file (the plain-data form dcsched still reads), atomically."""
+    from dcsched.bundle.core import to_data
+    from dcsched.outputs import write_atomic
+    path = Path(path)
+    data = to_data(bundle)
+    write_atomic(path, lambda handle: torch.save(data, handle), overwrite=True)
+    return path
+
+
+def column_nodes(views) -> list[dict]:
+    """Version 1's node form (what :func:`dcsched.bundle.graph_encoding.encode_graph` gives) of a graph's
+    :class:`~dcsched.bundle.column_views.ColumnViews`: what a version-2 file holds, node by node."""
+    from dcsched.bundle.column_format import HAS_SIZE, HAS_TIME, OPS, named_template
+    out = []
+    code, args, meta, inputs, ints = views._node_values()
+    times, sizes = views.figure_lists()
+    flags = views.figures.tolist()
+    names = views.names
+    for v, name in enumerate(names):
+        a, kw = named_template(views.templates[args[v]], ([names[r] for r in inputs[v]], ints[v]))
+        node_meta = {}
+        if flags[v] & HAS_TIME:
+            node_meta["device_time"] = times[v]
+        if flags[v] & HAS_SIZE:
+            node_meta["tensor_size"] = sizes[v]
+        node_meta.update(views.metas[meta[v]])
+        out.append({"name": name, "op": OPS[code[v] % 4], "target": views.strings[code[v] // 4],
+                    "args": a, "kwargs": kw, "meta": node_meta})
+    return out

@@ -103,7 +103,8 @@ def train(name: str, steps: int, algo: str | None = None, clip: bool = False, ev
             model.train()
     result = {"losses": losses, "norms": norms, "evaluated": evaluated}
     if checkpointing is not None and backend is not None:
-        from dcsched.runtime.commplan import comm_plan, planned_collectives
+        from comm_counts import planned_collectives
+        from dcsched.runtime.commplan import comm_plan
         program = backend.programs[0]
         result["collectives"] = {
             "graphs": len(backend.programs), "issued": sum(getattr(program.runtime, "issued", {}).values()),

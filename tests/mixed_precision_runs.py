@@ -119,7 +119,7 @@ def _peaks(program) -> dict:
     stats = program.stats[-1]
     return {graph: (getattr(stats, graph).peak_bytes,
                     simulate_plan(compile_view(program.bundle.graphs[graph]), program.bundle.plans.get(graph)
-                                  or Plan(()), graph, async_reduce=program.runtime.async_reduce).peak_bytes)
+                                  or Plan(()), graph, issue=program.runtime.issue.without_staging()).peak_bytes)
             for graph in ("forward", "backward")}
 
 

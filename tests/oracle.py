@@ -22,7 +22,23 @@ from __future__ import annotations
 
 import networkx as nx
 
-from dcsched.graph.lastuse import last_uses
+from dcsched.graph.form import GraphForm
+from dcsched.graph.lastuse import last_use_indices
+
+
+def last_uses(view: nx.DiGraph) -> dict[str, str]:
+    """``{value: its last use}`` for every node of the networkx view that has a reader (DeepSpeed's
+    ``get_last_uses`` on the view, by :func:`dcsched.graph.lastuse.last_use_indices`)."""
+    form = GraphForm(view)
+    last_use, _ = last_use_indices(form.preds, form.aliasing)
+    return {form.names[i]: form.names[u] for i, u in enumerate(last_use) if u is not None}
+
+
+def last_uses_by_user(view: nx.DiGraph) -> dict[str, list[str]]:
+    """``{user: the values whose last use it is}``, in DeepSpeed's order (users with none omitted)."""
+    form = GraphForm(view)
+    _, by_user = last_use_indices(form.preds, form.aliasing)
+    return {form.names[u]: [form.names[v] for v in values] for u, values in sorted(by_user.items()) if values}
 
 
 def _input_order(view: nx.DiGraph) -> list[str]:

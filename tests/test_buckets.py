@@ -17,7 +17,7 @@ from dcsched.report.compare import compare_bundle, compare_graph
 from dcsched.runtime import ops
 from dcsched.schedulers import run
 from dcsched.schedulers.deepcompile import deepcompile
-from dcsched.schedulers.fsdp import bucketed, just_in_time, step_blocks
+from dcsched.schedulers.fsdp.scheduler import bucketed, just_in_time, step_blocks
 from dcsched.plan import Bucket
 from dcsched.sim.collectives import DEFAULT_LATENCY_MS, bucket_time_ms, latency_from_provenance
 from dcsched.sim.simulate import compile_view
@@ -189,7 +189,7 @@ def test_fsdp_backward_holds_two_blocks_as_fsdp2_does(name):
     """FSDP2 holds the block it runs and the one it prefetched, the backward's last block first. The captured
     graphs issue every all-gather near their top, so bucketing the input order as it stood gathered every
     block at the backward's start (all 12.5 MiB of the 2-rank GPT's parameters beside its activations)."""
-    from dcsched.schedulers.fsdp import fsdp, step_blocks
+    from dcsched.schedulers.fsdp.scheduler import fsdp, step_blocks
     from dcsched.sim.plans import simulate_plan
 
     bundle = load(ROOT / "sample_graphs" / f"{name}.pt")

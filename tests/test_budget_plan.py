@@ -18,6 +18,7 @@ from dcsched.schedulers import Bucket, Plan, run
 from dcsched.schedulers.deepcompile import DeepCompile
 from dcsched.schedulers.overlap.scheduler import Overlap
 from dcsched.synthetic import layered_stack, random_graph
+from dcsched.report.options import ScheduleOptions
 from dcsched.train.options import TrainOptions
 
 
@@ -98,21 +99,22 @@ def test_train_uses_the_same_rule():
 
 def test_train_budget_fsdp_is_fsdps_own_peak_and_a_step_planners_default_where_no_device_is_known():
     from dcsched import replay
-    from dcsched.schedulers.fsdp_peak import fsdp_peak
+    from dcsched.collective_issue import FSDP2, FSDP2_ON_GLOO, GLOO, PROCESS_GROUP
+    from dcsched.schedulers.fsdp.peak import fsdp_peak
     from dcsched.sim.collectives import latency_from_provenance
 
     bundle = replay.example_bundle()  # profiled on the CPU: no device's memory recorded
     assert device_memory(bundle) is None
     forms = {name: bundle.form(name) for name in bundle.graph_names}
     latency = latency_from_provenance(bundle.provenance)
-    for staging in (False, True):
-        peak = fsdp_peak(forms, comm_latency_ms=latency, staging=staging)
+    for issue, fsdp_issue in ((PROCESS_GROUP, FSDP2), (GLOO, FSDP2_ON_GLOO)):  # FSDP2's way on the run's backend
+        peak = fsdp_peak(forms, comm_latency_ms=latency, issue=fsdp_issue)
         for given in ("fsdp", " FSDP", None):  # named, or overlap-plan's default
-            assert TrainOptions(algo="overlap-plan", memory_budget=given).budget(bundle, staging=staging) == \
+            assert TrainOptions(algo="overlap-plan", memory_budget=given).budget(bundle, issue=issue) == \
                 Budget(peak)
         assert TrainOptions(algo="overlap-plan", memory_budget="fsdp", budget_scope="gathered").budget(
-            bundle, staging=staging) == Budget(fsdp_peak(forms, comm_latency_ms=latency, staging=staging,
-                                                         scope="gathered"), "gathered")
+            bundle, issue=issue) == Budget(fsdp_peak(forms, comm_latency_ms=latency, issue=fsdp_issue,
+                                                     scope="gathered"), "gathered")
     # not a step planner: no limit where no device is known; a device's memory recorded: the one default rule
     assert TrainOptions(algo="overlap").budget(bundle) == Budget.unlimited()
     assert TrainOptions(algo="overlap-plan").budget(_with_device(bundle, 1000)) == Budget(900)
@@ -211,7 +213,7 @@ def test_run_is_the_one_entry_and_matches_dcsched_schedule():
         assert plan.order[-1] == "output"
     # The same order from the FX graph's form and from the networkx view's form.
     assert run("fast-free", GraphForm(to_networkx(graph))).order == run("fast-free", form).order
-    assert dcsched.schedulers.reorder.plan(graph, "deepcompile").buckets == run("deepcompile", form).buckets
+    assert dcsched.reorder.plan(graph, "deepcompile").buckets == run("deepcompile", form).buckets
 
 
 def test_run_takes_a_form_and_a_budget_object():
@@ -279,3 +281,72 @@ def test_a_scheduler_returning_a_bad_order_is_a_schedule_error():
 def test_schedule_refuses_a_budget_for_a_scheduler_without_one():
     with pytest.raises(OptionError, match="takes no memory budget"):
         dcsched.schedule(layered_stack(1).forward, "fast-free", memory_budget="1GiB")
+
+
+# -- the one refusal: a budget (or scope) given to a scheduler that takes none --------------------------
+
+REFUSALS = {"memory_budget": "memory_budget is given, but scheduler '{}' takes no memory budget",
+            "budget_scope": "budget_scope is given, but scheduler '{}' takes no budget scope"}
+
+
+def _python_paths(algo: str, option: str, value):
+    """Every Python entry that takes a budget, each given ``option=value`` for scheduler ``algo``."""
+    graph = layered_stack(1).forward
+    given = {option: value}
+    return {
+        "dcsched.schedule": lambda: dcsched.schedule(graph, algo, **given),
+        "dcsched.plan": lambda: dcsched.reorder.plan(graph, algo, **given),
+        "dcsched.order": lambda: dcsched.reorder.order(graph, algo, **given),
+        "dcsched.backend": lambda: dcsched.backend(algo=algo, **given),
+        "TrainOptions.check": lambda: TrainOptions(algo=algo, **given).check(),
+        "TrainOptions.budget": lambda: TrainOptions(algo=algo, **given).budget(_bundle()),
+        "ScheduleOptions.resolve": lambda: ScheduleOptions(algo=algo, **given).resolve(),
+    }
+
+
+@pytest.mark.parametrize("algo, option, value", [
+    ("fast-free", "memory_budget", "1GiB"), ("none", "memory_budget", "unlimited"),
+    ("fast-free", "budget_scope", "gathered"), ("deepcompile", "budget_scope", "all"),  # a budget, but no scope
+])
+def test_one_refusal_from_every_python_path(algo, option, value):
+    for path, call in _python_paths(algo, option, value).items():
+        with pytest.raises(OptionError) as raised:
+            call()
+        assert (raised.value.option, str(raised.value)) == (option, REFUSALS[option].format(algo)), path
+
+
+def test_a_budget_object_is_refused_as_a_budget_text_is():
+    with pytest.raises(OptionError) as raised:
+        dcsched.reorder.plan(layered_stack(1).forward, "list", budget=Budget.unlimited())
+    assert str(raised.value) == REFUSALS["memory_budget"].format("list")
+
+
+def test_a_budget_any_selected_scheduler_takes_is_not_refused():
+    selection = ScheduleOptions(algo="none,overlap,deepcompile", memory_budget="6GiB",
+                                budget_scope="gathered").resolve()
+    assert selection.budget == Budget(6 * 2**30, "gathered") and selection.budgeted == ["overlap", "deepcompile"]
+    with pytest.raises(OptionError) as raised:
+        ScheduleOptions(algo="none,list", memory_budget="6GiB").resolve()
+    assert str(raised.value) == "memory_budget is given, but scheduler 'none', 'list' takes no memory budget"
+
+
+@pytest.mark.parametrize("command, option, flags", [
+    ("schedule", "memory_budget", ["--memory-budget", "1GiB"]),
+    ("schedule", "memory_budget", ["-O", "memory_budget=1"]),
+    ("train", "memory_budget", ["--memory-budget", "1GiB"]),
+    ("train", "memory_budget", ["-O", "memory_budget=1GiB"]),
+    ("schedule", "budget_scope", ["--budget-scope", "gathered"]),
+    ("train", "budget_scope", ["--budget-scope", "all"]),
+])
+def test_one_refusal_on_the_command_line_exit_2_one_line(tmp_path, capsys, command, option, flags):
+    from dcsched.cli import run as cli
+    marker = tmp_path / "ran"
+    script = tmp_path / "touch.py"
+    script.write_text(f"open({str(marker)!r}, 'w').close()\n")
+    source = dcsched.save(dcsched.replay.example_bundle(), tmp_path / "in.pt") if command == "schedule" else script
+    before = sorted(tmp_path.iterdir())
+    assert cli([command, str(source), "--algo", "fast-free", *flags]) == 2
+    err = capsys.readouterr().err
+    in_words = REFUSALS[option].format("fast-free").replace(option, "--" + option.replace("_", "-"), 1)
+    assert err == f"dcsched: error: {in_words}\n", err
+    assert sorted(tmp_path.iterdir()) == before and not marker.exists()  # nothing ran, nothing written

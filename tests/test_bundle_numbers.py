@@ -22,6 +22,7 @@ from dcsched.cli import run
 from dcsched.errors import BundleError, GraphError
 from dcsched.plan import Bucket, Plan
 from dcsched.safeparse import json_depth
+from bundles import save_v1
 
 BIG = 2**70  # past 64 bits: stored literally in a version-3 template, a Python int in version 1
 #: Every command that reads a bundle (convert also takes an output path).
@@ -97,7 +98,7 @@ def _hostile(tmp_path: Path, kind: str, version: int) -> tuple[Path, str]:
     edit(bundle)
     path = tmp_path / "hostile.pt"
     if version == 1:
-        bundle_io.save_v1(bundle, path)
+        save_v1(bundle, path)
     else:
         path.write_bytes(fileio.encode(*fileio.document_and_tensors(bundle)))
     return path, words
@@ -145,7 +146,7 @@ def test_the_example_loads_in_either_form(tmp_path):
         path = tmp_path / f"v{version}.pt"
         bundle = replay.example_bundle()
         if version == 1:
-            bundle_io.save_v1(bundle, path)
+            save_v1(bundle, path)
         else:
             dcsched.save(bundle, path)
         loaded = dcsched.load(path)

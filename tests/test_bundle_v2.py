@@ -29,6 +29,7 @@ from dcsched.plan import RESIDENCIES, Bucket, Plan
 
 from bundles import linear_bundle
 from strategies import arbitrary_dags, zero3_graphs
+from bundles import save_v1
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN_V1 = sorted((ROOT / "tests" / "golden" / "bundles").glob("*.pt"))
@@ -270,7 +271,7 @@ def test_version_1_bundles_still_load(path):
 
 def test_convert_rewrites_v1_in_the_current_version(tmp_path, capsys):
     source = tmp_path / "old.pt"
-    bundle_io.save_v1(linear_bundle(3), source)
+    save_v1(linear_bundle(3), source)
     out = tmp_path / "new.pt"
     assert run(["convert", str(source), str(out)]) == 0
     assert fileio.is_v2(out.read_bytes()[:16])  # a safetensors file

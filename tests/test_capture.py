@@ -18,6 +18,7 @@ from dcsched.profile.capture import CaptureError, capture_script_step, capture_s
 from dcsched.cli import run
 from dcsched.examples import build
 from dcsched.graph.roles import Role, is_aliasing, role_of
+from bundles import column_nodes
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -251,7 +252,7 @@ def test_profile_cli_writes_a_bundle_that_loads_node_for_node(tmp_path, capsys):
     assert code == 0
     assert "step 1" not in capsys.readouterr().out, "the script stops after its first step"
     loaded = dcsched.load(out)
-    stored = {name: loaded.columns(name).to_nodes() for name in ("forward", "backward")}  # as the file holds them
+    stored = {name: column_nodes(loaded.columns(name)) for name in ("forward", "backward")}  # as the file holds them
     for name in ("forward", "backward"):
         assert encode_graph(loaded.graphs[name]) == stored[name]
         for node in loaded.graphs[name].nodes:

@@ -189,9 +189,9 @@ def test_scheduler_options_reach_the_scheduler(tmp_path, capsys, monkeypatch):
     calls = []
     real = train_backend.run_step
 
-    def recording(algo, forms, **options):
-        calls.append((algo, sorted(forms), {k: v for k, v in options.items() if k != "comm_latency_ms"}))
-        return real(algo, forms, **options)
+    def recording(scheduler, forms, **options):  # the registry entry resolved once, by TrainOptions
+        calls.append((scheduler.name, sorted(forms), {k: v for k, v in options.items() if k != "comm_latency_ms"}))
+        return real(scheduler, forms, **options)
 
     monkeypatch.setattr(train_backend, "run_step", recording)
     script = write(tmp_path, "linear.py", LINEAR.replace("\n    ", "\n") + textwrap.dedent("""

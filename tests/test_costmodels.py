@@ -254,10 +254,10 @@ def test_a_measured_profile_on_a_gpu_takes_its_kind_by_name(monkeypatch):
     model = measured.MeasuredCostModel(torch.device("cuda"), iters=1, warmup=0)  # nothing runs: names only
     options = ProfileOptions(world_size=16, progress=False)
     monkeypatch.setattr(measured, "describe_device", lambda device: "cuda:0 (NVIDIA H100 80GB HBM3)")
-    assert model.comm_link(options) == costmodels.interconnect("h100", 16)
+    assert model.comm_link(options, 16) == costmodels.interconnect("h100", 16)
     monkeypatch.setattr(measured, "describe_device", lambda device: "cuda:0 (NVIDIA L4)")
-    link = model.comm_link(options)
+    link = model.comm_link(options, 16)
     assert link.latency_us == costmodels.interconnect("a100", 16).latency_us
     assert link.name.endswith("(cuda:0 (NVIDIA L4) is not in the table: taken as a100)")
     # A named GPU wins over the device's name.
-    assert model.comm_link(ProfileOptions(gpu="h200", world_size=16)) == costmodels.interconnect("h200", 16)
+    assert model.comm_link(ProfileOptions(gpu="h200"), 16) == costmodels.interconnect("h200", 16)

@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from dcsched.graph.form import GraphForm
 from dcsched.graph.nxview import to_networkx
 from dcsched.schedulers import available, run
-from dcsched.schedulers.free_costs import FOLDS_ARE_SEQUENTIAL, skip_one_folds
-from dcsched.schedulers.head_pieces import HEAD_UNITS, head_pieces
+from dcsched.schedulers.fast_free.free_costs import FOLDS_ARE_SEQUENTIAL, skip_one_folds
+from dcsched.schedulers.overlap_plan.head_pieces import HEAD_UNITS, head_pieces
 from dcsched.synthetic.fanin import fanin_graph
 from scheduling import scheduled
 

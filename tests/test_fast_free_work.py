@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, strategies as st
 
 from dcsched.graph.form import GraphForm
-from dcsched.schedulers.gather_sets import pack, packed_count, unpack
-from dcsched.schedulers.fast_free import FastFreeRun, fast_free_indices
+from dcsched.schedulers.fast_free.gather_sets import pack, packed_count, unpack
+from dcsched.schedulers.fast_free.scheduler import FastFreeRun, fast_free_indices
 from dcsched.synthetic.stacking import stack_copies
 from dcsched.synthetic import layered_stack, moe_graph
 

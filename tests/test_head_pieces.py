@@ -14,7 +14,7 @@ from dcsched.budget import Budget, default_budget
 from dcsched.bundle.core import load
 from dcsched.graph.form import ALLGATHER, REDUCE, GraphForm
 from dcsched.schedulers import run_step
-from dcsched.schedulers.head_pieces import head_pieces, need_times
+from dcsched.schedulers.overlap_plan.head_pieces import head_pieces, need_times
 from dcsched.schedulers.overlap.scheduler import Overlap
 from dcsched.sim.collectives import latency_from_provenance
 from dcsched.sim.plans import simulate_plan

@@ -7,7 +7,7 @@ import torch
 import torch.fx
 
 from dcsched.runtime import ops
-from dcsched.graph.lastuse import last_uses, last_uses_by_user
+from oracle import last_uses, last_uses_by_user
 from dcsched.graph.nxview import to_networkx
 from golden_corpus import build, records
 

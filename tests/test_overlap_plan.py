@@ -15,12 +15,13 @@ from hypothesis import strategies as st
 
 from dcsched.budget import Budget, default_budget
 from dcsched.bundle.core import load
+from dcsched.collective_issue import GLOO, PROCESS_GROUP, SIMULATOR, CollectiveIssue
 from dcsched.errors import ScheduleError
 from dcsched.graph.form import ALLGATHER, REDUCE, GraphForm
 from dcsched.plan import Plan
 from dcsched.schedulers import register, run, run_step
 from dcsched.schedulers.overlap.scheduler import Overlap
-from dcsched.schedulers.fsdp import bucketed
+from dcsched.schedulers.fsdp.scheduler import bucketed
 from dcsched.schedulers.registry import unregister
 from dcsched.sim.collectives import DEFAULT_LATENCY_MS, latency_from_provenance
 from dcsched.sim.plans import kept_ids, simulate_plan
@@ -255,7 +256,7 @@ def test_the_plan_keeps_what_the_budget_allows():
 
 def test_asynchronous_reduces_keep_a_gradient_until_the_next_is_issued():
     backward = compile_view(layered_stack(2).backward)
-    sync, in_flight = backward.simulate(None), backward.simulate(None, async_reduce=True)
+    sync, in_flight = backward.simulate(None), backward.simulate(None, issue=PROCESS_GROUP)
     assert in_flight.step_ms == sync.step_ms and in_flight.collectives == sync.collectives
     assert in_flight.peak_bytes >= sync.peak_bytes
     # at every point at most one reduce's gradient more is alive than when synchronous
@@ -274,26 +275,26 @@ def test_training_reduces_asynchronously_under_a_budget_only_where_the_simulator
     plans = run_step("fast-free", forms, comm_latency_ms=latency)
     scheduled = bundle.reordered({name: list(plan.order) for name, plan in plans.items()}, plans=plans)
 
-    def peak(async_reduce: bool) -> int:
+    def peak(issue: CollectiveIssue) -> int:
         return max(simulate_plan(CompiledGraph(forms[name], comm_latency_ms=latency), plans[name], name,
-                                 async_reduce=async_reduce).peak_bytes for name in forms)
+                                 issue=issue).peak_bytes for name in forms)
 
-    synchronous, in_flight = peak(False), peak(True)
+    synchronous, in_flight = peak(SIMULATOR), peak(PROCESS_GROUP)
     assert in_flight > synchronous
     for budget in (None, Budget(math.inf, "all"), Budget(in_flight, "all")):
-        assert asynchrony(budget, scheduled, staging=False) == {name: (True, True) for name in forms}
+        assert asynchrony(budget, scheduled, fastest=PROCESS_GROUP) == {name: PROCESS_GROUP for name in forms}
     # on NCCL the gathers stay asynchronous (they stage nothing); the reduces block in the graph whose peak is
     # where one is in flight, the other graph keeps them as they were
-    tight = asynchrony(Budget(in_flight - 1, "all"), scheduled, staging=False)
-    assert (True, False) in tight.values() and all(way[0] for way in tight.values())
+    tight = asynchrony(Budget(in_flight - 1, "all"), scheduled, fastest=PROCESS_GROUP)
+    assert SIMULATOR in tight.values() and all(way.async_gather and not way.staging for way in tight.values())
 
 
 def test_on_gloo_a_budget_picks_the_first_asynchrony_whose_staging_copies_fit():
     """Gloo's own copies (an all-gather's output-sized flat tensor, a reduce-scatter's clone of its input)
-    count under a budget: per graph, the first way of ASYNCHRONY the simulator fits it in, the gathers
+    count under a budget: per graph, the first of issue_ways(GLOO) the simulator fits it in, the gathers
     blocking before the reduces, and both blocking where nothing fits."""
     from dcsched.bundle.core import load
-    from dcsched.train.backend import ASYNCHRONY, asynchrony
+    from dcsched.train.backend import asynchrony, issue_ways
 
     bundle = load(SAMPLES / "convnet.pt")
     latency = latency_from_provenance(bundle.provenance)
@@ -301,28 +302,31 @@ def test_on_gloo_a_budget_picks_the_first_asynchrony_whose_staging_copies_fit():
     plans = run_step("fast-free", forms, comm_latency_ms=latency)
     scheduled = bundle.reordered({name: list(plan.order) for name, plan in plans.items()}, plans=plans)
 
-    def graph_peak(name: str, async_gather: bool, async_reduce: bool) -> int:
+    def graph_peak(name: str, issue: CollectiveIssue) -> int:
         return simulate_plan(CompiledGraph(forms[name], comm_latency_ms=latency), plans[name], name,
-                             async_reduce=async_reduce, staging=True, async_gather=async_gather).peak_bytes
+                             issue=issue).peak_bytes
 
-    peaks = {name: {way: graph_peak(name, *way) for way in ASYNCHRONY} for name in forms}
-    assert max(peaks[name][True, True] for name in forms) > peak_unstaged(forms, plans, latency)  # copies count
+    ways = issue_ways(GLOO)
+    blocking = CollectiveIssue(async_gather=False, async_reduce=False, staging=True)
+    assert ways == (GLOO, CollectiveIssue(async_gather=False, async_reduce=True, staging=True),
+                    CollectiveIssue(async_gather=True, async_reduce=False, staging=True), blocking)
+    peaks = {name: {way: graph_peak(name, way) for way in ways} for name in forms}
+    assert max(peaks[name][GLOO] for name in forms) > peak_unstaged(forms, plans, latency)  # copies count
     for name in forms:
-        assert peaks[name][False, False] == min(peaks[name].values())
-    assert any(peaks[name][False, False] < peaks[name][True, True] for name in forms)
+        assert peaks[name][blocking] == min(peaks[name].values())
+    assert any(peaks[name][blocking] < peaks[name][GLOO] for name in forms)
     for budget in sorted({p for by_way in peaks.values() for p in by_way.values()}):
         # each graph takes the first way at or under the budget, the last where none is
-        expected = {name: next((w for w in ASYNCHRONY if peaks[name][w] <= budget), (False, False))
-                    for name in forms}
-        assert asynchrony(Budget(budget, "all"), scheduled, staging=True) == expected
+        expected = {name: next((w for w in ways if peaks[name][w] <= budget), blocking) for name in forms}
+        assert asynchrony(Budget(budget, "all"), scheduled, fastest=GLOO) == expected
     lowest = min(p for by_way in peaks.values() for p in by_way.values())
-    assert set(asynchrony(Budget(lowest - 1, "all"), scheduled, staging=True).values()) == {(False, False)}
-    assert set(asynchrony(None, scheduled, staging=True).values()) == {(True, True)}
+    assert set(asynchrony(Budget(lowest - 1, "all"), scheduled, fastest=GLOO).values()) == {blocking}
+    assert set(asynchrony(None, scheduled, fastest=GLOO).values()) == {GLOO}
 
 
 def peak_unstaged(forms, plans, latency) -> int:
     return max(simulate_plan(CompiledGraph(forms[name], comm_latency_ms=latency), plans[name], name,
-                             async_reduce=True).peak_bytes for name in forms)
+                             issue=PROCESS_GROUP).peak_bytes for name in forms)
 
 
 def test_at_fsdps_own_peak_the_plan_keeps_within_fsdps_count():

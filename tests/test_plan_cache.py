@@ -10,12 +10,12 @@ from hypothesis import given, settings, strategies as st
 from dcsched.budget import Budget
 from dcsched.graph.form import ALLGATHER, WAIT, GraphForm
 from dcsched.schedulers import run_step
-from dcsched.schedulers import plan_candidates
-from dcsched.schedulers.fast_free import fast_free
+from dcsched.schedulers.overlap_plan import candidates as plan_candidates
+from dcsched.schedulers.fast_free.scheduler import fast_free
 from dcsched.schedulers.overlap.scheduler import Overlap
-from dcsched.schedulers.fsdp import bucketed, just_in_time, placement, step_blocks
-from dcsched.schedulers.plan_candidates import GraphOrders
-from dcsched.schedulers.waits_first import waits_first
+from dcsched.schedulers.fsdp.scheduler import bucketed, just_in_time, placement, step_blocks
+from dcsched.schedulers.overlap_plan.candidates import GraphOrders
+from dcsched.schedulers.fsdp.waits_first import waits_first
 from dcsched.synthetic import moe_graph, random_graph
 from dcsched.synthetic.fanin import fanin_graph
 

@@ -14,10 +14,10 @@ from dcsched.errors import OptionError
 from dcsched.plan import MERGED_OVERLAP_OPTION, REPLICATE_OPTION
 from dcsched.graph.form import ALLGATHER, REDUCE, GraphForm
 from dcsched.schedulers import run_step
-from dcsched.schedulers.fsdp import step_blocks
+from dcsched.schedulers.fsdp.scheduler import step_blocks
 from dcsched.schedulers.overlap.scheduler import Overlap
-from dcsched.schedulers.plan_candidates import GraphOrders, GraphPlanner
-from dcsched.schedulers.plan_coalesce import coalesced
+from dcsched.schedulers.overlap_plan.candidates import GraphOrders, GraphPlanner
+from dcsched.schedulers.overlap_plan.coalesce import coalesced
 from dcsched.sim.collectives import DEFAULT_LATENCY_MS
 from dcsched.sim.plans import simulate_plan
 from dcsched.sim.simulate import CompiledGraph

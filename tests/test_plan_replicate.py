@@ -25,7 +25,7 @@ from dcsched.graph.form import ALLGATHER, GraphForm
 from dcsched.plan import REPLICATE_OPTION
 from dcsched.schedulers import get, run_step
 from dcsched.schedulers.overlap.scheduler import Overlap
-from dcsched.schedulers.plan_replicate import REPLICATE_MAX_BYTES
+from dcsched.schedulers.overlap_plan.replicate import REPLICATE_MAX_BYTES
 from dcsched.sim.collectives import DEFAULT_LATENCY_MS
 from dcsched.sim.plans import kept_ids, replicated_ids, simulate_plan
 from dcsched.sim.simulate import CompiledGraph

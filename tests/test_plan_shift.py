@@ -11,12 +11,12 @@ from hypothesis import strategies as st
 
 from dcsched.budget import Budget
 from dcsched.graph.form import GraphForm
-from dcsched.schedulers import overlap_plan as overlap_plan_module
+from dcsched.schedulers.overlap_plan import scheduler as overlap_plan_module
 from dcsched.schedulers import run_step
-from dcsched.schedulers.fsdp import kept_root, step_blocks
+from dcsched.schedulers.fsdp.scheduler import kept_root, step_blocks
 from dcsched.schedulers.overlap.scheduler import Overlap
-from dcsched.schedulers.plan_candidates import GraphOrders, GraphPlanner
-from dcsched.schedulers.plan_refine import refine
+from dcsched.schedulers.overlap_plan.candidates import GraphOrders, GraphPlanner
+from dcsched.schedulers.overlap_plan.refine import refine
 from dcsched.sim.collectives import DEFAULT_LATENCY_MS
 from dcsched.synthetic import moe_graph
 

@@ -18,7 +18,7 @@ import dcsched
 from dcsched import replay as rp
 from dcsched.graph.nxview import to_networkx
 from dcsched.graph.roles import is_random
-from dcsched.schedulers import reorder
+from dcsched import reorder
 from dcsched.sim.simulate import compile_view
 from scheduling import scheduled as order_of
 

@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import dcsched
+from dcsched.sim import bundle_figures
 from dcsched.runtime import ops
 from dcsched import replay as rp
 from dcsched.cli import run as cli
@@ -474,7 +475,7 @@ def test_caveat_on_cpu_measured_costs_only(mlp, tmp_path, capsys):
     from dcsched.profile.measure import profile_bundle
     measured = profile_bundle(mlp, ProfileOptions(iters=1, warmup=0, device="cpu", progress=False))
     analytic = profile_bundle(mlp, ProfileOptions(cost_model="analytic", gpu="h100", progress=False))
-    assert rp.timing_caveat(measured.provenance) == rp.simulated.CPU_TIMING_CAVEAT
+    assert rp.timing_caveat(measured.provenance) == bundle_figures.CPU_TIMING_CAVEAT
     assert rp.timing_caveat(analytic.provenance) is None and rp.timing_caveat(mlp.provenance) is None
     for bundle, expected in ((measured, True), (analytic, False)):
         dcsched.save(bundle, tmp_path / "graph.pt")

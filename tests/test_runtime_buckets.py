@@ -16,12 +16,14 @@ import torch
 
 import train_runs as runs
 from dcsched import replay as rp
+from dcsched.collective_issue import CollectiveIssue
 from dcsched.errors import DcschedError
 from dcsched.graph.roles import Role, comm_ids, role_of
 from dcsched.plan import Bucket, Plan
 from dcsched.runtime import ops
 from dcsched.runtime.buckets import offsets, pack_gradient, unpack_gathered
-from dcsched.runtime.commplan import EMPTY, comm_plan, planned_collectives
+from comm_counts import planned_collectives
+from dcsched.runtime.commplan import EMPTY, comm_plan
 from dcsched.runtime.distributed import padded_numel, shard_of
 from dcsched.runtime.step import build_step, installed, make_state, run_backward, run_forward
 
@@ -157,9 +159,11 @@ def _replay_ranks(rank: int, world_size: int, port: int, out_dir: str, labels: l
         # "both" again with reduce-scatters waited where issued, with no limit on those in flight, and with the
         # all-gathers waited where issued (training's choice on gloo under a budget their copies do not fit)
         variants = [(label, label, {}) for label in labels] + [
-            ("both-sync", "both", {"async_reduce": False}), ("both-unbounded", "both", {"reduces_in_flight": None}),
-            ("both-blocking", "both", {"async_gather": False, "async_reduce": False}),
-            ("both-pergraph", "both", {"asynchrony": {0: (False, True), 1: (True, False)}})]
+            ("both-sync", "both", {"issue": CollectiveIssue(async_reduce=False)}),
+            ("both-unbounded", "both", {"reduces_in_flight": None}),
+            ("both-blocking", "both", {"issue": CollectiveIssue(async_gather=False, async_reduce=False)}),
+            ("both-pergraph", "both", {"issues": {0: CollectiveIssue(async_gather=False, async_reduce=True),
+                                                  1: CollectiveIssue(async_gather=True, async_reduce=False)}})]
         for label, plan_label, settings in variants:
             planned = dataclasses.replace(bundle, plans=example_plans(bundle)[plan_label])
             runtime = runtime_for(bundle.params, flat_shards=False, plans=planned.plans, graph_ids=GRAPH_IDS)
@@ -256,7 +260,7 @@ def test_a_bucket_gathers_in_place(tmp_path):
 def unkept_fsdp_plans(bundle) -> dict:
     """FSDP's buckets for each graph planned alone: nothing kept (the step's plan keeps the root)."""
     from dcsched.graph.form import GraphForm
-    from dcsched.schedulers.fsdp import fsdp
+    from dcsched.schedulers.fsdp.scheduler import fsdp
 
     return {name: fsdp({name: GraphForm(graph)})[name] for name, graph in bundle.graphs.items()}
 
@@ -292,14 +296,14 @@ def _train_ranks(rank: int, world_size: int, port: int, out_dir: str) -> None:
 def _train_gpt(compiled, model, rank: int, world_size: int, backend, async_reduce: bool) -> dict:
     """Three SGD steps of the GPT example; the first step's gradient shards and kept buffers.
 
-    ``async_reduce``: the runtime's setting (training's default on gloo is False, ``ASYNC_REDUCE_ON_CPU``).
+    ``async_reduce``: the runtime's default issue's (training's default is True, ``PROCESS_GROUP``).
     """
     optimizer = torch.optim.SGD(model.parameters(), lr=runs.LR)
     result: dict = {"losses": []}
     for step, inputs in enumerate(runs.global_batches("gpt", 3, 4)):
         loss = compiled(*runs.local_slice(inputs, rank, world_size))
         runtime = backend.programs[0].runtime  # made by the first call
-        runtime.async_reduce = async_reduce
+        runtime.issue = dataclasses.replace(runtime.issue, async_reduce=async_reduce)
         if step == 0:
             result["held"] = {d: t.untyped_storage().nbytes() for d, t in runtime.held.items()}
         loss.backward()
@@ -313,7 +317,7 @@ def _train_gpt(compiled, model, rank: int, world_size: int, backend, async_reduc
     result.update(issued=sum(program.runtime.issued.values()), kept=sorted(program.runtime.plan.kept),
                   planned=planned_collectives(program.bundle.graphs, program.runtime.plan),
                   plain=planned_collectives(program.bundle.graphs, EMPTY),
-                  buckets=len(program.runtime.plan.graphs), async_reduce=program.runtime.async_reduce)
+                  buckets=len(program.runtime.plan.graphs), async_reduce=program.runtime.issue.async_reduce)
     return result
 
 

@@ -16,9 +16,11 @@ import torch
 
 import train_runs as runs
 from dcsched import replay as rp
+from dcsched.collective_issue import CollectiveIssue
 from dcsched.plan import Bucket, Plan
 from dcsched.runtime import ops
-from dcsched.runtime.commplan import EMPTY, comm_plan, planned_collectives
+from comm_counts import planned_collectives
+from dcsched.runtime.commplan import EMPTY, comm_plan
 from dcsched.runtime.distributed import padded_numel
 from dcsched.runtime.step import build_step, installed, make_state, run_backward, run_forward
 
@@ -102,7 +104,7 @@ def _replay_ranks(rank: int, world_size: int, port: int, out_dir: str) -> None:
         bundle = rp.example_bundle()
         out = {}
         variants = [("none", "none", {})] + [(label, label, {}) for label in replicated_plans(bundle)] + [
-            ("mixed-sync", "mixed", {"async_reduce": False})]
+            ("mixed-sync", "mixed", {"issue": CollectiveIssue(async_reduce=False)})]
         for label, plan_label, settings in variants:
             plans = {} if plan_label == "none" else replicated_plans(bundle)[plan_label]
             planned = dataclasses.replace(bundle, plans=plans)

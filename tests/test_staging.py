@@ -1,4 +1,4 @@
-"""Gloo's staging copies: what the simulator counts (``staging=True``), and that gloo makes them."""
+"""Gloo's staging copies: what the simulator counts (``CollectiveIssue(staging=True)``), and that gloo makes them."""
 
 from __future__ import annotations
 
@@ -6,13 +6,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
 import train_runs as runs
+from dcsched.collective_issue import FSDP2_ON_GLOO, SIMULATOR, CollectiveIssue
 from dcsched.graph.form import ALLGATHER, REDUCE, WAIT, GraphForm
-from dcsched.schedulers.fsdp import fsdp
+from dcsched.schedulers.fsdp.scheduler import fsdp
 from dcsched.sim.plans import kept_ids, simulate_plan
 from dcsched.sim.simulate import compile_view
-from dcsched.synthetic import layered_stack
+from dcsched.synthetic import layered_stack, random_graph
 from gloo import mp, on_gloo_ranks
 
 
@@ -24,8 +26,9 @@ def _staged(async_gather: bool, async_reduce: bool) -> dict:
     out = {}
     for name, graph in graphs.items():
         compiled = compile_view(graph)
-        runs_ = [simulate_plan(compiled, plans[name], name, async_reduce=async_reduce, staging=staged,
-                               async_gather=async_gather, detail="series") for staged in (False, True)]
+        runs_ = [simulate_plan(compiled, plans[name], name, detail="series",
+                               issue=CollectiveIssue(async_gather=async_gather, async_reduce=async_reduce,
+                                                     staging=staged)) for staged in (False, True)]
         out[name] = (compiled, plans[name], *runs_)
     return out
 
@@ -128,11 +131,12 @@ def test_gloo_stages_an_all_gather_through_its_outputs_size_and_a_reduce_scatter
 # Planning with them: overlap-plan within fsdp's own peak on gloo
 # ---------------------------------------------------------------------------
 
-def _step_figures(forms, plans, *, staging: bool) -> tuple[float, int, int]:
-    """Step ms, collectives and the largest graph peak, every collective blocking with gloo's copies counted
-    where ``staging`` (the least memory the runtime runs a plan in on gloo)."""
-    results = [simulate_plan(compile_view(form), plans[name], name, detail=False, staging=staging,
-                             async_gather=not staging) for name, form in forms.items()]
+def _step_figures(forms, plans, *, issue: CollectiveIssue) -> tuple[float, int, int]:
+    """Step ms, collectives and the largest graph peak, the collectives issued as ``issue`` says
+    (``FSDP2_ON_GLOO``: every collective blocking with gloo's copies counted, the least memory the runtime
+    runs a plan in on gloo)."""
+    results = [simulate_plan(compile_view(form), plans[name], name, detail=False, issue=issue)
+               for name, form in forms.items()]
     return sum(r.step_ms for r in results), sum(r.collectives for r in results), max(r.peak_bytes for r in results)
 
 
@@ -140,13 +144,42 @@ def _step_figures(forms, plans, *, staging: bool) -> tuple[float, int, int]:
 def test_within_fsdps_own_peak_on_gloo_the_plan_is_no_slower_than_fsdp_with_no_more_collectives(layers):
     from dcsched.budget import Budget
     from dcsched.schedulers import run_step
-    from dcsched.schedulers.fsdp_peak import fsdp_peak
+    from dcsched.schedulers.fsdp.peak import fsdp_peak
 
     step = layered_stack(layers)
     forms = {"forward": GraphForm(step.forward), "backward": GraphForm(step.backward)}
-    budget = fsdp_peak(forms, staging=True)
-    fsdp_step, fsdp_collectives, fsdp_peak_bytes = _step_figures(forms, fsdp(forms), staging=True)
+    budget = fsdp_peak(forms, issue=FSDP2_ON_GLOO)
+    fsdp_step, fsdp_collectives, fsdp_peak_bytes = _step_figures(forms, fsdp(forms), issue=FSDP2_ON_GLOO)
     assert fsdp_peak_bytes == budget  # fsdp's plan is what the budget names
     plans = run_step("overlap-plan", forms, budget=Budget(budget), staging=True)
-    step_ms, collectives, peak = _step_figures(forms, plans, staging=True)
+    step_ms, collectives, peak = _step_figures(forms, plans, issue=FSDP2_ON_GLOO)
     assert peak <= budget and collectives <= fsdp_collectives and step_ms <= fsdp_step + 1e-9
+
+
+# ---------------------------------------------------------------------------
+# How collectives are issued: memory only, each field where its docstring says
+# ---------------------------------------------------------------------------
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 50), backward=st.booleans(), async_gather=st.booleans(), async_reduce=st.booleans(),
+       staging=st.booleans())
+def test_how_collectives_are_issued_changes_memory_alone(seed, backward, async_gather, async_reduce, staging):
+    """No way of issuing changes the step time or the collectives; without staging copies the all-gathers'
+    asynchrony changes nothing; a way that adds no memory gives the simulator's default figures exactly;
+    reduce-scatters in flight and staging copies only ever add bytes."""
+    kind = "backward" if backward else "forward"
+    graph = random_graph(seed, kind=kind)
+    plan = fsdp({kind: GraphForm(graph)})[kind]
+    compiled = compile_view(graph)
+    issue = CollectiveIssue(async_gather=async_gather, async_reduce=async_reduce, staging=staging)
+
+    def run(way: CollectiveIssue):
+        return simulate_plan(compiled, plan, kind, detail="series", issue=way)
+
+    plain, result = run(SIMULATOR), run(issue)
+    assert (result.step_ms, result.collectives) == (plain.step_ms, plain.collectives)
+    assert all(r >= p for r, p in zip(result.memory, plain.memory))
+    if not issue.adds_memory:
+        assert result.memory == plain.memory and result.peak_bytes == plain.peak_bytes
+    if not staging:
+        assert result.memory == run(CollectiveIssue(async_gather=not async_gather, async_reduce=async_reduce)).memory

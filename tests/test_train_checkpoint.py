@@ -254,6 +254,32 @@ def test_a_shard_linked_outside_the_checkpoint_is_refused_unread(tmp_path, check
     _refused(path, "'__0_0.distcp' resolves outside the checkpoint directory")
 
 
+def test_a_directory_swapped_for_a_link_after_the_check_is_not_followed(tmp_path, monkeypatch):
+    # the race: the path resolves inside when checked, then a directory on it becomes a link out
+    directory, outside = tmp_path / "ckpt", tmp_path / "outside"
+    (directory / "sub").mkdir(parents=True)
+    outside.mkdir()
+    (directory / "sub" / "shard.distcp").write_bytes(b"inside")
+    (outside / "shard.distcp").write_bytes(b"secret")
+    checked = checkpoint_files.inside
+
+    def check_then_swap(base, name):
+        target = checked(base, name)
+        shutil.rmtree(directory / "sub")
+        (directory / "sub").symlink_to(outside)
+        return target
+    monkeypatch.setattr(checkpoint_files, "inside", check_then_swap)
+    with pytest.raises(CheckpointError, match="sub/shard.distcp cannot be read"):
+        checkpoint_files.open_inside(directory, "sub/shard.distcp")
+
+
+def test_a_file_in_a_subdirectory_opens(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "shard.distcp").write_bytes(b"inside")
+    with checkpoint_files.open_inside(tmp_path, "sub/shard.distcp") as stream:
+        assert stream.read() == b"inside"
+
+
 @pytest.mark.parametrize("checksums", ["kept", "deleted"])
 def test_a_fifo_in_a_checkpoint_is_refused_without_waiting(tmp_path, checksums):
     path = _checkpoint(tmp_path, "current")

@@ -12,7 +12,7 @@ import dcsched
 import train_runs as runs
 from dcsched.runtime import ops
 from dcsched.errors import DcschedError
-from dcsched.schedulers.reorder import schedule
+from dcsched.reorder import schedule
 from dcsched.runtime.step import build_step, installed, make_state, run_step
 from dcsched.train.inductor import compile_graph
 

@@ -12,8 +12,8 @@ from dcsched.bundle.core import load
 
 from dcsched.graph.form import ALLGATHER, WAIT, GraphForm
 from dcsched.schedulers import run, run_step
-from dcsched.schedulers.fsdp import bucketed, just_in_time, step_blocks
-from dcsched.schedulers.waits_first import waits_first
+from dcsched.schedulers.fsdp.scheduler import bucketed, just_in_time, step_blocks
+from dcsched.schedulers.fsdp.waits_first import waits_first
 from dcsched.sim.simulate import CompiledGraph
 from dcsched.synthetic import layered_stack, moe_graph, random_graph
 

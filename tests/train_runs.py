@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from dcsched.collective_issue import SIMULATOR
 from dcsched.examples import build
 
 #: Tiny configurations: a step takes milliseconds.
@@ -98,7 +99,8 @@ def train_dcsched(name: str, algo: str, steps: int, batch: int, rank: int = 0, w
     """
     import dcsched
     from dcsched.plan import Plan
-    from dcsched.runtime.commplan import comm_plan, planned_collectives
+    from comm_counts import planned_collectives
+    from dcsched.runtime.commplan import comm_plan
     from dcsched.sim.plans import kept_ids, simulate_plan
     from dcsched.sim.simulate import compile_view
     if activation_memory_budget is not None:
@@ -138,7 +140,8 @@ def train_dcsched(name: str, algo: str, steps: int, batch: int, rank: int = 0, w
     # the simulator runs the program's plan, reduce-scatters as the process group runs them (one in flight)
     simulated = {graph: simulate_plan(compile_view(program.bundle.graphs[graph]),
                                       program.bundle.plans.get(graph) or Plan(()), graph,
-                                      async_reduce=world_size > 1 and program.runtime.async_reduce).peak_bytes
+                                      issue=program.runtime.issue.without_staging() if world_size > 1
+                                      else SIMULATOR).peak_bytes
                  for graph in ("forward", "backward")}
     memory = {graph: (getattr(stats, graph).peak_bytes, simulated[graph]) for graph in ("forward", "backward")}
     collectives = {"issued": sum(getattr(program.runtime, "issued", {}).values()),
@@ -149,7 +152,7 @@ def train_dcsched(name: str, algo: str, steps: int, batch: int, rank: int = 0, w
                    "all_reduces": getattr(program.runtime, "all_reduces", 0),
                    "planned_all_reduces": planned_all_reduces(program.bundle.graphs, program.runtime.plan),
                    "replicated": len(program.runtime.plan.replicated),
-                   "async_reduce": bool(getattr(program.runtime, "async_reduce", False))}
+                   "async_reduce": getattr(program.runtime, "issue", SIMULATOR).async_reduce}
     provenance = program.bundle.provenance
     result = {"losses": losses, "memory": memory, "plan": plan, "collectives": collectives, "norms": norms,
               "saved": (provenance.get("saved_for_backward_bytes"),

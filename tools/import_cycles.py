@@ -7,8 +7,9 @@ out unless ``--deferred`` is given.
     python tools/import_cycles.py                # cycles between modules
     python tools/import_cycles.py --packages     # cycles between subpackages (dcsched.costmodels <-> ...)
     python tools/import_cycles.py --deferred ... # imports inside functions count too
+    python tools/import_cycles.py --layers       # imports from a lower floor up (see FLOORS)
 
-Exit code 1 where a cycle is found.
+Exit code 1 where a cycle is found, or (``--layers``) an import runs from a lower floor to a higher one.
 """
 
 from __future__ import annotations
@@ -106,8 +107,55 @@ def package_of(name: str) -> str:
     return ".".join(parts[:2])
 
 
+#: The package's floors, lowest first: a module imports (at module level) only from its own floor and those
+#: below. Each floor names modules and packages (a package stands for every module in it).
+FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("ground", ("dcsched", "dcsched.errors", "dcsched.units", "dcsched.safeparse", "dcsched.lazy",
+                "dcsched.outputs", "dcsched.budget", "dcsched.plan", "dcsched.collectives")),
+    ("graph", ("dcsched.graph",)),
+    ("bundle", ("dcsched.bundle",)),
+    ("runtime, cost models, simulator, synthetic graphs", ("dcsched.runtime", "dcsched.costmodels", "dcsched.sim",
+                                                            "dcsched.synthetic")),
+    ("schedulers", ("dcsched.schedulers", "dcsched.reorder")),
+    ("profile, report, DeepSpeed drop-in", ("dcsched.profile", "dcsched.report", "dcsched.deepspeed")),
+    ("replay", ("dcsched.replay",)),
+    ("train", ("dcsched.train",)),
+    ("cli and examples", ("dcsched.cli", "dcsched.__main__", "dcsched.examples")),
+)
+
+
+def floor_of(name: str) -> int | None:
+    """The floor (index in :data:`FLOORS`) of module ``name``: its longest named prefix's; None if unnamed."""
+    best, floor = -1, None
+    for level, (_, members) in enumerate(FLOORS):
+        for member in members:
+            if (name == member or name.startswith(member + ".")) and len(member) > best:
+                best, floor = len(member), level
+    return floor
+
+
+def upward_imports(deferred: bool = False) -> list[str]:
+    """Every import from a lower floor to a higher one, and every module on no floor, as lines to print."""
+    mods = modules()
+    found = [f"{name}: on no floor (add it to FLOORS)" for name in mods if floor_of(name) is None]
+    for name, path in mods.items():
+        source = floor_of(name)
+        for target in sorted(imports(path, set(mods), deferred)):
+            up = floor_of(target)
+            if source is not None and up is not None and up > source:
+                found.append(f"{name} ({FLOORS[source][0]}) imports {target} ({FLOORS[up][0]})")
+    return found
+
+
 def main(argv: list[str]) -> int:
     deferred = "--deferred" in argv
+    if "--layers" in argv:
+        found = upward_imports(deferred)
+        print(f"imports from a lower floor up ({'all imports' if deferred else 'module-level imports'}): "
+              f"{len(found)}")
+        for line in found:
+            print("  " + line)
+        return 1 if found else 0
     key = package_of if "--packages" in argv else (lambda name: name)
     found = cycles(graph(key, deferred))
     what = (f"cycles between {'subpackages' if '--packages' in argv else 'modules'} "

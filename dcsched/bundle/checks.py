@@ -48,6 +48,12 @@ from typing import Any, Collection, Mapping, Sequence
 import torch
 import torch.fx
 
+from dcsched import collectives
+from dcsched.graph.torch_values import DTYPES as DTYPES
+from dcsched.graph.torch_values import LAYOUTS as LAYOUTS
+from dcsched.graph.torch_values import MEMORY_FORMATS as MEMORY_FORMATS
+from dcsched.graph.torch_values import from_table as from_table
+
 #: Deepest nesting of lists, tuples and dicts in one node's arguments.
 MAX_DEPTH = 32
 #: Most values (containers and leaves) in one node's arguments.
@@ -99,23 +105,6 @@ def check_total_arguments(total: int | None, nodes: int, where: str) -> None:
         held = f"hold {total} values in all, more than" if total is not None else "hold more than"
         raise ValueError(f"{where}: its nodes' arguments {held} the {allowance} allowed for {nodes} nodes "
                          f"({MAX_ITEMS} + {ITEMS_PER_NODE} per node)")
-
-
-def _table(kind: type) -> dict[str, Any]:
-    """torch's own values of ``kind`` by their name (``torch.float32`` under ``'float32'``)."""
-    return {str(value).removeprefix("torch."): value for value in vars(torch).values() if isinstance(value, kind)}
-
-
-DTYPES: dict[str, torch.dtype] = _table(torch.dtype)
-LAYOUTS: dict[str, torch.layout] = _table(torch.layout)
-MEMORY_FORMATS: dict[str, torch.memory_format] = _table(torch.memory_format)
-
-
-def from_table(table: dict[str, Any], name: Any, what: str):
-    """``table[name]``, or ValueError naming ``what`` (a dtype, a layout, a memory format)."""
-    if not isinstance(name, str) or name not in table:
-        raise ValueError(f"unknown {what} {name!r}")
-    return table[name]
 
 
 def check_identifier(name: Any, what: str) -> None:
@@ -198,9 +187,15 @@ def check_arguments(value: Any, where: str, max_items: int = MAX_ITEMS) -> int:
     return items
 
 
-#: The integer arguments of the ZeRO-3 ops (after the tensor), by op name.
-COMM_INTS = {"allgather_param": ("graph_id", "id"), "wait_allgather": ("graph_id", "id"),
-              "release_param": ("graph_id", "id", "n_users"), "reduce_grad": ("graph_id", "id")}
+def comm_ints(op_name: str) -> tuple[str, ...] | None:
+    """The integer arguments (after the tensor) of a ZeRO-3 op, from its row of :mod:`dcsched.collectives`;
+    None for an op of no collective kind.
+
+    >>> comm_ints("release_param"), comm_ints("mm")
+    (('graph_id', 'id', 'n_users'), None)
+    """
+    kind = collectives.find(op_name)
+    return kind.ints if kind is not None else None
 
 
 def check_comm_arguments(op_name: str, args: tuple, kwargs: dict, where: str, *, graph_id: int | None = None,
@@ -223,7 +218,7 @@ def check_comm_arguments(op_name: str, args: tuple, kwargs: dict, where: str, *,
     ...
     ValueError: node r: reduce_grad's graph_id 1180591620717411303424 is over the largest graph id (2147483647)
     """
-    names = COMM_INTS.get(op_name, ())
+    names = comm_ints(op_name) or ()
     for position, name in enumerate(names, start=1):
         value = args[position] if len(args) > position else kwargs.get(name)
         if value is None:

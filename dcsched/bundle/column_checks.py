@@ -21,9 +21,10 @@ import networkx as nx
 import torch
 import torch.fx
 
+from dcsched import collectives
 from dcsched.bundle import checks as loadchecks
-from dcsched.bundle.column_format import (_ALL_FIGURE_BITS, HAS_SIZE, HAS_TIME, META_KEYS, OPS, OUTPUT_OP, ColumnStore,
-                                          _decode_template, _Int)
+from dcsched.bundle.column_format import (ALL_FIGURE_BITS, HAS_SIZE, HAS_TIME, META_KEYS, OPS, OUTPUT_OP, ColumnStore,
+                                          decode_template, IntSlot)
 from dcsched.bundle.graph_encoding import MAX_BYTES, MAX_NODE_MS, check_figures, resolve_target
 
 
@@ -77,7 +78,7 @@ class CheckedColumns(ColumnStore):
         for i, tpl in enumerate(self.templates):
             try:
                 sizes.append(loadchecks.check_arguments(tpl, "", max_items))
-                value, nodes_used, ints_used = _decode_template(tpl)
+                value, nodes_used, ints_used = decode_template(tpl)
             except (ValueError, TypeError, KeyError, RuntimeError, AttributeError) as exc:
                 user = self._first(args, i)
                 node = f"{where}: node {names[user]}" if user is not None else f"{where}: an argument template"
@@ -132,7 +133,7 @@ class CheckedColumns(ColumnStore):
         all at most :data:`~dcsched.bundle.checks.MAX_ID`. Worked out once per distinct (op, template),
         gathered per node, checked per column."""
         comm = {c: t._opname for c, t in self._targets.items() if isinstance(t, torch._ops.OpOverload)
-                and t.namespace in ("dcsched", "dc") and t._opname in loadchecks.COMM_INTS}
+                and t.namespace in collectives.NAMESPACES and collectives.find(t._opname) is not None}
         found: dict[str, list] = {"nodes": [], "graph_id": [], "id": [], "n_users": []}
         if not comm:
             return found
@@ -147,17 +148,17 @@ class CheckedColumns(ColumnStore):
             c, tpl = divmod(pair, width)
             a, kw = self._decoded[tpl]
             opname = comm[c]
-            stand_in = tuple(0 if type(v) is _Int else v for v in a)
-            stand_kw = {k: 0 if type(v) is _Int else v for k, v in kw.items()}
+            stand_in = tuple(0 if type(v) is IntSlot else v for v in a)
+            stand_kw = {k: 0 if type(v) is IntSlot else v for k, v in kw.items()}
             try:
                 loadchecks.check_comm_arguments(opname, stand_in, stand_kw, "")
             except ValueError as exc:
                 raise ValueError(f"node {self.names[self._found(code * width + args, pair)]}{exc}") from None
             for position, name in enumerate(fields, start=1):
                 value = a[position] if len(a) > position else kw.get(name)
-                if name not in loadchecks.COMM_INTS[opname]:
+                if name not in collectives.by_op(opname).ints:
                     value = None
-                slot[name].append(value.k if type(value) is _Int else -1)
+                slot[name].append(value.k if type(value) is IntSlot else -1)
                 literal[name].append(value if isinstance(value, int) else -1)
         starts = self.int_offsets[nodes]
         columns: dict[str, torch.Tensor] = {}
@@ -263,7 +264,7 @@ class CheckedColumns(ColumnStore):
 
     def _check_figures(self, where: str, check_figures) -> None:
         flags = self.figures
-        if bool((flags & ~_ALL_FIGURE_BITS).any()):
+        if bool((flags & ~ALL_FIGURE_BITS).any()):
             raise ValueError(f"{where}: unknown figure flags")
         has_time = (flags & HAS_TIME) != 0
         has_size = (flags & HAS_SIZE) != 0

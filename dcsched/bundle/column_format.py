@@ -17,9 +17,9 @@ tables of distinct values (JSON):
                    (:data:`HAS_TIME`, :data:`HAS_SIZE`, :data:`TIME_IS_INT`)
 
 A node's ``args`` and ``kwargs`` are stored as a template that every node calling alike shares:
-:func:`_template` writes one from version 1's node form, :func:`_decode_template` reads one back with
-slots (:class:`_Slot`, :class:`_Int`) for the node's own inputs and integers, and :func:`_fill` (FX) and
-:func:`_named` (version 1's node form) fill them in.
+:func:`encode_template` writes one from version 1's node form, :func:`decode_template` reads one back with
+slots (:class:`InputSlot`, :class:`IntSlot`) for the node's own inputs and integers, and :func:`fill_template` (FX) and
+:func:`named_template` (version 1's node form) fill them in.
 
 :class:`ColumnStore` holds one graph's arrays and tables;
 :class:`~dcsched.bundle.columns.GraphColumns` builds on it with the file's
@@ -39,11 +39,11 @@ from dcsched.bundle.arguments import decode_argument
 
 #: Node kinds by their code in the ``op`` column.
 OPS = ("placeholder", "call_function", "get_attr", "output")
-_OP_CODE = {op: code for code, op in enumerate(OPS)}
+OP_CODE = {op: code for code, op in enumerate(OPS)}
 PLACEHOLDER_OP, CALL_OP, GET_ATTR_OP, OUTPUT_OP = range(4)
 #: Bits of the ``figures`` column.
 HAS_TIME, HAS_SIZE, TIME_IS_INT = 1, 2, 4
-_ALL_FIGURE_BITS = HAS_TIME | HAS_SIZE | TIME_IS_INT
+ALL_FIGURE_BITS = HAS_TIME | HAS_SIZE | TIME_IS_INT
 #: Node meta kept beside the figures (the figures have columns of their own).
 META_KEYS = ("out", "ds_id", "time_source")
 #: The per-node columns: name -> dtype (``inputs`` and ``input_offsets`` are not per node).
@@ -68,7 +68,7 @@ class ColumnStore:
         self.device_time, self.tensor_size, self.figures = device_time, tensor_size, figures
         self.strings, self.templates, self.metas = strings, templates, metas
         self.graph_id = graph_id
-        self._decoded: list = []  # templates as Python values with _Slot references (after check)
+        self._decoded: list = []  # templates as Python values with InputSlot references (after check)
         self._targets: dict = {}  # (op, target) code -> resolved target (after check)
         self._comm: dict = {}  # the ZeRO-3 ops' integer arguments (after check)
 
@@ -93,11 +93,11 @@ class ColumnStore:
 _INT64 = (-2**63, 2**63)
 
 
-def _template(value: Any, local: dict, order: list, ints: list) -> Any:
+def encode_template(value: Any, local: dict, order: list, ints: list) -> Any:
     """Version 1's encoding with ``{"$node": name}`` replaced by ``{"$node": k}`` (the node's k-th distinct
     input) and each integer by ``{"$int": j}`` (the node's j-th integer)."""
     if isinstance(value, list):
-        return [_template(v, local, order, ints) for v in value]
+        return [encode_template(v, local, order, ints) for v in value]
     if isinstance(value, dict):
         if len(value) == 1 and "$node" in value:
             name = value["$node"]
@@ -108,7 +108,7 @@ def _template(value: Any, local: dict, order: list, ints: list) -> Any:
         if len(value) == 1 and ("$dtype" in value or "$device" in value or "$layout" in value
                                 or "$memory_format" in value):
             return value
-        return {k: _template(v, local, order, ints) for k, v in value.items()}
+        return {k: encode_template(v, local, order, ints) for k, v in value.items()}
     if type(value) is int and _INT64[0] <= value < _INT64[1]:
         ints.append(value)
         return {"$int": len(ints) - 1}
@@ -117,7 +117,7 @@ def _template(value: Any, local: dict, order: list, ints: list) -> Any:
     return value
 
 
-class _Slot:
+class InputSlot:
     """A node reference inside a decoded template: the node's ``k``-th input."""
 
     __slots__ = ("k",)
@@ -129,7 +129,7 @@ class _Slot:
         return f"<input {self.k}>"
 
 
-class _Int(_Slot):
+class IntSlot(InputSlot):
     """An integer inside a decoded template: the node's ``k``-th integer."""
 
     __slots__ = ()
@@ -148,18 +148,18 @@ def _decode_value(value: Any, nodes: list, ints: list) -> Any:
     """``value`` decoded (:func:`dcsched.bundle.arguments.decode_argument`), ``$node`` and ``$int`` as slots,
     their numbers appended to ``nodes`` and ``ints``."""
 
-    def node(payload: Any) -> _Slot:
+    def node(payload: Any) -> InputSlot:
         nodes.append(_index(payload, "node reference"))
-        return _Slot(payload)
+        return InputSlot(payload)
 
-    def integer(payload: Any) -> _Int:
+    def integer(payload: Any) -> IntSlot:
         ints.append(_index(payload, "integer reference"))
-        return _Int(payload)
+        return IntSlot(payload)
 
     return decode_argument(value, node, integer, non_finite=True)
 
 
-def _decode_template(tpl: Any) -> tuple[tuple, int, int]:
+def decode_template(tpl: Any) -> tuple[tuple, int, int]:
     """``[args, kwargs]`` as Python values (references as slots), how many distinct inputs and how many
     integers it refers to. ValueError for a malformed template, inputs not numbered 0, 1, ... by first
     use, integers not numbered 0, 1, ... in reading order."""
@@ -181,27 +181,27 @@ def _decode_template(tpl: Any) -> tuple[tuple, int, int]:
     return (args, kwargs), seen + 1, len(ints)
 
 
-def _fill(value: Any, env: tuple[list, list]) -> Any:
+def fill_template(value: Any, env: tuple[list, list]) -> Any:
     kind = type(value)
-    if kind is _Slot:
+    if kind is InputSlot:
         return env[0][value.k]
-    if kind is _Int:
+    if kind is IntSlot:
         return env[1][value.k]
     if kind is tuple:
-        return tuple(_fill(v, env) for v in value)
+        return tuple(fill_template(v, env) for v in value)
     if kind is list:
-        return [_fill(v, env) for v in value]
+        return [fill_template(v, env) for v in value]
     if kind is dict:
-        return {k: _fill(v, env) for k, v in value.items()}
+        return {k: fill_template(v, env) for k, v in value.items()}
     if kind is slice:
-        return slice(_fill(value.start, env), _fill(value.stop, env), _fill(value.step, env))
+        return slice(fill_template(value.start, env), fill_template(value.stop, env), fill_template(value.step, env))
     return value
 
 
-def _named(value: Any, env: tuple[list, list]) -> Any:
+def named_template(value: Any, env: tuple[list, list]) -> Any:
     """A template with ``{"$node": k}`` back to ``{"$node": name}`` and ``{"$int": j}`` to the integer."""
     if isinstance(value, list):
-        return [_named(v, env) for v in value]
+        return [named_template(v, env) for v in value]
     if isinstance(value, dict):
         if len(value) == 1 and "$node" in value:
             return {"$node": env[0][value["$node"]]}
@@ -209,5 +209,5 @@ def _named(value: Any, env: tuple[list, list]) -> Any:
             return env[1][value["$int"]]
         if len(value) == 1 and "$float" in value:
             return float(value["$float"])
-        return {k: _named(v, env) for k, v in value.items()}
+        return {k: named_template(v, env) for k, v in value.items()}
     return value

@@ -1,9 +1,9 @@
-"""Views of a graph's checked columns: its graph form, its FX graph, version 1's node form, its figures.
+"""Views of a graph's checked columns: its graph form, its FX graph, its figures.
 
 :meth:`ColumnViews.form` gives the :class:`~dcsched.graph.form.GraphForm` the
 schedulers and the simulator use, straight from the columns (no FX, no
 networkx); :meth:`ColumnViews.to_fx` builds the FX graph (replay, training,
-writing FX back); :meth:`ColumnViews.to_nodes` gives version 1's node form;
+writing FX back);
 :meth:`ColumnViews.collectives` finds the ZeRO-3 ops. Each reads what
 :meth:`~dcsched.bundle.column_checks.CheckedColumns.check` worked out.
 
@@ -20,8 +20,9 @@ from typing import Sequence
 import torch
 import torch.fx
 
+from dcsched import collectives
 from dcsched.bundle.column_format import (CALL_OP, GET_ATTR_OP, HAS_SIZE, HAS_TIME, OPS, OUTPUT_OP, PLACEHOLDER_OP,
-                                          ColumnStore, _fill, _named)
+                                          ColumnStore, fill_template)
 
 
 class ColumnViews(ColumnStore):
@@ -55,7 +56,7 @@ class ColumnViews(ColumnStore):
         codes = self._codes()[nodes]
         for c, target in self._targets.items():
             name = getattr(target, "_opname", "")
-            if name in opnames and getattr(target, "namespace", None) in ("dcsched", "dc"):
+            if name in opnames and getattr(target, "namespace", None) in collectives.NAMESPACES:
                 which[codes == c] = list(opnames).index(name)
         keep = which >= 0
         return nodes[keep], which[keep], ids[keep]
@@ -64,7 +65,7 @@ class ColumnViews(ColumnStore):
         """The graph's :class:`~dcsched.graph.form.GraphForm`, from the columns alone (no FX, no networkx)."""
         from dcsched.graph.form import GraphForm
         from dcsched.graph.roles import is_aliasing, is_random, is_view_like, role_of
-        from dcsched.graph.specs import _specs, nbytes
+        from dcsched.graph.specs import value_specs, nbytes
         names, n = self.names, len(self.names)
         code = self._codes()
         code_list = code.tolist()
@@ -88,8 +89,7 @@ class ColumnViews(ColumnStore):
         ds_id, n_users = columns.ds_id, columns.n_users
         for v, d in zip(comm["nodes"], comm["id"]):
             ds_id[v] = d
-        release = {c for c, t in self._targets.items() if getattr(t, "_opname", None) == "release_param"
-                   and t.namespace in ("dcsched", "dc")}
+        release = self._codes_of_role("release")
         for v, u in zip(comm["nodes"], comm["n_users"]):
             if code_list[v] in release:
                 n_users[v] = u
@@ -106,7 +106,7 @@ class ColumnViews(ColumnStore):
                 if kind == OUTPUT_OP:
                     output = names[v]
                 elif kind in (PLACEHOLDER_OP, GET_ATTR_OP):
-                    columns.tensor_size[v] = self._input_size(v, columns.tensor_size[v], meta_list, _specs, nbytes)
+                    columns.tensor_size[v] = self._input_size(v, columns.tensor_size[v], meta_list, value_specs, nbytes)
                 elif info[c][4]:
                     a, kw = self._decoded[args_list[v]]
                     if is_random(types.SimpleNamespace(op="call_function", target=self._targets[c], args=a,
@@ -120,7 +120,7 @@ class ColumnViews(ColumnStore):
                 order_only.append((names[earlier], names[later]))
         return GraphForm.from_columns(names, columns, preds, output, order_only, label=label)
 
-    def _input_size(self, v: int, recorded, meta_list, _specs, nbytes):
+    def _input_size(self, v: int, recorded, meta_list, value_specs, nbytes):
         """:func:`dcsched.graph.specs.input_size` from the columns."""
         if recorded:
             return recorded
@@ -129,12 +129,20 @@ class ColumnViews(ColumnStore):
         out = self.metas[meta_list[v]].get("out")
         if out is None:
             return None
-        return sum(nbytes(shape, dtype) for shape, dtype in _specs(out))
+        return sum(nbytes(shape, dtype) for shape, dtype in value_specs(out))
+
+    def _codes_of_role(self, role: str) -> set[int]:
+        """Target codes of the ops whose collective kind has role ``role`` (:mod:`dcsched.collectives`)."""
+        found = set()
+        for c, t in self._targets.items():
+            kind = collectives.find(getattr(t, "_opname", ""))
+            if kind is not None and kind.role == role and getattr(t, "namespace", None) in collectives.NAMESPACES:
+                found.add(c)
+        return found
 
     def _gathered(self) -> set[int]:
         """Nodes an all-gather reads (parameter shards)."""
-        gathers = [c for c, t in self._targets.items() if getattr(t, "_opname", None) == "allgather_param"
-                   and t.namespace in ("dcsched", "dc")]
+        gathers = sorted(self._codes_of_role("allgather"))
         readers = torch.isin(self._codes(), torch.tensor(gathers, dtype=torch.long))
         counts = self.input_offsets[1:] - self.input_offsets[:-1]
         return set(self.inputs[torch.repeat_interleave(readers, counts)].tolist())
@@ -158,7 +166,7 @@ class ColumnViews(ColumnStore):
             a, kw = self._decoded[args[v]]
             if inputs[v] or ints[v]:
                 env = ([nodes[r] for r in inputs[v]], ints[v])
-                a, kw = _fill(a, env), _fill(kw, env)
+                a, kw = fill_template(a, env), fill_template(kw, env)
             node = graph.create_node(OPS[code[v] % 4], self._targets[code[v]], a, kw, name=name)
             if node.name != name:
                 raise ValueError(f"node name {name!r} is not a valid FX node name")
@@ -170,22 +178,3 @@ class ColumnViews(ColumnStore):
             nodes.append(node)
         graph.lint()
         return graph
-
-    def to_nodes(self) -> list[dict]:
-        """Version 1's node form (what :func:`dcsched.bundle.graph_encoding.encode_graph` gives) of these columns."""
-        out = []
-        code, args, meta, inputs, ints = self._node_values()
-        times, sizes = self.figure_lists()
-        flags = self.figures.tolist()
-        names = self.names
-        for v, name in enumerate(names):
-            a, kw = _named(self.templates[args[v]], ([names[r] for r in inputs[v]], ints[v]))
-            node_meta = {}
-            if flags[v] & HAS_TIME:
-                node_meta["device_time"] = times[v]
-            if flags[v] & HAS_SIZE:
-                node_meta["tensor_size"] = sizes[v]
-            node_meta.update(self.metas[meta[v]])
-            out.append({"name": name, "op": OPS[code[v] % 4], "target": self.strings[code[v] // 4],
-                        "args": a, "kwargs": kw, "meta": node_meta})
-        return out

@@ -26,8 +26,8 @@ import torch.fx
 
 from dcsched import safeparse
 from dcsched.bundle.column_checks import CheckedColumns
-from dcsched.bundle.column_format import (_OP_CODE, COLUMN_DTYPES, HAS_SIZE, HAS_TIME, META_KEYS, PER_NODE, TIME_IS_INT,
-                                          _template)
+from dcsched.bundle.column_format import (OP_CODE, COLUMN_DTYPES, HAS_SIZE, HAS_TIME, META_KEYS, PER_NODE, TIME_IS_INT,
+                                          encode_template)
 from dcsched.bundle.column_views import ColumnViews
 from dcsched.bundle.graph_encoding import encode_graph
 
@@ -73,12 +73,12 @@ def encode_nodes(nodes: list[dict], graph_id: int | None = None) -> "GraphColumn
     sizes: list[int] = []
     figures: list[int] = []
     for node in nodes:
-        op.append(_OP_CODE.get(str(node.get("op")), 255))
+        op.append(OP_CODE.get(str(node.get("op")), 255))
         target.append(strings.setdefault(str(node.get("target", node.get("name"))), len(strings)))
         local: dict = {}
         order: list = []
         node_ints: list[int] = []
-        tpl = _template([node.get("args", {"$tuple": []}), node.get("kwargs", {"$dict": []})], local, order,
+        tpl = encode_template([node.get("args", {"$tuple": []}), node.get("kwargs", {"$dict": []})], local, order,
                         node_ints)
         ints.extend(node_ints)
         int_offsets.append(len(ints))

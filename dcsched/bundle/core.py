@@ -22,7 +22,7 @@ The schema is documented in ``docs/bundle-format.md``.
 This module holds the :class:`Bundle` (with :class:`ParamInfo` and
 :class:`InputInfo`), its tables read back, and the file: :func:`load`,
 :func:`save` (atomic), version 1's plain data (:func:`to_data`,
-:func:`from_data`, :func:`save_v1`).
+:func:`from_data`).
 """
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ import torch
 import torch.fx
 
 from dcsched.bundle import checks as loadchecks, saved_memory
-from dcsched.bundle.graph_encoding import _dtype_name, decode_graph, dtype_from_name, encode_graph
+from dcsched.bundle.graph_encoding import dtype_name, decode_graph, encode_graph
 
-from dcsched.errors import BundleError
-from dcsched.outputs import write_atomic  # noqa: F401  (re-exported: dcsched.bundle.core.write_atomic)
+from dcsched.errors import BundleError, DcschedError
+from dcsched.graph.torch_values import dtype_from_name
 from dcsched.plan import Plan
 
 FORMAT = "dcsched-bundle"
@@ -325,9 +325,9 @@ def to_data(bundle: Bundle) -> dict:
         "format": FORMAT,
         "version": V1,
         "graphs": graphs,
-        "params": [{"name": p.name, "shape": list(p.shape), "dtype": _dtype_name(p.dtype), "ds_id": p.ds_id}
+        "params": [{"name": p.name, "shape": list(p.shape), "dtype": dtype_name(p.dtype), "ds_id": p.ds_id}
                    for p in bundle.params],
-        "inputs": [{"name": i.name, "shape": list(i.shape), "dtype": _dtype_name(i.dtype),
+        "inputs": [{"name": i.name, "shape": list(i.shape), "dtype": dtype_name(i.dtype),
                     "value": i.value, "low": i.low, "high": i.high} for i in bundle.inputs],
         "forward_placeholders": [dict(p) for p in bundle.forward_placeholders],
         "backward_placeholders": [dict(p) for p in bundle.backward_placeholders],
@@ -459,13 +459,9 @@ def save(bundle: Bundle, path: str | os.PathLike, *, overwrite: bool = True) -> 
     return path
 
 
-def save_v1(bundle: Bundle, path: str | os.PathLike, *, overwrite: bool = True) -> Path:
-    """Write ``bundle`` as a version-1 torch file (what dcsched wrote before version 2; for tests and tools
-    that still read those)."""
-    path = Path(path)
-    data = to_data(bundle)
-    write_atomic(path, lambda handle: torch.save(data, handle), overwrite=overwrite)
-    return path
-
-
-from dcsched.bundle.legacy import TORCH_FILE_MAGIC, check_magic as _check_magic  # noqa: E402,F401  (v1 readers)
+def check_replayable(bundle: Bundle) -> None:
+    """Raise :class:`DcschedError` for a bundle planned without data (captured with ``meta=True``): nothing to run."""
+    if bundle.provenance.get("planned"):
+        raise DcschedError("this bundle was planned without data (`meta=True`): it holds shapes, no weights or input "
+                           "values, so it can be scheduled but not replayed; capture the script again without it to "
+                           "replay it")

@@ -21,12 +21,13 @@ import networkx as nx
 import torch
 import torch.fx
 
+from dcsched import collectives
 from dcsched.bundle import checks as loadchecks
 from dcsched.bundle import op_allowlist
 from dcsched.bundle.arguments import decode_argument
 
-from dcsched.runtime import ops
 from dcsched.errors import BundleError
+from dcsched.graph import commops
 from dcsched.graph.roles import qualified_name
 
 #: Python functions a graph may call, besides torch ops.
@@ -36,7 +37,7 @@ ALLOWED_OPERATORS = frozenset({
 })
 #: Namespaces in which a stored name is looked up at all; within them, only the ops on the list of
 #: side-effect-free ops load (:mod:`dcsched.bundle.op_allowlist`).
-ALLOWED_OP_NAMESPACES = ("aten", "prims", "dcsched", "dc")
+ALLOWED_OP_NAMESPACES = ("aten", "prims", *collectives.NAMESPACES)
 
 _NODE_OPS = ("placeholder", "call_function", "get_attr", "output")
 #: Largest figures a bundle may hold: beyond them a number is a corruption or a typo, not a measurement
@@ -51,12 +52,8 @@ KEPT_META = ("device_time", "tensor_size", "out", "ds_id", "time_source")
 # Encoding graph arguments as plain data
 # ---------------------------------------------------------------------------
 
-def _dtype_name(dtype: torch.dtype) -> str:
+def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
-
-
-def dtype_from_name(name: str) -> torch.dtype:
-    return loadchecks.from_table(loadchecks.DTYPES, name, "dtype")
 
 
 def _encode(value: Any) -> Any:
@@ -65,7 +62,7 @@ def _encode(value: Any) -> Any:
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, torch.dtype):
-        return {"$dtype": _dtype_name(value)}
+        return {"$dtype": dtype_name(value)}
     if isinstance(value, torch.device):
         return {"$device": str(value)}
     if isinstance(value, torch.layout):
@@ -97,7 +94,7 @@ def _decode(value: Any, env: dict[str, torch.fx.Node], refs: list[str]) -> Any:
 def _output_spec(val: Any) -> Any:
     """Shapes and dtypes of a node's output, from its FakeTensor ``meta['val']``."""
     if isinstance(val, torch.Tensor):
-        return {"shape": [int(s) for s in val.shape], "dtype": _dtype_name(val.dtype)}
+        return {"shape": [int(s) for s in val.shape], "dtype": dtype_name(val.dtype)}
     if isinstance(val, (tuple, list)):
         return [_output_spec(v) for v in val]
     return None
@@ -152,7 +149,7 @@ def resolve_target(name: str):
         raise ValueError(f"op '{name}' is not allowed: a bundle calls only aten and prims ops on dcsched's list, "
                          "the ZeRO-3 ops and a few operator functions")
     if namespace == "dc":
-        ops.ensure_deepspeed_ops()
+        commops.ensure_deepspeed_ops()
     op_name, _, overload = rest.partition(".")
     overload = overload or "default"
     for part in (op_name, overload):
@@ -221,7 +218,7 @@ def decode_graph(nodes: list[dict], graph_name: str, constants: set[str] | None 
             raise ValueError(f"node {name}: malformed args or kwargs")
         target = _node_target(entry, op, constants or set())
         if op == "call_function" and isinstance(target, torch._ops.OpOverload) and \
-                target.namespace in ("dcsched", "dc"):
+                target.namespace in collectives.NAMESPACES:
             loadchecks.check_comm_arguments(target._opname, args, kwargs, f"node {name}", graph_id=graph_id,
                                             ds_ids=ds_ids)
         node = graph.create_node(op, target, args, kwargs, name=name)

@@ -38,13 +38,15 @@ from typing import Any
 
 import torch
 
+from dcsched import collectives
+
 #: The list, in this package.
 LIST_FILE = "allowed_ops.txt"
 #: Namespaces whose ops the list takes from torch's registry by :func:`schema_refusal`.
 DERIVED_NAMESPACES = ("aten", "prims")
-#: The ZeRO-3 ops a bundle holds: dcsched's own and DeepSpeed's (``dc``), both with DeepSpeed's schemas.
-ZERO3_OPS = tuple(f"{namespace}.{op}.default" for namespace in ("dcsched", "dc")
-                  for op in ("allgather_param", "wait_allgather", "release_param", "reduce_grad"))
+#: The built-in ZeRO-3 ops a bundle holds (:mod:`dcsched.collectives`): dcsched's own and DeepSpeed's (``dc``),
+#: both with DeepSpeed's schemas. A kind registered later is allowed too (:func:`check_allowed`).
+ZERO3_OPS = collectives.qualified_ops()
 
 _FILES = "it maps a file into a tensor (opens, creates and grows files)"
 _PRINTS = "it prints to standard output"
@@ -166,11 +168,11 @@ def check_allowed(name: str, registered: bool) -> None:
     ...
     ValueError: op 'aten._print.default' is not allowed: it prints to standard output
     """
-    if name in allowed_ops():
+    if name in allowed_ops() or name in collectives.qualified_ops():
         return
     namespace = name.partition(".")[0]
     why = None
-    if namespace not in (*DERIVED_NAMESPACES, "dcsched", "dc"):
+    if namespace not in (*DERIVED_NAMESPACES, *collectives.NAMESPACES):
         why = "a bundle calls only aten and prims ops on dcsched's list, the ZeRO-3 ops and a few operator functions"
     elif registered:
         try:

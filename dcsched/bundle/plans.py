@@ -12,8 +12,9 @@ document (``docs/bundle-format.md``)::
 
 Loading (:func:`read_plans`) checks the structure only, per bucket and in
 tensor passes over all members: known kinds, every member a node of that
-graph running the bucket's op (``allgather_param`` for ``'allgather'``,
-``reduce_grad`` for ``'reduce'``) with the ``ds_id`` the bucket gives, no node
+graph running an op of the bucket's kind (``allgather_param`` for
+``'allgather'``, ``reduce_grad`` for ``'reduce'``: the kinds
+:mod:`dcsched.collectives` puts in that bucket) with the ``ds_id`` the bucket gives, no node
 in two buckets, known residencies for parameters of the table. Whether a
 bucket's members are issued in an order it can run in is the simulator's to
 say (:meth:`dcsched.sim.simulate.CompiledGraph.bucket_indices`).
@@ -34,28 +35,31 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from dcsched import collectives
 from dcsched.plan import BUCKET_KINDS, RESIDENCIES, Bucket, Plan
 
-#: The op each bucket kind fuses: a bucket's members must all run it.
-KIND_OPS = {"allgather": "allgather_param", "reduce": "reduce_grad"}
-_OPNAMES = tuple(KIND_OPS[kind] for kind in BUCKET_KINDS)
 #: The keys of a bucket entry and of a graph's plan entry.
 _BUCKET_KEYS = {"kind", "members", "ds_ids"}
 _INT64_END = 2**63
 
 
 def _graph_collectives(stored) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A graph's all-gathers and reduces: node numbers, kind (position in :data:`BUCKET_KINDS`), ds_id.
+    """A graph's bucketable collectives: node numbers, bucket kind (position in :data:`BUCKET_KINDS`), ds_id.
 
     ``stored`` is a checked :class:`~dcsched.bundle.columns.GraphColumns` or an FX graph.
     """
     from dcsched.bundle.columns import GraphColumns
+    bucketed = [kind for kind in collectives.kinds() if kind.bucket is not None]
     if isinstance(stored, GraphColumns):
-        return stored.collectives(_OPNAMES)
-    from dcsched.graph.roles import Role, ds_id_of, role_of
-    kinds = {Role.ALLGATHER: 0, Role.REDUCE: 1}
-    found = [(v, kinds[role_of(node)], ds_id_of(node)) for v, node in enumerate(stored.nodes)
-             if role_of(node) in kinds]
+        nodes, which, ds_ids = stored.collectives([kind.op for kind in bucketed])
+        bucket_of = torch.tensor([BUCKET_KINDS.index(kind.bucket) for kind in bucketed], dtype=torch.long)
+        return nodes, bucket_of[which], ds_ids
+    from dcsched.graph.roles import collective_of, ds_id_of
+    found = []
+    for v, node in enumerate(stored.nodes):
+        kind = collective_of(node)
+        if kind is not None and kind.bucket is not None:
+            found.append((v, BUCKET_KINDS.index(kind.bucket), ds_id_of(node)))
     columns = list(zip(*found)) if found else [(), (), ()]
     nodes, kinds, ds_ids = (torch.tensor(c, dtype=torch.long) for c in columns)
     return nodes, kinds, ds_ids
@@ -177,7 +181,8 @@ def _checked(entries: Any, stored, names: list[str], where: str) -> tuple[list, 
     if bool(wrong.any()):
         k = int(torch.nonzero(wrong)[0])
         b, label = int(bucket[k]), BUCKET_KINDS[int(kind[k])]
-        raise ValueError(f"{where}: bucket #{b} ({label}): node {names[int(members[k])]} is no {KIND_OPS[label]}")
+        ops = " or ".join(collectives.bucket_ops(label))
+        raise ValueError(f"{where}: bucket #{b} ({label}): node {names[int(members[k])]} is no {ops}")
     wrong = ds_of[members] != claimed
     if bool(wrong.any()):
         k = int(torch.nonzero(wrong)[0])

@@ -41,12 +41,6 @@ console = Console()
 err_console = Console(stderr=True)
 
 
-def fail(message: str, code: int = 2) -> None:
-    """Print one error line and exit."""
-    err_console.print(f"[bold red]dcsched: error:[/] {safe_text(message)}", highlight=False, soft_wrap=True)
-    raise SystemExit(code)
-
-
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit code (0 ok, 1 result mismatch, 2 bad input)."""
     # Not standalone: typer's usage errors come here as exceptions and are

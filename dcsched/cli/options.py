@@ -1,7 +1,8 @@
 """Options shared by the commands: defaults and help from the library's option dataclasses, and ``-O KEY=VALUE``.
 
 A command's option that sets a field of :class:`~dcsched.costmodels.options.ProfileOptions`,
-:class:`~dcsched.train.options.TrainOptions` or :class:`~dcsched.train.options.ScriptOptions` takes its
+:class:`~dcsched.report.options.ScheduleOptions`, :class:`~dcsched.train.options.TrainOptions` or
+:class:`~dcsched.train.options.ScriptOptions` takes its
 default and help from that field (:func:`option`), so each default is written once, in the dataclass.
 The dataclasses' modules import no torch, so ``dcsched --help`` stays quick.
 """
@@ -16,7 +17,7 @@ import typer
 from dcsched.errors import DcschedError
 
 
-def _field(cls, name: str) -> dataclasses.Field:
+def _named_field(cls, name: str) -> dataclasses.Field:
     try:
         return next(f for f in dataclasses.fields(cls) if f.name == name)
     except StopIteration:
@@ -30,7 +31,7 @@ def default_of(cls, name: str):
     >>> default_of(ProfileOptions, "iters"), default_of(ProfileOptions, "gpu")
     (5, None)
     """
-    field = _field(cls, name)
+    field = _named_field(cls, name)
     if field.default is not dataclasses.MISSING:
         return field.default
     if field.default_factory is not dataclasses.MISSING:
@@ -51,7 +52,7 @@ def help_of(cls, name: str) -> str:
     >>> help_of(ProfileOptions, "gpu")
     'Target GPU: h100, a100 or h200. Needed by --cost-model analytic; also sets the target device memory recorded in the bundle and the interconnect collectives are modelled on.'
     """  # noqa: E501
-    text = _field(cls, name).metadata.get("help")
+    text = _named_field(cls, name).metadata.get("help")
     if not text:
         raise AttributeError(f"{cls.__name__}.{name} has no help")
     return re.sub(r"``([a-z][a-z0-9_]*)``", lambda m: flag_name(m.group(1)), text)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import List, Optional
 
@@ -16,16 +15,13 @@ from dcsched.cli.app import SCRIPT, SCRIPT_ARGS, app, console, err_console, safe
 from dcsched.cli.options import option
 
 
-def _init_distributed() -> None:
-    """Under torchrun (WORLD_SIZE > 1), join the process group so collectives are measured."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return
-    import torch
-    import torch.distributed as dist
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-        if torch.cuda.is_available():
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+def _join_process_group() -> None:
+    """Under torchrun (several ranks), join the process group: collectives are measured there, and the run's
+    world size is the group's."""
+    from dcsched.runtime import distributed
+    if distributed.launched():
+        import torch
+        distributed.init("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def _rank() -> int:
@@ -46,7 +42,7 @@ def profile(
     gpu: Optional[str] = option(ProfileOptions, "gpu", "--gpu"),
     iters: int = option(ProfileOptions, "iters", "--iters", min=1),
     warmup: int = option(ProfileOptions, "warmup", "--warmup", min=0),
-    world_size: int = option(ProfileOptions, "world_size", "--world-size", min=1),
+    world_size: Optional[int] = option(ProfileOptions, "world_size", "--world-size", min=1),
     bandwidth_gbps: Optional[float] = option(ProfileOptions, "bandwidth_gbps", "--bandwidth"),
     latency_us: Optional[float] = option(ProfileOptions, "latency_us", "--latency"),
     meta: bool = typer.Option(False, "--meta",
@@ -59,13 +55,13 @@ def profile(
 ) -> None:
     """Capture a training script's compiled model as forward and backward aten graphs with ZeRO-3 ops, profile every node and write a graph bundle.
 
-    The script runs as __main__ with torch.compile intercepted and stops after the first forward and backward of the compiled module. Compute times are measured here (CUDA events on a GPU, perf_counter on the CPU) or, with --cost-model analytic, estimated for --gpu. All-gathers and gradient reduce-scatters are modelled as bytes*(W-1)/W / bandwidth + latency in one process (latency and bandwidth from the interconnect table for --gpu and --world-size unless given), and measured under torchrun. Times are stored in milliseconds, sizes in bytes.
+    The script runs as __main__ with torch.compile intercepted and stops after the first forward and backward of the compiled module. Compute times are measured here (CUDA events on a GPU, perf_counter on the CPU) or, with --cost-model analytic, estimated for --gpu. All-gathers and gradient reduce-scatters are modelled as bytes*(W-1)/W / bandwidth + latency (latency and bandwidth from the interconnect table for --gpu and W unless given), and measured by the measured cost model under torchrun. W is --world-size in one process; under torchrun it is the process group's size, and a --world-size that differs is refused. Times are stored in milliseconds, sizes in bytes.
 
     Example: dcsched profile examples/gpt.py -o gpt.pt --cost-model analytic --gpu h100 -- --layers 4
     """  # noqa: E501
     from dcsched.bundle import core as bundle_io  # torch, imported only when the command runs
     from dcsched.profile.capture import capture_script_step
-    from dcsched.profile.measure import PLANNED, profile_bundle
+    from dcsched.profile.measure import PLANNED, profile_bundle, profile_topology
 
     check_outputs({"-o": output}, inputs=[script], force=force)
     options = ProfileOptions(cost_model=cost_model, iters=iters, warmup=warmup, world_size=world_size,
@@ -75,13 +71,15 @@ def profile(
     if meta and cost_model == "measured":
         raise DcschedError("--meta captures shapes without data, so nothing can be run and timed: use "
                            "--cost-model analytic --gpu h100 (or calibrated)")
-    _init_distributed()
+    _join_process_group()
     from dcsched.runtime.distributed import shutdown
     try:
+        topology = profile_topology(options)  # once, here: refuses a --world-size the group does not have
         if progress:
             err_console.print(f"capturing {safe_text(script)} ...", highlight=False)
         captured = capture_script_step(script, list(script_args or []), module, meta=meta)
-        bundle = profile_bundle(captured.bundle, options, params=captured.params, inputs=captured.inputs)
+        bundle = profile_bundle(captured.bundle, options, params=captured.params, inputs=captured.inputs,
+                                topology=topology)
     except BaseException:
         shutdown(together=False)
         raise
@@ -106,8 +104,11 @@ def profile(
 
 
 def _comm_figures(provenance: dict) -> str:
-    """``, collectives 15 us + bytes at 360 GB/s (h100, 1 node: ...)``; nothing where they were measured."""
+    """``, collectives 15 us + bytes at 360 GB/s (h100, 1 node: ...)``; ``, collectives measured (latency 40 us)``
+    where they were measured."""
     latency, bandwidth = provenance.get("comm_latency_ms"), provenance.get("comm_bandwidth_GBps")
-    if latency is None or bandwidth is None:
+    if latency is None:
         return ""
+    if bandwidth is None:
+        return f", collectives measured (latency {latency * 1e3:.3g} us)"
     return f", collectives {latency * 1e3:g} us + bytes at {bandwidth:g} GB/s ({provenance.get('comm_link')})"

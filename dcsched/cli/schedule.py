@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING
 import typer
 
 from dcsched.report import formats
+from dcsched.report.options import ScheduleOptions, Selection
 from dcsched.errors import DcschedError
 from dcsched.outputs import all_or_none, check_outputs
-from dcsched.budget import (BUDGET_SCOPE_HELP, DEFAULT_MARGIN, DEFAULT_SCOPE, MEMORY_BUDGET_HELP, Budget, check_scope,
-                            default_budget, device_memory)
+from dcsched.budget import DEFAULT_MARGIN, DEFAULT_SCOPE, Budget, budget_for, device_memory
 from dcsched.units import format_bytes
 from dcsched.cli.app import app, console, err_console, in_flags, safe_text
-from dcsched.cli.options import NAMED_OPTIONS, named_from_options, parse_options
+from dcsched.cli.options import named_from_options, option, parse_options
 
 if TYPE_CHECKING:  # the modules themselves import torch, so only when a command runs
     from dcsched.bundle import core as bundle_io
@@ -28,74 +28,8 @@ if TYPE_CHECKING:  # the modules themselves import torch, so only when a command
 
 
 # ---------------------------------------------------------------------------
-# Options -> plan
+# Outputs and notes
 # ---------------------------------------------------------------------------
-
-def resolve_algorithms(algo: str) -> list[str]:
-    """``'all'`` = every registered scheduler; else a comma-separated list of names."""
-    from dcsched import schedulers
-    if algo == "all":
-        return schedulers.available()
-    names = [name.strip() for name in algo.split(",") if name.strip()]
-    if not names:
-        raise DcschedError("--algo needs a scheduler name or 'all'")
-    for name in names:
-        schedulers.get(name)
-    return list(dict.fromkeys(names))
-
-
-def scheduler_options(algorithms: list[str], memory_budget: str | None, budget_scope: str | None,
-                      extra: list[str]) -> tuple[dict[str, dict], Budget | None]:
-    """Per algorithm, the given options of its own it accepts, and the budget asked for (read here, once).
-
-    Parameters
-    ----------
-    algorithms : list of str
-        The selected schedulers.
-    memory_budget : str or None
-        ``--memory-budget`` as typed (None: not given; the default rule applies later).
-    budget_scope : str or None
-        ``--budget-scope``.
-    extra : list of str
-        The other ``-O KEY=VALUE`` items.
-
-    Returns
-    -------
-    tuple of (dict, Budget or None)
-        ``{algorithm: {option: value}}`` without the budget, and the :class:`~dcsched.budget.Budget`
-        given (None when ``--memory-budget`` was not).
-
-    Raises
-    ------
-    OptionError
-        For an unreadable budget or scope.
-    DcschedError
-        For a malformed ``-O`` item, or an option no selected algorithm takes.
-
-    Examples
-    --------
-    >>> scheduler_options(["overlap", "fast-free"], "1GiB", None, [])
-    ({'overlap': {}, 'fast-free': {}}, Budget(bytes=1073741824, scope='all'))
-    """
-    from dcsched import schedulers
-    given: dict[str, object] = {}
-    budget = None
-    if budget_scope is not None:
-        check_scope(budget_scope)
-        given["budget_scope"] = budget_scope
-    if memory_budget is not None:
-        budget = Budget.parse(memory_budget, scope=budget_scope)
-        given["memory_budget"] = budget
-    given.update(parse_options(extra))
-    per_algo = {algo: {k: v for k, v in given.items() if k in schedulers.get(algo).options} for algo in algorithms}
-    for key in given:
-        if not any(key in opts for opts in per_algo.values()):
-            takers = sorted(a for a in schedulers.available() if key in schedulers.get(a).options)
-            raise DcschedError(f"no selected scheduler takes option '{key}' "
-                               f"({'taken by: ' + ', '.join(takers) if takers else 'no scheduler takes it'})")
-    own = {algo: {k: v for k, v in opts.items() if k not in NAMED_OPTIONS} for algo, opts in per_algo.items()}
-    return own, budget
-
 
 def output_paths(source: Path, algorithms: list[str], output: Path | None) -> dict[str, Path]:
     """Where each algorithm's bundle goes.
@@ -114,36 +48,14 @@ def output_paths(source: Path, algorithms: list[str], output: Path | None) -> di
     return paths
 
 
-def chosen_budget(bundle: bundle_io.Bundle, algorithms: list[str], budget: Budget | None,
-                  scope: str | None) -> Budget:
-    """The budget to schedule with: the one given, else the default rule's (said on stderr).
+def note_default_budget(bundle: bundle_io.Bundle, selection: Selection, budget: Budget) -> None:
+    """Say on stderr, per selected scheduler that takes a budget, the budget the default rule gave it.
 
-    The default (:func:`dcsched.budget.default_budget`) is the target device's
-    memory recorded in the bundle less 10%; with no device recorded, no limit.
-
-    Parameters
-    ----------
-    bundle : Bundle
-        Where the device's memory may be recorded.
-    algorithms : list of str
-        The selected schedulers (the note names those that take a budget).
-    budget : Budget or None
-        The budget given with ``--memory-budget``.
-    scope : str or None
-        ``--budget-scope``.
-
-    Returns
-    -------
-    Budget
+    The rule (:func:`dcsched.budget.budget_for` with no budget given) is the target device's memory recorded
+    in the bundle less 10%; with no device recorded, no limit.
     """
-    if budget is not None:
-        return budget
-    from dcsched import schedulers
-    budget = default_budget(bundle, scope=scope)
     total = device_memory(bundle)
-    for algo in algorithms:
-        if not schedulers.get(algo).takes_budget:
-            continue
+    for algo in selection.budgeted:
         if total is None:
             err_console.print(f"[dim]{algo}: no target device recorded in the bundle: memory budget unlimited; "
                               "set one with --memory-budget[/]", highlight=False)
@@ -152,7 +64,6 @@ def chosen_budget(bundle: bundle_io.Bundle, algorithms: list[str], budget: Budge
                 f"[dim]{algo}: memory budget {format_bytes(budget.bytes)} (the target device's "
                 f"{format_bytes(total)} recorded in the bundle, less "
                 f"{DEFAULT_MARGIN:.0%}); set one with --memory-budget[/]", highlight=False)
-    return budget
 
 
 # ---------------------------------------------------------------------------
@@ -162,10 +73,7 @@ def chosen_budget(bundle: bundle_io.Bundle, algorithms: list[str], budget: Budge
 @app.command()
 def schedule(
     path: Path = typer.Argument(..., help="Graph bundle to reorder (graph.pt)."),
-    algo: str = typer.Option("fast-free", "--algo", "-a",
-                             help="Scheduler name, a comma-separated list, or 'all' for every registered one "
-                                  "(fast-free, simple-prefetch, list, overlap, none, ...; an unknown name lists "
-                                  "them all)."),
+    algo: str = option(ScheduleOptions, "algo", "--algo", "-a"),
     output: Path | None = typer.Option(None, "--output", "-o",
                                        help="Output bundle. Default: <input stem>.<algo>.pt beside the input; "
                                             "with several algorithms, <output stem>.<algo>.pt."),
@@ -179,14 +87,10 @@ def schedule(
                                                           "needs the 'plot' extra: matplotlib)."),
     params: bool = typer.Option(False, "--params", help="List, per parameter, where it is gathered and freed "
                                                         "and how long it stays."),
-    assume_zero: bool = typer.Option(False, "--assume-zero", help="Count missing device_time (ms) / tensor_size "
-                                                                  "(bytes) as 0 instead of refusing the graph."),
-    memory_budget: str | None = typer.Option(None, "--memory-budget", help=MEMORY_BUDGET_HELP),
-    budget_scope: str | None = typer.Option(None, "--budget-scope", help=BUDGET_SCOPE_HELP),
-    option: list[str] = typer.Option([], "--option", "-O",
-                                     help="KEY=VALUE passed to the selected schedulers that take KEY "
-                                          "(repeatable; numbers converted, true/false bools; e.g. -O k=3, "
-                                          "-O merged-overlap=false)."),
+    assume_zero: bool = option(ScheduleOptions, "assume_zero", "--assume-zero"),
+    memory_budget: str | None = option(ScheduleOptions, "memory_budget", "--memory-budget"),
+    budget_scope: str | None = option(ScheduleOptions, "budget_scope", "--budget-scope"),
+    algo_options: list[str] = option(ScheduleOptions, "algo_options", "--option", "-O", default=[]),
     sweep_budgets: bool = typer.Option(False, "--sweep",
                                        help="With --algo overlap: print the trade-off curve (budget, peak, step "
                                             "time, overlap) from the smallest workable budget to unlimited, and "
@@ -196,9 +100,11 @@ def schedule(
 
     Memory is simulated in bytes and step time in ms; see docs/schedule-cli.md.
     """
-    algorithms = resolve_algorithms(algo)
-    memory_budget, budget_scope, option = named_from_options(memory_budget, budget_scope, option)
-    options, given_budget = scheduler_options(algorithms, memory_budget, budget_scope, option)
+    memory_budget, budget_scope, extra = named_from_options(memory_budget, budget_scope, algo_options)
+    options = ScheduleOptions(algo=algo, memory_budget=memory_budget, budget_scope=budget_scope,
+                              algo_options=parse_options(extra), assume_zero=assume_zero)
+    selection = options.resolve()  # each scheduler looked up once, the budget read once, before any file
+    algorithms = selection.names
     report_files = {name: p for name, p in (("trace", trace), ("plot", plot)) if p is not None}
     outputs = _bundles_to_write(path, algorithms, output, sweep_budgets, memory_budget)
     files = {(f"-o ({a})" if len(outputs) > 1 else "-o"): p for a, p in outputs.items()}
@@ -217,13 +123,15 @@ def schedule(
     bundle = bundle_io.load(path)
     if sweep_budgets:
         from dcsched.report.sweep import sweep_bundle
-        scope = budget_scope or DEFAULT_SCOPE
+        scope = selection.scope or DEFAULT_SCOPE
         report: formats.Report = formats.SweepReport(
             path, scope, sweep_bundle(bundle, scope=scope, progress=progress), report_files)
         scheduled: dict = {}
     else:
-        budget = chosen_budget(bundle, algorithms, given_budget, budget_scope)
-        comparison = run_comparison(bundle, algorithms, options, assume_zero=assume_zero, budget=budget,
+        budget = budget_for(selection.budget, bundle, scope=selection.scope)  # the default rule, where none given
+        if selection.budget is None:
+            note_default_budget(bundle, selection, budget)
+        comparison = run_comparison(bundle, selection, assume_zero=options.assume_zero, budget=budget,
                                     skip_failing=algo == "all")
         scheduled = {a: p for a, p in outputs.items() if a in comparison.algorithms}
         report = formats.ScheduleReport(path, comparison, files=report_files, params=params,
@@ -294,15 +202,16 @@ class _Ticker:
             self.display.stop()
 
 
-def run_comparison(bundle: bundle_io.Bundle, algorithms: list[str], options: dict[str, dict], *,
-                   assume_zero: bool, budget: Budget, skip_failing: bool) -> Comparison:
+def run_comparison(bundle: bundle_io.Bundle, selection: Selection, *, assume_zero: bool, budget: Budget,
+                   skip_failing: bool) -> Comparison:
     """Schedule and simulate every graph (:func:`dcsched.report.compare.compare_bundle`), saying on stderr what was
     skipped, assumed zero or unsized."""
     from dcsched.report.compare import compare_bundle
     # With 'all', a scheduler that cannot run with the options given (a budget too small for it, say)
     # is left out with a note rather than stopping the comparison of the others.
     with _Ticker() as tick:
-        comparison = compare_bundle(bundle, algorithms, assume_zero=assume_zero, progress=tick, options=options,
+        comparison = compare_bundle(bundle, selection.schedulers, assume_zero=assume_zero, progress=tick,
+                                    options={name: dict(own) for name, own in selection.options.items()},
                                     skip_failing=skip_failing, budget=budget,
                                     describe=lambda exc: in_flags(exc, "schedule"))
     for algo_name, reason in comparison.skipped.items():

@@ -1,7 +1,7 @@
-"""``calibrated``: the analytic roofline scaled by measured factors, one per op kind, read from a JSON file.
+"""``calibrated``: the analytic time scaled by measured factors, one per op kind, read from a JSON file.
 
-The roofline is a lower bound; real kernels reach a fraction of peak, and
-that fraction depends mostly on the kind of op (a large matmul comes close, a
+The analytic time uses published fractions of peak; a GPU's real kernels
+reach their own, and that fraction depends mostly on the kind of op (a large matmul comes close, a
 small elementwise op pays its launch). A calibration file holds, per op kind
 (``aten.mm``, ``aten.add``, ...), the median of measured / analytic time over
 the nodes of that kind in profiles measured on a GPU
@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any, Iterable
 import torch
 import torch.fx
 
-from dcsched.bundle.core import Bundle, write_atomic
+from dcsched.bundle.core import Bundle
+from dcsched.outputs import write_atomic
 from dcsched.errors import DcschedError, OptionError
 from dcsched.graph.roles import Role, role_of
 from dcsched.costmodels.analytic import AnalyticCostModel, analytic_time, target_gpu
@@ -147,7 +148,7 @@ def fit_calibration(pairs: Iterable[tuple[Bundle, Bundle]], gpu: str, device: st
 @register
 class CalibratedCostModel(AnalyticCostModel):
     name = "calibrated"
-    description = "analytic roofline times measured factors by op kind (a calibration file)"
+    description = "analytic time times measured factors by op kind (a calibration file)"
     takes_calibration = True
 
     def __init__(self, calibration: Calibration, source: str) -> None:
@@ -171,6 +172,6 @@ class CalibratedCostModel(AnalyticCostModel):
         return f"{self.gpu_key} (analytic x calibration from {self.calibration.device or self.source}, not run)"
 
     def provenance(self, options: ProfileOptions) -> dict[str, Any]:
-        return {"device_time": (f"analytic roofline times measured factors by op kind from {self.source} "
+        return {"device_time": (f"analytic time times measured factors by op kind from {self.source} "
                                 f"(default factor {self.calibration.default:.3g})"),
                 "iters": None, "warmup": None}

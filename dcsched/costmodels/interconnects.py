@@ -7,9 +7,11 @@ bandwidth* of an all-gather or reduce-scatter (its ``busbw`` column is
 ``bytes / time * (W - 1) / W``), so the figures below are bus bandwidths read
 from NCCL benchmarks where they were published, not link peaks.
 
-A node holds :data:`GPUS_PER_NODE` GPUs (an HGX / DGX board). Up to that many
-ranks talk over the node's NVLink / NVSwitch; more ranks span
-``ceil(W / 8)`` nodes and each step of the ring crosses the network, whose
+A node holds :data:`GPUS_PER_NODE` GPUs (an HGX / DGX board) unless the run's
+topology says otherwise (torchrun's ``LOCAL_WORLD_SIZE``,
+:mod:`dcsched.costmodels.topology`). Up to that many ranks talk over the
+node's NVLink / NVSwitch; more ranks span ``ceil(W / ranks per node)`` nodes
+and each step of the ring crosses the network, whose
 per-GPU NIC is then the narrowest link. The latency across nodes grows with
 the number of nodes: ``latency_us + per_doubling_us * log2(nodes)`` (NCCL
 picks ring or tree depending on size; a small message's time grows about
@@ -17,8 +19,8 @@ with the depth of the tree). The ``cpu`` row is gloo (the process-group
 backend of CPU runs) over TCP, at every world size.
 
 Every figure is a round number of the order the source reports, not a
-measurement of a particular machine: a profile under ``torchrun`` measures
-the real collectives instead, and ``ProfileOptions(latency_us=...,
+measurement of a particular machine: the measured cost model under
+``torchrun`` measures the real collectives instead, and ``ProfileOptions(latency_us=...,
 bandwidth_gbps=...)`` (``dcsched profile --latency --bandwidth``) override
 the table.
 
@@ -97,7 +99,7 @@ INTERCONNECTS: dict[str, tuple[Fabric, Fabric | None]] = {
 }
 
 
-def interconnect(gpu: str, world_size: int) -> Link:
+def interconnect(gpu: str, world_size: int, ranks_per_node: int = GPUS_PER_NODE) -> Link:
     """The collective latency and bus bandwidth of ``world_size`` ranks of GPU kind ``gpu``.
 
     Parameters
@@ -105,8 +107,10 @@ def interconnect(gpu: str, world_size: int) -> Link:
     gpu : str
         A key of :data:`INTERCONNECTS` (``h100``, ``h200``, ``a100``, ``cpu``), case-insensitive.
     world_size : int
-        Ranks in the collective: up to :data:`GPUS_PER_NODE` within one node, more across
-        ``ceil(world_size / 8)`` nodes.
+        Ranks in the collective: up to ``ranks_per_node`` within one node, more across
+        ``ceil(world_size / ranks_per_node)`` nodes.
+    ranks_per_node : int
+        Ranks on one node's NVLink / NVSwitch: :data:`GPUS_PER_NODE` (an HGX board) unless a launch says.
 
     Returns
     -------
@@ -116,7 +120,7 @@ def interconnect(gpu: str, world_size: int) -> Link:
     Raises
     ------
     OptionError
-        An unknown GPU kind (``gpu``) or a world size below 1 (``world_size``).
+        An unknown GPU kind (``gpu``), a world size or ranks per node below 1.
 
     Examples
     --------
@@ -132,8 +136,10 @@ def interconnect(gpu: str, world_size: int) -> Link:
         raise OptionError("gpu", f"names no interconnect {gpu!r} (choose from {', '.join(INTERCONNECTS)})")
     if world_size < 1:
         raise OptionError("world_size", "must be at least 1")
+    if ranks_per_node < 1:
+        raise OptionError("ranks_per_node", "must be at least 1")
     within, across = INTERCONNECTS[kind]
-    nodes = math.ceil(world_size / GPUS_PER_NODE)
+    nodes = math.ceil(world_size / ranks_per_node)
     if across is None:
         return Link(within.latency_us, within.bandwidth_gbps, within.source, f"{kind}: {within.name}")
     if nodes == 1:
@@ -143,12 +149,12 @@ def interconnect(gpu: str, world_size: int) -> Link:
 
 
 def resolve(gpu: str, world_size: int, *, latency_us: float | None = None,
-            bandwidth_gbps: float | None = None) -> Link:
+            bandwidth_gbps: float | None = None, ranks_per_node: int = GPUS_PER_NODE) -> Link:
     """The table's :class:`Link` for ``gpu`` and ``world_size``, with the figures given (not None) in its place.
 
     Parameters
     ----------
-    gpu, world_size
+    gpu, world_size, ranks_per_node
         As for :func:`interconnect` (checked even when both figures are given).
     latency_us, bandwidth_gbps : float or None
         Figures that replace the table's (``ProfileOptions.latency_us`` / ``bandwidth_gbps``).
@@ -166,7 +172,7 @@ def resolve(gpu: str, world_size: int, *, latency_us: float | None = None,
     >>> resolve("h100", 8, latency_us=5.0).name
     'given latency; bandwidth from h100, 1 node: NVLink 4 / NVSwitch'
     """
-    link = interconnect(gpu, world_size)
+    link = interconnect(gpu, world_size, ranks_per_node)
     if latency_us is not None and bandwidth_gbps is not None:
         return Link(float(latency_us), float(bandwidth_gbps), "given", "given")
     if latency_us is not None:

@@ -4,13 +4,12 @@ Each compute node runs ``warmup`` times untimed, then ``iters`` times timed;
 the median is kept. On a GPU with CUDA events, on the CPU with
 ``time.perf_counter_ns``. Communication nodes run once (a release frees the
 gathered buffer at its last call): modelled from their bytes in one process,
-measured with real collectives of the same size under a process group of
-more than one rank.
+measured with real collectives of the same size when the run's topology has a
+process group of more than one rank (:meth:`MeasuredCostModel.measures_collectives`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import platform
 import statistics
@@ -27,8 +26,9 @@ from dcsched.graph.roles import COMM_ROLES, Role, role_of
 from dcsched.graph.specs import node_specs, shard_numel
 from dcsched.runtime.step import build_step, installed, make_state, run_step
 from dcsched.costmodels.base import FREE_OPS, CostModel, ProfileRun, modelled_comm_time, progress_bar
-from dcsched.costmodels.interconnects import Link, kind_of_device
+from dcsched.costmodels.interconnects import kind_of_device
 from dcsched.costmodels.registry import register
+from dcsched.costmodels.topology import Topology
 
 if TYPE_CHECKING:
     from dcsched.costmodels.options import ProfileOptions
@@ -140,39 +140,42 @@ class MeasuredCostModel(CostModel):
             return options.gpu.lower()
         return kind_of_device(describe_device(self.device)) or UNLISTED_GPU_KIND
 
-    def comm_link(self, options: ProfileOptions) -> Link:
-        link = super().comm_link(options)
+    def link_note(self, options: ProfileOptions) -> str:
         if options.gpu is None and kind_of_device(describe_device(self.device)) is None:
-            return dataclasses.replace(link, name=f"{link.name} ({describe_device(self.device)} is not in the "
-                                                  f"table: taken as {UNLISTED_GPU_KIND})")
-        return link
+            return f"({describe_device(self.device)} is not in the table: taken as {UNLISTED_GPU_KIND})"
+        return ""
 
-    def _time_node(self, node: torch.fx.Node, call, options: ProfileOptions, run: ProfileRun, link: Link):
+    def measures_collectives(self, topology: Topology) -> bool:
+        """Under a process group of more than one rank: the step runs here, so its collectives run for real."""
+        return topology.process_group
+
+    def _time_node(self, node: torch.fx.Node, call, run: ProfileRun):
         """Run one node, setting its figures; returns its value."""
         role = role_of(node)
         if role not in COMM_ROLES:
             out, ms = self.timer.time(call, self.iters, self.warmup)
             node.meta.update(device_time=ms, time_source="measured")
             return out
-        if run.distributed and role in (Role.ALLGATHER, Role.REDUCE):
-            ms = measure_collective(node, run.world_size, self.device, self.timer, self.iters, self.warmup)
+        measuring = self.measures_collectives(run.topology)
+        if measuring and role in (Role.ALLGATHER, Role.REDUCE):
+            ms = measure_collective(node, run.topology.world_size, self.device, self.timer, self.iters,
+                                    self.warmup)
             node.meta.update(device_time=ms, time_source="measured")
-        elif run.distributed:
+        elif measuring:
             node.meta.update(device_time=0.0, time_source="measured")
         else:
-            node.meta.update(device_time=modelled_comm_time(node, options, link), time_source="modelled")
+            node.meta.update(device_time=modelled_comm_time(node, run.topology), time_source="modelled")
         return call()  # once: a release frees the gathered buffer at its last call
 
-    def comm_latency_ms(self, options: ProfileOptions, run: ProfileRun) -> float | None:
+    def comm_latency_ms(self, run: ProfileRun) -> float | None:
         """Under a process group, the latency :meth:`annotate` measured (the collectives' figures are
         measured, latency included); in one process the modelled link's."""
-        return self.measured_latency_ms if run.distributed else super().comm_latency_ms(options, run)
+        return self.measured_latency_ms if self.measures_collectives(run.topology) else super().comm_latency_ms(run)
 
     def annotate(self, bundle: Bundle, options: ProfileOptions, run: ProfileRun) -> str:
         description = describe_device(self.device)
-        link = self.comm_link(options)
-        if run.distributed:  # a tiny collective's median is cheap: more runs than a node's, for a steady figure
-            self.measured_latency_ms = measure_latency(run.world_size, self.device, self.timer,
+        if self.measures_collectives(run.topology):  # a tiny collective's median is cheap: more runs, steadier
+            self.measured_latency_ms = measure_latency(run.topology.world_size, self.device, self.timer,
                                                        max(self.iters, LATENCY_ITERS), max(self.warmup, 2))
         by_name = {name: {n.name: n for n in graph.nodes} for name, graph in bundle.graphs.items()}
         with progress_bar(options.progress) as progress:
@@ -180,7 +183,7 @@ class MeasuredCostModel(CostModel):
             task = progress.add_task(f"profiling on {description}", total=calls)
 
             def on_node(graph_name: str, copy: torch.fx.Node, call):
-                out = self._time_node(by_name[graph_name][copy.name], call, options, run, link)  # the copy's by name
+                out = self._time_node(by_name[graph_name][copy.name], call, run)  # the copy's by name
                 progress.advance(task)
                 return out
 

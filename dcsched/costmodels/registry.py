@@ -4,7 +4,7 @@
 >>> costmodels.available()
 ['measured', 'analytic', 'calibrated']
 >>> costmodels.get("analytic").description.split(":")[0]
-'roofline for a named GPU from FLOPs and bytes'
+"a named GPU's achievable rates from FLOPs and bytes"
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def build(options: ProfileOptions) -> CostModel:
     """The cost model ``options`` asks for, checked against them.
 
     A calibration file with the analytic model asks for the calibrated one
-    (the analytic roofline scaled by the file's factors).
+    (the analytic time scaled by the file's factors).
     """
     name = options.cost_model
     if options.calibration is not None and name == "analytic":

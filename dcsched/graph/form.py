@@ -46,6 +46,7 @@ from typing import Callable, Iterable
 import networkx as nx
 import torch.fx
 
+from dcsched import collectives
 from dcsched.errors import GraphError
 from dcsched.graph.nxview import FxColumns, random_op_chain, to_networkx
 from dcsched.graph.roles import Role
@@ -69,8 +70,8 @@ class Kind(enum.IntEnum):
 PLACEHOLDER, COMPUTE, ALLGATHER, WAIT, RELEASE, REDUCE, OUTPUT, CONSTANT = Kind
 #: Role names per kind ('placeholder', 'compute', ...; a constant is 'constant').
 KIND_NAMES = tuple(kind.name.lower() for kind in Kind)
-#: Kinds that run on the communication stream.
-COMM_KINDS = (ALLGATHER, REDUCE)
+#: Kinds that run on the communication stream (the roles :mod:`dcsched.collectives` puts there).
+COMM_KINDS = tuple(Kind[role.upper()] for role in collectives.STREAM_ROLES)
 _KIND_OF_ROLE = {role.value: Kind[role.name] for role in Role}
 _GETITEM = "operator.getitem"
 #: Attributes a form consists of (what a form built from another form shares).
@@ -163,10 +164,6 @@ class GraphForm:
 
     def __len__(self) -> int:
         return len(self.names)
-
-    def in_input_order(self) -> bool:
-        """Whether every node comes after its inputs in the input order."""
-        return self._forward
 
     def check_input_order(self) -> None:
         """Raise :class:`GraphError` unless every node comes after its inputs (what the fast schedulers need).

@@ -1,7 +1,7 @@
 """Last uses of values, with DeepSpeed DeepCompile's ``get_last_uses`` semantics.
 
 DeepCompile decides when a gathered parameter can be freed from the *last use*
-of every value. The rule, applied on the networkx view (:mod:`dcsched.graph.nxview`):
+of every value. The rule, applied to a graph in its input order (node numbers, each node's inputs):
 visit the nodes from last to first; for each visited node ``u``, visit the
 values it reads (args, then kwargs, in reading order). For such a value ``n``:
 
@@ -15,27 +15,18 @@ values it reads (args, then kwargs, in reading order). For such a value ``n``:
 Like DeepSpeed 0.19.8 (and unlike its schedulers) this reads kwargs too.
 A value nobody reads has no last use.
 
->>> import torch, torch.fx
->>> from dcsched.graph.nxview import to_networkx
->>> g = torch.fx.Graph()
->>> x = g.placeholder("x")
->>> t = g.create_node("call_function", torch.ops.aten.t.default, (x,), name="t")
->>> y = g.create_node("call_function", torch.ops.aten.relu.default, (x,), name="y")
->>> z = g.create_node("call_function", torch.ops.aten.relu.default, (t,), name="z")
->>> _ = g.output((y,))
->>> last_uses(to_networkx(g))["x"]      # read last through the view t, by z
-'z'
->>> last_uses_by_user(to_networkx(g))["z"]
-['t', 'x']
+>>> last_use, by_user = last_use_indices([[], [0], [0], [1]], [False, True, False, False])
+>>> last_use  # x (0) read last through the view t (1), by z (3); y (2) and z unread
+[3, 3, None, None]
+>>> by_user  # the values whose last use each user is (y's moved to z)
+{3: [1, 0], 2: []}
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
-import networkx as nx
 
-from dcsched.graph.form import GraphForm
 
 
 def last_use_indices(preds: Sequence[Sequence[int]], aliasing: Sequence[bool]) -> tuple[list, dict]:
@@ -69,22 +60,3 @@ def last_use_indices(preds: Sequence[Sequence[int]], aliasing: Sequence[bool]) -
                     last_use[v] = u
                     by_user.setdefault(u, []).append(v)
     return last_use, by_user
-
-
-def _indexed(view: nx.DiGraph):
-    form = GraphForm(view)
-    return form.names, form.preds, form.aliasing
-
-
-def last_uses(view: nx.DiGraph) -> dict[str, str]:
-    """``{value: its last use}`` for every node that has a reader."""
-    names, preds, aliasing = _indexed(view)
-    last_use, _ = last_use_indices(preds, aliasing)
-    return {names[i]: names[u] for i, u in enumerate(last_use) if u is not None}
-
-
-def last_uses_by_user(view: nx.DiGraph) -> dict[str, list[str]]:
-    """``{user: the values whose last use it is}``, in DeepSpeed's order (users with none omitted)."""
-    names, preds, aliasing = _indexed(view)
-    _, by_user = last_use_indices(preds, aliasing)
-    return {names[u]: [names[v] for v in values] for u, values in sorted(by_user.items()) if values}

@@ -229,21 +229,6 @@ def _chain_random_ops(view: nx.DiGraph, random_ops: list[torch.fx.Node]) -> list
     return chain
 
 
-def missing_costs(view: nx.DiGraph) -> dict[str, list[str]]:
-    """Nodes lacking ``device_time`` or ``tensor_size``: {'device_time': [...], 'tensor_size': [...]}.
-
-    Placeholders and the output node need neither.
-    """
-    missing: dict[str, list[str]] = {"device_time": [], "tensor_size": []}
-    for name, data in view.nodes(data=True):
-        if data["role"] in (Role.PLACEHOLDER.value, Role.OUTPUT.value):
-            continue
-        for key in missing:
-            if data.get(key) is None:
-                missing[key].append(name)
-    return {key: names for key, names in missing.items() if names}
-
-
 def check_order(view: nx.DiGraph, order: Sequence[str]) -> None:
     """Raise :class:`GraphError` unless ``order`` is a topological order of exactly ``view``'s vertices
     that keeps the placeholders in their input order and ends with the output."""

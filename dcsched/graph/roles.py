@@ -1,8 +1,9 @@
 """What each node of a ZeRO-3 graph does, read from its op (never its name alone).
 
-A node's role is one of :class:`Role`. The communication ops are recognised by
-their qualified op name in either the ``dcsched`` or DeepSpeed's ``dc``
-namespace, so graphs built by DeepSpeed and by dcsched are treated alike.
+A node's role is one of :class:`Role`. The communication ops are the kinds of
+:mod:`dcsched.collectives`, recognised by their op name in either the
+``dcsched`` or DeepSpeed's ``dc`` namespace, so graphs built by DeepSpeed and by
+dcsched are treated alike; a kind's row gives its role.
 
 >>> import torch, torch.fx
 >>> from dcsched.runtime import ops
@@ -21,7 +22,9 @@ import operator
 import torch
 import torch.fx
 
-COMM_NAMESPACES = ("dcsched", "dc")
+from dcsched import collectives
+
+COMM_NAMESPACES = collectives.NAMESPACES
 
 
 class Role(str, enum.Enum):
@@ -42,15 +45,12 @@ class Role(str, enum.Enum):
     OUTPUT = "output"
 
 
-_OP_ROLES = {
-    "allgather_param": Role.ALLGATHER,
-    "wait_allgather": Role.WAIT,
-    "release_param": Role.RELEASE,
-    "reduce_grad": Role.REDUCE,
-}
-
-#: Roles of the inserted ZeRO-3 ops; their args[2] is the ds_id.
-COMM_ROLES = frozenset(_OP_ROLES.values())
+#: Roles of the inserted ZeRO-3 ops (the roles a collective kind may have); their args[2] is the ds_id.
+COMM_ROLES = frozenset(Role(role) for role in collectives.ROLE_MEMORY)
+#: Comm roles whose output is a view of their input (allocating nothing) ...
+_VIEW_ROLES = frozenset(Role(r) for r, memory in collectives.ROLE_MEMORY.items() if memory in ("view", "frees"))
+#: ... and of those, the ones DeepSpeed's last-use analysis counts as aliasing (a release does not).
+_ALIASING_ROLES = frozenset(Role(r) for r, memory in collectives.ROLE_MEMORY.items() if memory == "view")
 
 
 def qualified_name(target) -> str:
@@ -80,9 +80,15 @@ def _comm_op(target) -> str | None:
     if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         namespace, _, name = target._schema.name.partition("::") if isinstance(
             target, torch._ops.OpOverload) else target._qualified_op_name.partition("::")
-        if namespace in COMM_NAMESPACES and name in _OP_ROLES:
+        if namespace in COMM_NAMESPACES and collectives.find(name) is not None:
             return name
     return None
+
+
+def collective_of(node: torch.fx.Node) -> collectives.CollectiveKind | None:
+    """The collective kind (its row of :mod:`dcsched.collectives`) ``node`` runs, or None."""
+    name = _comm_op(node.target) if node.op == "call_function" else None
+    return collectives.by_op(name) if name else None
 
 
 def role_of_target(op: str, target) -> Role:
@@ -91,10 +97,11 @@ def role_of_target(op: str, target) -> Role:
     if op == "output":
         return Role.OUTPUT
     name = _comm_op(target) if op == "call_function" else None
-    return _OP_ROLES[name] if name else Role.COMPUTE
+    return Role(collectives.by_op(name).role) if name else Role.COMPUTE
 
 
 _ROLE_MEMO: dict = {}
+collectives.on_change(_ROLE_MEMO.clear)  # a kind registered or taken out changes what its op's nodes do
 
 
 def role_of(node: torch.fx.Node) -> Role:
@@ -135,10 +142,6 @@ def ds_id_of(node: torch.fx.Node) -> int | None:
     return comm_ids(node)[1] if role_of(node) in COMM_ROLES else None
 
 
-def graph_id_of(node: torch.fx.Node) -> int | None:
-    return comm_ids(node)[0] if role_of(node) in COMM_ROLES else None
-
-
 def comm_ids(node: torch.fx.Node) -> tuple[int, int]:
     """``(graph_id, ds_id)`` of a node known to be a comm node (its ``graph_id`` and ``id`` arguments)."""
     args = node.args
@@ -163,9 +166,9 @@ def is_aliasing(node: torch.fx.Node) -> bool:
     if node.op != "call_function":
         return False
     role = role_of(node)
-    if role is Role.WAIT:
-        return True
-    if role is Role.RELEASE or node.target is operator.getitem:
+    if role in _VIEW_ROLES:
+        return role in _ALIASING_ROLES
+    if node.target is operator.getitem:
         return False
     schema = getattr(node.target, "_schema", None)
     if schema is None:
@@ -231,7 +234,7 @@ def is_view_like(node: torch.fx.Node) -> bool:
     """
     if node.op != "call_function":
         return False
-    if node.target is operator.getitem or role_of(node) in (Role.WAIT, Role.RELEASE):
+    if node.target is operator.getitem or role_of(node) in _VIEW_ROLES:
         return True
     if node.target in _UNANNOTATED_VIEWS:
         return True

@@ -19,13 +19,13 @@ import math
 import torch
 import torch.fx
 
-from dcsched.bundle.graph_encoding import dtype_from_name
 from dcsched.graph.roles import Role, role_of
+from dcsched.graph.torch_values import dtype_from_name
 
 Spec = tuple[tuple[int, ...], torch.dtype]
 
 
-def _specs(value) -> list[Spec]:
+def value_specs(value) -> list[Spec]:
     """(shape, dtype) of every tensor in a node's ``meta['val']`` or ``meta['out']``."""
     found: list[Spec] = []
 
@@ -46,8 +46,8 @@ def _specs(value) -> list[Spec]:
 def node_specs(node: torch.fx.Node) -> list[Spec]:
     """(shape, dtype) of every tensor ``node`` outputs, in output order."""
     if "val" in node.meta and node.meta["val"] is not None:
-        return _specs(node.meta["val"])
-    return _specs(node.meta.get("out"))
+        return value_specs(node.meta["val"])
+    return value_specs(node.meta.get("out"))
 
 
 def _tensor_meta_specs(meta) -> list[Spec]:
@@ -115,3 +115,19 @@ def shard_numel(numel: int, world_size: int) -> int:
     11
     """
     return math.ceil(numel / world_size)
+
+
+def recorded_bytes(node: torch.fx.Node) -> int:
+    """The bytes of a node's output as the bundle records them: its profiled ``tensor_size``, else
+    :func:`node_bytes` of its recorded shapes (0 if neither)."""
+    size = node.meta.get("tensor_size")
+    if isinstance(size, (int, float)):
+        return int(size)
+    return node_bytes(node)
+
+
+def flat_nodes(args) -> list[torch.fx.Node]:
+    """The nodes in a node's (nested) arguments, in order."""
+    found: list[torch.fx.Node] = []
+    torch.fx.node.map_arg(args, found.append)
+    return found

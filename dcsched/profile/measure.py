@@ -15,13 +15,18 @@ each, chosen by name):
   GPU (:class:`~dcsched.costmodels.options.ProfileOptions` ``(calibration="factors.json")``; with the analytic model a
   calibration file selects this one).
 
-Communication nodes: in one process (no process group, or one of size 1) the
-all-gather and the gradient reduce-scatter are modelled from their bytes with
-``bytes*(W-1)/W / bandwidth + latency`` for the stated world size W, the
-latency and bandwidth given in the options or else the interconnect table's
-for the target GPU kind and W (:mod:`dcsched.costmodels.interconnects`); wait
-and release cost 0. Under ``torchrun`` with a process group of size > 1 they are
-measured with real collectives of the same size.
+Communication nodes: the run's :class:`~dcsched.costmodels.topology.Topology`
+(:func:`profile_topology`, resolved once where the run starts) gives the world
+size W: a process group's size where one of more than one rank runs here (an
+options' ``world_size`` that differs is refused), else the options'
+``world_size`` (default 8). The measured model under such a group measures the
+all-gather and the gradient reduce-scatter with real collectives of the same
+size; otherwise (one process, or a model that runs nothing) they are modelled
+from their bytes with ``bytes*(W-1)/W / bandwidth + latency``, the latency and
+bandwidth given in the options or else the interconnect table's for the target
+GPU kind, W and the ranks per node (:mod:`dcsched.costmodels.interconnects`).
+Wait and release cost 0. The provenance says which (``comm_time``) and records
+the latency the figures include (``comm_latency_ms``).
 
 Under a process group every rank profiles, and the figures are then made the
 same on every rank (:mod:`dcsched.runtime.consensus`): each node's ``device_time`` is
@@ -47,89 +52,24 @@ records how the figures were obtained.
 
 from __future__ import annotations
 
+import os
 from typing import Mapping, Sequence
 
 import torch
 
 from dcsched.costmodels.base import CostModel, ProfileRun
 from dcsched.costmodels.registry import build as build_cost_model
+from dcsched.costmodels.topology import Topology, resolve_topology
 
 from dcsched.runtime import consensus
 from dcsched.bundle.core import Bundle
 from dcsched.costmodels.options import ProfileOptions
-from dcsched.errors import DcschedError
 from dcsched.graph.nxview import copy_graph
-from dcsched.graph.roles import Role, role_of
-from dcsched.graph.specs import node_bytes, sharded_bytes
+from dcsched.bundle.resharding import tensor_sizes
 
 
 #: ``provenance['data']`` of a bundle captured with ``meta=True``; ``provenance['planned']`` is True there.
 PLANNED = "none: planned from shapes on the meta device, not measured (no weights, no input values)"
-
-
-def check_replayable(bundle: Bundle) -> None:
-    """Raise :class:`DcschedError` for a bundle planned without data (captured with ``meta=True``): nothing to run."""
-    if bundle.provenance.get("planned"):
-        raise DcschedError("this bundle was planned without data (`meta=True`): it holds shapes, no weights or input "
-                           "values, so it can be scheduled but not replayed; capture the script again without it to "
-                           "replay it")
-
-
-# ---------------------------------------------------------------------------
-# Sizes
-# ---------------------------------------------------------------------------
-
-def tensor_sizes(bundle: Bundle, world_size: int) -> dict[str, dict[str, int]]:
-    """``tensor_size`` (bytes) per node of each graph, ZeRO-3 sharding over ``world_size`` ranks applied."""
-    param_placeholders = {"forward": _param_placeholder_names(bundle, "forward"),
-                          "backward": _param_placeholder_names(bundle, "backward")}
-    sizes: dict[str, dict[str, int]] = {}
-    for name, graph in bundle.graphs.items():
-        out = {}
-        for node in graph.nodes:
-            role = role_of(node)
-            if role is Role.OUTPUT:
-                out[node.name] = 0
-            elif (role is Role.PLACEHOLDER and node.name in param_placeholders[name]) or role is Role.REDUCE:
-                out[node.name] = sharded_bytes(node, world_size)
-            else:
-                out[node.name] = node_bytes(node)
-        sizes[name] = out
-    return sizes
-
-
-def resharded(bundle: Bundle, world_size: int) -> Bundle:
-    """A copy of ``bundle`` whose ``tensor_size`` figures are those of a run over ``world_size`` ranks.
-
-    Times are kept; only shard-dependent sizes (parameter shards, reduced
-    gradients) change, so a bundle profiled for 8 ranks can be compared with a
-    single-process replay.
-    """
-    sizes = tensor_sizes(bundle, world_size)
-    graphs = {}
-    for name, graph in bundle.graphs.items():
-        copy = copy_graph(graph)
-        for node in copy.nodes:
-            if "tensor_size" in node.meta:
-                node.meta["tensor_size"] = sizes[name][node.name]
-        graphs[name] = copy
-    result = bundle.with_graphs(**graphs)
-    result.plans = dict(bundle.plans)  # the same nodes (sizes alone change): the plans still hold
-    result.provenance["world_size"] = world_size
-    return result
-
-
-def _param_placeholder_names(bundle: Bundle, graph_name: str) -> set[str]:
-    """Placeholders holding a parameter shard: the forward's params, and the backward's saved copies of them.
-
-    The backward reads a saved parameter under its forward placeholder name.
-    """
-    forward = [n for n in bundle.forward.nodes if n.op == "placeholder"]
-    names = {node.name for node, kind in zip(forward, bundle.forward_placeholders) if kind.get("kind") == "param"}
-    graph = bundle.graphs.get(graph_name)
-    if graph_name == "forward" or graph is None:
-        return names if graph is not None else set()
-    return {n.name for n in graph.nodes if n.op == "placeholder" and n.name in names}
 
 
 # ---------------------------------------------------------------------------
@@ -146,29 +86,74 @@ def _with_sizes(bundle: Bundle, world_size: int) -> Bundle:
     return bundle
 
 
-def _provenance(model: CostModel, options: ProfileOptions, run: ProfileRun,
-                device: str) -> dict:
+def profile_topology(options: ProfileOptions, *, group_size: int | None = None) -> Topology:
+    """The topology a profile with ``options`` has here: resolved once where a run starts, then passed down.
+
+    ``group_size``: the ranks of the process group the run's collectives go over (training passes its
+    sharding's); by default the default process group's size (1 where there is none). Ranks per node come from
+    torchrun's ``LOCAL_WORLD_SIZE``. See :func:`~dcsched.costmodels.topology.resolve_topology`.
+
+    Raises
+    ------
+    OptionError
+        Options no profile can use, or a ``world_size`` other than a process group's size.
+
+    Examples
+    --------
+    >>> profile_topology(ProfileOptions(cost_model="analytic", gpu="a100", world_size=16)).describe()
+    'world size 16, a100, 2 nodes: InfiniBand HDR, 8x200 Gb/s per node'
+    """
+    options.check()
+    size = consensus.group_size() if group_size is None else group_size
+    return resolve_topology(options, build_cost_model(options), group_size=size, local_size=_local_size())
+
+
+def _local_size() -> int | None:
+    """Ranks on this node, as torchrun sets ``LOCAL_WORLD_SIZE``; None where unset or not a count."""
+    text = os.environ.get("LOCAL_WORLD_SIZE", "")
+    return int(text) if text.isascii() and text.isdigit() and 0 < int(text) < 2**20 else None
+
+
+def comm_description(model: CostModel, topology: Topology) -> str:
+    """``provenance['comm_time']``: whether the collectives were measured or modelled, for what and how.
+
+    >>> options = ProfileOptions(cost_model="analytic", gpu="h100", world_size=2)
+    >>> comm_description(build_cost_model(options), profile_topology(options))
+    'modelled (analytic cost model, one process): h100, world size 2, 1 node: latency 15 us + bytes*(W-1)/W at 360 GB/s (h100, 1 node: NVLink 4 / NVSwitch)'
+    """  # noqa: E501
+    if model.measures_collectives(topology):
+        return (f"measured ({model.name} cost model): real all-gathers and reduce-scatters of each node's size "
+                f"over the process group's {topology.world_size} ranks (median per rank, the slowest rank's); "
+                f"latency measured as an all-gather of one float a rank")
+    link = topology.link
+    how = f"{model.name} cost model, " + ("the process group's collectives not run" if topology.process_group
+                                          else "one process")
+    where = f"{topology.nodes} node{'s' if topology.nodes > 1 else ''}"
+    return (f"modelled ({how}): {topology.device_kind}, world size {topology.world_size}, {where}: latency "
+            f"{link.latency_us:g} us + bytes*(W-1)/W at {link.bandwidth_gbps:g} GB/s ({link.name})")
+
+
+def _provenance(model: CostModel, options: ProfileOptions, run: ProfileRun, device: str) -> dict:
     target_gpu = model.target_gpu(options)
     how = model.provenance(options)
+    topology = run.topology
     # Measured collectives include no figure of the link: None; their latency is measured (the measured model's).
-    link = None if run.distributed else model.comm_link(options)
-    latency_ms = model.comm_latency_ms(options, run)
+    link = None if model.measures_collectives(topology) else topology.link
     return {
         "cost_model": model.name,
         "device_time": how["device_time"],
-        "comm_time": ("measured with real collectives" if run.distributed
-                      else "modelled: bytes*(W-1)/W / bandwidth + latency"),
+        "comm_time": comm_description(model, topology),
         "tensor_size": "bytes of node outputs from recorded shapes; parameters and gradients as 1/W shards",
         "device": device,
         "gpu": target_gpu.name if target_gpu else None,
         "target_memory_bytes": model.target_memory(options),
         "torch": str(torch.__version__),
-        "world_size": run.world_size,
+        "world_size": topology.world_size,
+        "ranks_per_node": topology.ranks_per_node,
         # The latency every collective's figure includes, what a bucket of them saves per extra member
-        # (dcsched.sim.collectives): the modelled link's, or under a process group the measured model's own
-        # measurement (an all-gather of one float a rank). Recorded once, in ms like every time of the bundle;
-        # the older keys latency_us / bandwidth_GBps held the same figures and are no longer written.
-        "comm_latency_ms": latency_ms,
+        # (dcsched.sim.collectives): the modelled link's, or where the collectives were measured the measured
+        # model's own measurement (an all-gather of one float a rank). In ms like every time of the bundle.
+        "comm_latency_ms": model.comm_latency_ms(run),
         "comm_bandwidth_GBps": None if link is None else link.bandwidth_gbps,
         "comm_link": None if link is None else link.name,
         "iters": how["iters"],
@@ -178,7 +163,7 @@ def _provenance(model: CostModel, options: ProfileOptions, run: ProfileRun,
 
 def profile_bundle(bundle: Bundle, options: ProfileOptions = ProfileOptions(), *,
                    params: Mapping[int, torch.Tensor] | None = None,
-                   inputs: Sequence[torch.Tensor] | None = None) -> Bundle:
+                   inputs: Sequence[torch.Tensor] | None = None, topology: Topology | None = None) -> Bundle:
     """A copy of ``bundle`` whose nodes carry ``device_time``, ``tensor_size`` and ``time_source``.
 
     Parameters
@@ -192,6 +177,10 @@ def profile_bundle(bundle: Bundle, options: ProfileOptions = ProfileOptions(), *
         runner's seeded ones (:func:`dcsched.runtime.step.make_state`).
     inputs : Sequence[torch.Tensor], optional
         The step inputs in ``bundle.inputs`` order; by default seeded ones made from the bundle.
+    topology : Topology, optional
+        The ranks the figures are for and the link of modelled collectives, as the caller that started the
+        run resolved it (:func:`profile_topology`); by default resolved here from ``options`` and the process
+        group.
 
     Returns
     -------
@@ -202,7 +191,8 @@ def profile_bundle(bundle: Bundle, options: ProfileOptions = ProfileOptions(), *
     Raises
     ------
     OptionError
-        ``options`` no profile can use (:meth:`ProfileOptions.check <dcsched.costmodels.options.ProfileOptions.check>`).
+        ``options`` no profile can use (:meth:`ProfileOptions.check <dcsched.costmodels.options.ProfileOptions.check>`),
+        or a ``world_size`` other than the size of the process group running here.
     DcschedError
         Under a process group, ranks that captured different steps.
 
@@ -213,12 +203,11 @@ def profile_bundle(bundle: Bundle, options: ProfileOptions = ProfileOptions(), *
     >>> profile_bundle(replay.example_bundle(), options).provenance["world_size"]
     4
     """
+    topology = profile_topology(options) if topology is None else topology
     options.check()
     model = build_cost_model(options)
-    world = consensus.group_size()
-    distributed = world > 1
-    run = ProfileRun(params, inputs, world if distributed else options.world_size, distributed)
-    bundle = _with_sizes(bundle, run.world_size)
+    run = ProfileRun(topology, params, inputs)
+    bundle = _with_sizes(bundle, topology.world_size)
     # Under a process group: the same step on every rank before the profile's collectives pair up, and the
     # same figures after (each rank timed its own nodes), so every rank's scheduler makes the same plan.
     consensus.check_same(consensus.step_fingerprints(bundle), "compiled")

@@ -51,7 +51,7 @@ from dcsched.replay.measure import Measurement, measure_memory, time_step, measu
 from dcsched.runtime.step import installed
 from dcsched.replay.run import deterministic, ReplayRun, prepare, replay
 from dcsched.replay.compare import TOLERANCES, ResultComparison, compare
-from dcsched.replay.simulated import simulated_figures, percent_error, timing_caveat
+from dcsched.sim.bundle_figures import simulated_figures, percent_error, timing_caveat
 from dcsched.replay.orders import OrderReport, ReplayReport, placeholder_names, check_same_step, replay_orders
 from dcsched.replay.transforms import latest_first
 from dcsched.replay.example import example_bundle

@@ -32,8 +32,8 @@ import torch.fx
 
 from dcsched.bundle.core import Bundle
 from dcsched.errors import DcschedError, GraphError
-from dcsched.graph.roles import is_view_like
-from dcsched.graph.specs import Spec, _specs, nbytes, node_specs, shard_numel
+from dcsched.graph.roles import Role, is_view_like, role_of
+from dcsched.graph.specs import Spec, value_specs, nbytes, node_specs, shard_numel
 from dcsched.replay.watchdog import Watchdog
 from dcsched.runtime import ops
 from dcsched.units import format_bytes, format_ms
@@ -136,7 +136,7 @@ class _Checker:
             raise GraphError(f"graph '{graph_name}': node {node.name} ({target}) outputs a size that depends on "
                              "the values it computes, so replay cannot check it against the bundle's figures "
                              f"before running it ({type(exc).__name__})") from None
-        self._check_size(graph_name, node, _specs(value))
+        self._check_size(graph_name, node, value_specs(value))
         return value
 
     def _check_time(self, graph_name: str, node: torch.fx.Node, flops: float) -> None:
@@ -153,9 +153,7 @@ class _Checker:
                              f"{TIME_FACTOR} x its time); its figures do not describe it, refused before running")
 
     def _is_reduce(self, node: torch.fx.Node) -> bool:
-        target = node.target
-        return isinstance(target, torch._ops.OpOverload) and target.namespace in ("dcsched", "dc") and \
-            target._opname == "reduce_grad"
+        return role_of(node) is Role.REDUCE
 
     def _check_size(self, graph_name: str, node: torch.fx.Node, real: list[Spec]) -> None:
         where = f"graph '{graph_name}': node {node.name}"
@@ -189,7 +187,7 @@ class _Checker:
 
 def _fake_args(bundle: Bundle, runtime: ops.Zero3Runtime, device: torch.device) -> list:
     """The forward's arguments as fake tensors of the shapes :func:`~dcsched.runtime.step.make_state` gives."""
-    from dcsched.runtime.step import _forward_arg
+    from dcsched.runtime.step import forward_arg
     shard = getattr(runtime, "shard", None) if runtime.world_size > 1 else None
     whole = runtime.plan.replicated if shard is not None else ()
     full = {p.ds_id: torch.empty(tuple(p.shape), dtype=p.dtype, device=device) for p in bundle.params}
@@ -198,7 +196,7 @@ def _fake_args(bundle: Bundle, runtime: ops.Zero3Runtime, device: torch.device) 
         full = {d: value.reshape(-1) if d in whole else cut(value) for d, value in full.items()}
         shard = None
     inputs = [torch.empty(tuple(i.shape), dtype=i.dtype, device=device) for i in bundle.inputs]
-    return [_forward_arg(bundle, k, entry, full, inputs, shard) for k, entry in enumerate(bundle.forward_placeholders)]
+    return [forward_arg(k, entry, full, inputs, shard) for k, entry in enumerate(bundle.forward_placeholders)]
 
 
 def _with_sizes(bundle: Bundle, sizes: Mapping[str, Mapping[str, int]]) -> Bundle:
@@ -243,7 +241,7 @@ def check_step(bundle: Bundle, device: torch.device | str, runtime: ops.Zero3Run
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from dcsched.replay.simulated import simulated_figures
+    from dcsched.sim.bundle_figures import simulated_figures
     from dcsched.runtime.step import build_step, installed, run_step
 
     device = torch.device(device)

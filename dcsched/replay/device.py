@@ -10,6 +10,7 @@ import torch.fx
 
 from dcsched.bundle.core import Bundle
 from dcsched.errors import DcschedError
+from dcsched.graph.specs import flat_nodes, recorded_bytes
 from dcsched.units import format_bytes
 
 
@@ -41,23 +42,6 @@ def resolve_device(name: str | torch.device = "auto") -> torch.device:
     return device
 
 
-def _spec_bytes(spec) -> int:
-    if isinstance(spec, dict) and "shape" in spec:
-        dtype = getattr(torch, str(spec.get("dtype", "float32")), torch.float32)
-        return math.prod(int(s) for s in spec["shape"]) * dtype.itemsize
-    if isinstance(spec, (list, tuple)):
-        return sum(_spec_bytes(s) for s in spec)
-    return 0
-
-
-def node_bytes(node: torch.fx.Node) -> int:
-    """The bytes of a node's output: its profiled ``tensor_size``, else from its ``out`` spec (0 if neither)."""
-    size = node.meta.get("tensor_size")
-    if isinstance(size, (int, float)):
-        return int(size)
-    return _spec_bytes(node.meta.get("out"))
-
-
 def estimate_bytes(bundle: Bundle, world_size: int = 1) -> dict[str, int]:
     """A lower bound of the step's memory, from the bundle alone (bytes).
 
@@ -73,17 +57,10 @@ def estimate_bytes(bundle: Bundle, world_size: int = 1) -> dict[str, int]:
         if node.op == "output":
             for value in flat_nodes(node.args):
                 if value.op != "placeholder":
-                    saved += node_bytes(value)
+                    saved += recorded_bytes(value)
     total = shards + gathered + inputs + saved
     return {"param_shards": shards, "largest_gathered": gathered, "inputs": inputs, "saved": saved,
             "total": total}
-
-
-def flat_nodes(args) -> list[torch.fx.Node]:
-    """The nodes in a node's (nested) arguments, in order."""
-    found: list[torch.fx.Node] = []
-    torch.fx.node.map_arg(args, found.append)
-    return found
 
 
 def free_bytes(device: torch.device) -> int | None:

@@ -12,15 +12,16 @@ import torch.fx
 from dcsched.runtime import ops
 from dcsched.runtime.select import runtime_for
 from dcsched.bundle.core import Bundle
+from dcsched.collective_issue import PROCESS_GROUP, SIMULATOR
 from dcsched.runtime.consensus import check_same, plan_fingerprints
 from dcsched.errors import DcschedError, ResultMismatch
 from dcsched.replay.bounds import check_memory, check_step, watchdog_for
 from dcsched.replay.compare import ResultComparison, compare
 from dcsched.replay.device import check_fits, resolve_device
 from dcsched.replay.measure import Measurement, clock_for, synchronize, time_step
-from dcsched.profile.measure import check_replayable
+from dcsched.bundle.core import check_replayable
 from dcsched.replay.run import ReplayRun, deterministic, prepare, replay
-from dcsched.replay.simulated import percent_error, simulated_figures, timing_caveat
+from dcsched.sim.bundle_figures import percent_error, simulated_figures, timing_caveat
 from dcsched.replay.watchdog import Unwatched
 from dcsched.sim.plans import check_bundle_plans
 from dcsched.runtime.step import DEFAULT_SEED, graph_placeholder_names, installed, run_step
@@ -271,7 +272,8 @@ def _run_jobs(jobs, *, device: torch.device, seed: int, iters: int, warmup: int,
     orders = []
     for label, path, bundle, run in runs:
         # under a process group the reduce-scatters run asynchronously, one in flight (runtime_for's default)
-        simulated, note = simulated_figures(bundle, run.world_size, async_reduce=(run.world_size or 1) > 1)
+        issue = PROCESS_GROUP if (run.world_size or 1) > 1 else SIMULATOR
+        simulated, note = simulated_figures(bundle, run.world_size, issue=issue)
         assert run.measurement is not None
         orders.append(OrderReport(label, path, _slowest_rank(run.measurement), simulated, note,
                                   timing_caveat(bundle.provenance)))

@@ -13,7 +13,7 @@ import torch.fx
 from dcsched.runtime import ops
 from dcsched.runtime.commplan import comm_plan
 from dcsched.bundle.core import Bundle
-from dcsched.profile.measure import check_replayable
+from dcsched.bundle.core import check_replayable
 from dcsched.replay.bounds import check_memory as check_bounds, check_step
 from dcsched.replay.device import check_fits, resolve_device
 from dcsched.replay.watchdog import Unwatched

@@ -27,13 +27,14 @@ import networkx as nx
 import torch.fx
 
 from dcsched import schedulers
-from dcsched.budget import Budget, default_budget
+from dcsched.budget import Budget, budget_for
 from dcsched.bundle.core import Bundle
 from dcsched.bundle.plans import plan_counts
 from dcsched.errors import DcschedError, GraphError
 from dcsched.graph.nxview import to_networkx
 from dcsched.graph.form import ALLGATHER, REDUCE, GraphForm
 from dcsched.plan import Plan
+from dcsched.schedulers.registry import SchedulerInfo
 from dcsched.sim.collectives import DEFAULT_LATENCY_MS, latency_from_provenance
 from dcsched.sim.plans import check_stored_plans, simulate_plan
 from dcsched.sim.simulate import CompiledGraph, SimResult, compile_view
@@ -46,6 +47,24 @@ FIGURE_KEYS = ("peak_bytes", "gathered_peak_bytes", "step_ms", "exposed_comm_ms"
                "scheduler_s")
 
 Progress = Callable[[str], None]
+#: A scheduler as the comparison takes it: a registered name, or what :func:`dcsched.schedulers.get` returned.
+Algorithm = str | SchedulerInfo
+
+
+def resolved(algorithms: Iterable[Algorithm]) -> list[SchedulerInfo]:
+    """Each algorithm's registry entry, looked up once (an entry given is kept as it is).
+
+    Raises
+    ------
+    ScheduleError
+        For an unknown name, before any work.
+
+    Examples
+    --------
+    >>> [info.name for info in resolved(["none", schedulers.get("list")])]
+    ['none', 'list']
+    """
+    return [algo if isinstance(algo, SchedulerInfo) else schedulers.get(algo) for algo in algorithms]
 
 
 @dataclasses.dataclass
@@ -150,7 +169,7 @@ def _zero_filled(view: nx.DiGraph) -> nx.DiGraph:
     return filled
 
 
-def run_scheduler(form: GraphForm, algo: str, *, budget: Budget | None = None,
+def run_scheduler(form: GraphForm, algo: Algorithm, *, budget: Budget | None = None,
                   **options) -> tuple[Plan, float]:
     """Scheduler ``algo``'s plan of ``form`` (:func:`dcsched.schedulers.run`, order checked) and its seconds.
 
@@ -158,8 +177,8 @@ def run_scheduler(form: GraphForm, algo: str, *, budget: Budget | None = None,
     ----------
     form : GraphForm
         The graph.
-    algo : str
-        A registered scheduler.
+    algo : str or SchedulerInfo
+        A registered scheduler, by name or as :func:`dcsched.schedulers.get` returned it.
     budget : Budget, optional
         For a scheduler that takes one (None: no limit).
     **options
@@ -187,7 +206,7 @@ def run_scheduler(form: GraphForm, algo: str, *, budget: Budget | None = None,
     return plan, time.perf_counter() - started
 
 
-def compare_graph(graph: torch.fx.Graph | nx.DiGraph | GraphForm, algorithms: Iterable[str], *, name: str,
+def compare_graph(graph: torch.fx.Graph | nx.DiGraph | GraphForm, algorithms: Iterable[Algorithm], *, name: str,
                   assume_zero: bool = False, compiled: CompiledGraph | None = None,
                   progress: Progress | None = None, options: dict | None = None,
                   skipped: dict[str, str] | None = None, budget: Budget | None = None,
@@ -200,8 +219,8 @@ def compare_graph(graph: torch.fx.Graph | nx.DiGraph | GraphForm, algorithms: It
     ----------
     graph : torch.fx.Graph or networkx.DiGraph
         The graph or its networkx view.
-    algorithms : iterable of str
-        Registered schedulers.
+    algorithms : iterable of str or SchedulerInfo
+        Registered schedulers (:func:`resolved`).
     name : str
         The graph's name in messages and the report.
     assume_zero : bool, optional
@@ -248,7 +267,8 @@ def compare_graph(graph: torch.fx.Graph | nx.DiGraph | GraphForm, algorithms: It
         form = GraphForm(_zero_filled(view) if compiled.missing else view, label=f"graph '{name}'")
     before = compiled.simulate(None) if stored is None else simulate_plan(compiled, stored, name, check=False)
     after, seconds, plans = {}, {}, {}
-    for algo in algorithms:
+    for info in resolved(algorithms):
+        algo = info.name
         if skipped is not None and algo in skipped:
             continue
         if progress:
@@ -258,7 +278,7 @@ def compare_graph(graph: torch.fx.Graph | nx.DiGraph | GraphForm, algorithms: It
             if planned and algo in planned:
                 plan, seconds[algo] = planned[algo]
             else:
-                plan, seconds[algo] = run_scheduler(GraphForm(form), algo, budget=budget,
+                plan, seconds[algo] = run_scheduler(GraphForm(form), info, budget=budget,
                                                     **(options or {}).get(algo, {}))
         except DcschedError as exc:
             if skipped is None:
@@ -272,7 +292,7 @@ def compare_graph(graph: torch.fx.Graph | nx.DiGraph | GraphForm, algorithms: It
     return GraphComparison(name, compiled, before, after, plans, seconds)
 
 
-def compare_bundle(bundle: Bundle, algorithms: Iterable[str], *, assume_zero: bool = False,
+def compare_bundle(bundle: Bundle, algorithms: Iterable[Algorithm], *, assume_zero: bool = False,
                    progress: Progress | None = None, options: dict | None = None,
                    skip_failing: bool = False, budget: Budget | None = None,
                    describe: Callable[[DcschedError], str] = str) -> Comparison:
@@ -282,8 +302,8 @@ def compare_bundle(bundle: Bundle, algorithms: Iterable[str], *, assume_zero: bo
     ----------
     bundle : Bundle
         The graphs.
-    algorithms : iterable of str
-        Registered schedulers.
+    algorithms : iterable of str or SchedulerInfo
+        Registered schedulers (:func:`resolved`).
     assume_zero, progress, describe
         As :func:`compare_graph`.
     options : dict, optional
@@ -293,7 +313,8 @@ def compare_bundle(bundle: Bundle, algorithms: Iterable[str], *, assume_zero: bo
         every graph and listed in :attr:`Comparison.skipped`, instead of stopping everything.
     budget : Budget, optional
         The memory budget for the schedulers that take one; None:
-        :func:`dcsched.budget.default_budget` of ``bundle`` (its device's memory less 10%, or no limit).
+        :func:`dcsched.budget.budget_for` of ``bundle`` (the default rule: its device's memory less 10%, or no
+        limit).
 
     Returns
     -------
@@ -309,20 +330,18 @@ def compare_bundle(bundle: Bundle, algorithms: Iterable[str], *, assume_zero: bo
     DcschedError
         A scheduler's error, without ``skip_failing``.
     """
-    algorithms = list(algorithms)
-    for algo in algorithms:
-        schedulers.get(algo)  # an unknown name fails before any work
-    budget = default_budget(bundle) if budget is None else budget
+    infos = resolved(algorithms)  # an unknown name fails before any work
+    budget = budget_for(None, bundle) if budget is None else budget
     views = {name: bundle.form(name) for name in bundle.graph_names}  # no FX graph, no networkx view
     latency = latency_from_provenance(bundle.provenance)
     compiled = {name: check_graph(view, name=name, assume_zero=assume_zero, comm_latency_ms=latency)
                 for name, view in views.items()}
     check_stored_plans(bundle.plans, compiled)  # as replay checks them (dcsched.replay.replay_orders)
     skipped: dict[str, str] | None = {} if skip_failing else None
-    planned = _plan_steps(views, [a for a in algorithms if schedulers.get(a).step], budget=budget,
+    planned = _plan_steps(views, [info for info in infos if info.step], budget=budget,
                           comm_latency_ms=latency, options=options, progress=progress, skipped=skipped,
                           describe=describe)
-    graphs = {name: compare_graph(view, algorithms, name=name, compiled=compiled[name], progress=progress,
+    graphs = {name: compare_graph(view, infos, name=name, compiled=compiled[name], progress=progress,
                                   options=options, skipped=skipped, budget=budget, describe=describe,
                                   planned={algo: plans[name] for algo, plans in planned.items()},
                                   stored=bundle.plans.get(name))
@@ -333,21 +352,23 @@ def compare_bundle(bundle: Bundle, algorithms: Iterable[str], *, assume_zero: bo
             cmp.after.pop(algo, None)
             cmp.scheduler_s.pop(algo, None)
             cmp.plans.pop(algo, None)
-    return Comparison([a for a in algorithms if a not in skipped], graphs, skipped)
+    return Comparison([info.name for info in infos if info.name not in skipped], graphs, skipped)
 
 
-def _plan_steps(views: dict[str, GraphForm], algorithms: list[str], *, budget: Budget, comm_latency_ms: float,
+def _plan_steps(views: dict[str, GraphForm], algorithms: list[SchedulerInfo], *, budget: Budget,
+                comm_latency_ms: float,
                 options: dict | None, progress: Progress | None, skipped: dict[str, str] | None,
                 describe: Callable[[DcschedError], str]) -> dict[str, dict[str, tuple[Plan, float]]]:
     """``{algorithm: {graph: (plan, seconds)}}`` for the schedulers that plan the step's graphs together
     (:func:`dcsched.schedulers.run_step`); the seconds are split evenly between the graphs."""
     planned: dict[str, dict[str, tuple[Plan, float]]] = {}
-    for algo in algorithms:
+    for info in algorithms:
+        algo = info.name
         if progress:
             progress(f"planning the step ({', '.join(views)}) with {algo}")
         started = time.perf_counter()
         try:
-            plans = schedulers.run_step(algo, {name: GraphForm(view) for name, view in views.items()}, budget=budget,
+            plans = schedulers.run_step(info, {name: GraphForm(view) for name, view in views.items()}, budget=budget,
                                         comm_latency_ms=comm_latency_ms, **(options or {}).get(algo, {}))
         except DcschedError as exc:
             if skipped is None:

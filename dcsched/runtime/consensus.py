@@ -120,7 +120,7 @@ def plan_fingerprints(bundle: Bundle) -> dict[str, bytes]:
     return parts
 
 
-def _differing(digests: list[bytes]) -> list[int]:
+def differing_ranks(digests: list[bytes]) -> list[int]:
     """The ranks outside the largest group of equal digests (rank 0's group wins a tie)."""
     counts: dict[bytes, int] = {}
     for digest in digests:
@@ -129,7 +129,7 @@ def _differing(digests: list[bytes]) -> list[int]:
     return [rank for rank, digest in enumerate(digests) if digest != majority]
 
 
-def _ranks(ranks: list[int]) -> str:
+def ranks_text(ranks: list[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
@@ -151,19 +151,19 @@ def check_same(fingerprints: Mapping[str, bytes], what: str, group=None) -> None
     everyone = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(everyone, mine, group=group)
     wholes = [bytes(t.cpu().tolist()) for t in everyone]
-    if not _differing(wholes):
+    if not differing_ranks(wholes):
         return
     parts: list = [None] * world
     dist.all_gather_object(parts, dict(fingerprints), group=group)
     names = list(dict.fromkeys(name for rank_parts in parts for name in rank_parts))
     for name in names:
-        odd = _differing([rank_parts.get(name, b"") for rank_parts in parts])
+        odd = differing_ranks([rank_parts.get(name, b"") for rank_parts in parts])
         if odd:
             break
     else:  # the same parts in another order: name the whole
-        name, odd = "step", _differing(wholes)
+        name, odd = "step", differing_ranks(wholes)
     others = [r for r in range(world) if r not in odd]
-    raise RankMismatch(f"{_ranks(odd)} {what} a different {name} from {_ranks(others)}: every rank must run "
+    raise RankMismatch(f"{ranks_text(odd)} {what} a different {name} from {ranks_text(others)}: every rank must run "
                        "the same model, input shapes and options, so that all ranks make one plan")
 
 

@@ -24,8 +24,8 @@ stream early. Reduce-scatters are issued asynchronously on every backend (gloo
 too) and waited on by :meth:`DistributedZero3Runtime.finish` at the end of the
 backward graph, except that issuing one while ``reduces_in_flight`` (default
 1) are pending waits on the oldest first, so that each gradient is freed near
-its reduce rather than at the backward's end (``async_reduce = False``: each
-waited on where it is issued).
+its reduce rather than at the backward's end (an :attr:`~DistributedZero3Runtime.issue`
+without ``async_reduce``: each waited on where it is issued).
 
 **The communication plan** (:meth:`~dcsched.runtime.ops.Zero3Runtime.set_plan`,
 a :class:`~dcsched.runtime.commplan.CommPlan`; the layout is
@@ -57,7 +57,7 @@ a :class:`~dcsched.runtime.commplan.CommPlan`; the layout is
 :attr:`~dcsched.runtime.ops.Zero3Runtime.issued` counts each graph's
 collectives of its latest run: all-gathers + reduces, less ``len - 1`` per
 bucket, less the backward's gathers of kept parameters, less every gather
-of a replicated one (:func:`dcsched.runtime.commplan.planned_collectives`);
+of a replicated one (``tests/comm_counts.py`` counts them);
 :attr:`DistributedZero3Runtime.all_reduces` counts the all-reduces. Every real collective
 also counts once in the process-wide count :func:`collectives_issued`.
 
@@ -82,6 +82,7 @@ import torch
 import torch.distributed as dist
 
 from dcsched.bundle.core import ParamInfo
+from dcsched.collective_issue import PROCESS_GROUP, CollectiveIssue
 from dcsched.errors import DcschedError
 from dcsched.runtime.buckets import offsets, pack_gradient, unpack_gathered
 from dcsched.runtime.ops import Zero3Runtime
@@ -198,14 +199,15 @@ class DistributedZero3Runtime(Zero3Runtime):
     gradient arrives (or at the graph's end for members that never came).
     """
 
-    #: Issue reduce-scatters asynchronously; :meth:`finish` waits on them (the backward's end).
-    async_reduce = True
-    #: Issue all-gathers asynchronously, waited on at their wait node (False: each waited on where it is issued,
-    #: as FSDP2 issues them on gloo, so gloo's staging copy is gone before the compute goes on).
-    async_gather = True
-    #: Per graph_id, ``(async_gather, async_reduce)`` for that graph's collectives, where it differs from the
-    #: two above (training sets it per graph: what each graph's budget holds, ``dcsched.train.backend``).
-    asynchrony: dict[int, tuple[bool, bool]]
+    #: How the collectives are issued (its ``async_gather`` and ``async_reduce``; gloo stages whatever
+    #: ``staging`` says): all-gathers asynchronous, waited on at their wait node (else each waited on where it
+    #: is issued, as FSDP2 issues them on gloo, so gloo's staging copy is gone before the compute goes on);
+    #: reduce-scatters asynchronous, :meth:`finish` waiting on them at the backward's end (else each waited on
+    #: where it is issued).
+    issue: CollectiveIssue = PROCESS_GROUP
+    #: Per graph_id, how that graph's collectives are issued, where it differs from :attr:`issue` (training
+    #: sets it per graph: what each graph's budget holds, ``dcsched.train.backend``).
+    issues: dict[int, CollectiveIssue]
     #: At most this many asynchronous reduce-scatters in flight (None: no limit): issuing one more waits on
     #: the oldest, so its input (the gradient) is freed near its reduce rather than every gradient living to
     #: the backward's end. One, as FSDP2 keeps the previous one in flight.
@@ -232,6 +234,8 @@ class DistributedZero3Runtime(Zero3Runtime):
     def __init__(self, params: Iterable[ParamInfo], group=None) -> None:
         super().__init__()
         self.group = group
+        # The group the shards are exchanged over: this runtime runs the plan, it prices nothing (a profile's
+        # world size is its topology's, dcsched.costmodels.topology).
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self.shapes: dict[int, tuple[int, ...]] = {p.ds_id: tuple(p.shape) for p in params}
@@ -244,11 +248,11 @@ class DistributedZero3Runtime(Zero3Runtime):
         self._reduce_buckets: dict[tuple[int, tuple[int, ...]], _ReduceBucket] = {}
         #: All-reduces (replicated parameters' gradients) this runtime has issued, over every run.
         self.all_reduces = 0
-        self.asynchrony = {}
+        self.issues = {}
 
-    def asynchronous_in(self, graph_id: int) -> tuple[bool, bool]:
-        """Whether graph ``graph_id``'s all-gathers and reduce-scatters run asynchronously."""
-        return self.asynchrony.get(graph_id, (self.async_gather, self.async_reduce))
+    def issue_in(self, graph_id: int) -> CollectiveIssue:
+        """How graph ``graph_id``'s collectives are issued (:attr:`issues`, else :attr:`issue`)."""
+        return self.issues.get(graph_id, self.issue)
 
     def reset(self) -> None:
         super().reset()
@@ -411,9 +415,9 @@ class DistributedZero3Runtime(Zero3Runtime):
 
     def _all_gather(self, output: torch.Tensor, source: torch.Tensor, graph_id: int):
         """Issue one all-gather into ``output``, done before it returns unless the graph's gathers are
-        asynchronous (:attr:`async_gather`, :attr:`asynchrony`)."""
+        asynchronous (:meth:`issue_in`)."""
         work = all_gather_into_tensor(output, source, group=self.group, async_op=True)
-        if not self.asynchronous_in(graph_id)[0]:
+        if not self.issue_in(graph_id).async_gather:
             work.wait()  # the wait node's own wait then returns at once
         return work
 
@@ -501,7 +505,7 @@ class DistributedZero3Runtime(Zero3Runtime):
         self._issued(graph_id)
         issue = dist.all_reduce if out is flat else reduce_scatter_tensor
         args = (flat,) if out is flat else (out, flat)
-        if self.asynchronous_in(graph_id)[1]:
+        if self.issue_in(graph_id).async_reduce:
             work = issue(*args, op=op, group=self.group, async_op=True)
             self.all_reduces += out is flat
             self.reducing.append((work, out, flat, divide, owned))
@@ -574,7 +578,7 @@ def init(device_type: str, *, store=None, rank: int = -1, world_size: int = -1, 
         if backend == "nccl":
             given["device_id"] = device
         dist.init_process_group(backend, **given)
-    return Launch(dist.get_rank(), dist.get_world_size(), local_rank, device)
+    return Launch(dist.get_rank(), dist.get_world_size(), local_rank, device)  # the launch's, for its caller
 
 
 def shutdown(*, together: bool = True) -> None:

@@ -9,7 +9,11 @@ part of dcsched treats them the same way:
     release_param(Tensor(a) a, int graph_id, int id, int n_users) -> Tensor(a)
     reduce_grad(Tensor a, int graph_id, int id) -> Tensor
 
-``graph_id`` identifies the graph and ``id`` is the parameter's ds_id.
+``graph_id`` identifies the graph and ``id`` is the parameter's ds_id. The ops
+are the rows of :mod:`dcsched.collectives`, registered with torch by
+:mod:`dcsched.graph.commops`; each one's kernel calls the :class:`Zero3Runtime`
+method its row names (``allgather``, ``wait``, ``release``, ``reduce``; their
+fake-tensor forms ``gathered_like``, ``alias_like``, ``reduced_shard_like``).
 
 The kernels delegate to :data:`RUNTIME`, a :class:`Zero3Runtime`. In one
 process (world size 1) the shard is the whole parameter, yet the all-gather
@@ -32,16 +36,12 @@ from __future__ import annotations
 
 import torch
 
-NAMESPACE = "dcsched"
-#: DeepSpeed's namespace; graphs built by DeepSpeed use it.
-DEEPSPEED_NAMESPACE = "dc"
+from dcsched.graph import commops
 
-SCHEMAS = {
-    "allgather_param": "allgather_param(Tensor a, int graph_id, int id, ScalarType? dtype=None) -> Tensor",
-    "wait_allgather": "wait_allgather(Tensor(a) a, int graph_id, int id) -> Tensor(a)",
-    "release_param": "release_param(Tensor(a) a, int graph_id, int id, int n_users) -> Tensor(a)",
-    "reduce_grad": "reduce_grad(Tensor a, int graph_id, int id) -> Tensor",
-}
+NAMESPACE = commops.NAMESPACE
+#: DeepSpeed's namespace; graphs built by DeepSpeed use it.
+DEEPSPEED_NAMESPACE = commops.DEEPSPEED_NAMESPACE
+ensure_deepspeed_ops = commops.ensure_deepspeed_ops
 
 
 class Zero3Runtime:
@@ -212,6 +212,10 @@ class Zero3Runtime:
     def reduced_shard_like(self, grad: torch.Tensor, graph_id: int, ds_id: int) -> torch.Tensor:
         return torch.empty_like(grad, dtype=self.reduce_dtypes.get(ds_id, grad.dtype))
 
+    def alias_like(self, value: torch.Tensor, *ids) -> torch.Tensor:
+        """A wait's or a release's output: a view of its input."""
+        return value.view_as(value)
+
 
 RUNTIME: Zero3Runtime = Zero3Runtime()
 
@@ -222,82 +226,6 @@ def set_runtime(runtime: Zero3Runtime) -> Zero3Runtime:
     previous, RUNTIME = RUNTIME, runtime
     return previous
 
-
-def _allgather(a, graph_id, id, dtype=None):
-    return RUNTIME.allgather(a, graph_id, id, dtype)
-
-
-def _wait(a, graph_id, id):
-    return RUNTIME.wait(a, graph_id, id)
-
-
-def _release(a, graph_id, id, n_users):
-    return RUNTIME.release(a, graph_id, id, n_users)
-
-
-def _reduce(a, graph_id, id):
-    return RUNTIME.reduce(a, graph_id, id)
-
-
-def _allgather_fake(a, graph_id, id, dtype=None):
-    return RUNTIME.gathered_like(a, graph_id, id, dtype)
-
-
-def _alias_fake(a, *_):
-    return a.view_as(a)
-
-
-def _reduce_fake(a, graph_id, id):
-    return RUNTIME.reduced_shard_like(a, graph_id, id)
-
-
-_KERNELS = {
-    "allgather_param": (_allgather, _allgather_fake),
-    "wait_allgather": (_wait, _alias_fake),
-    "release_param": (_release, _alias_fake),
-    "reduce_grad": (_reduce, _reduce_fake),
-}
-
-_libraries: dict[str, torch.library.Library] = {}
-
-
-def _define(namespace: str) -> None:
-    lib = torch.library.Library(namespace, "DEF")
-    for name, schema in SCHEMAS.items():
-        kernel, fake = _KERNELS[name]
-        lib.define(schema)
-        for key in ("CPU", "CUDA"):
-            lib.impl(name, kernel, key)
-        lib.impl(name, fake, "Meta")
-        torch.library.register_fake(f"{namespace}::{name}", fake, lib=lib)
-    _libraries[namespace] = lib
-
-
-def _namespace_has_ops(namespace: str) -> bool:
-    packet = getattr(getattr(torch.ops, namespace), "allgather_param", None)
-    return packet is not None and hasattr(packet, "default")
-
-
-def _safe_namespace_has_ops(namespace: str) -> bool:
-    try:
-        return _namespace_has_ops(namespace)
-    except (AttributeError, RuntimeError):
-        return False
-
-
-def ensure_deepspeed_ops() -> None:
-    """Make ``torch.ops.dc.*`` available, backed by dcsched's kernels.
-
-    Registered lazily, only when a graph needs them, and only if DeepSpeed has
-    not registered its own: defining them at import time would clash with
-    DeepSpeed's extension when both are loaded in one process.
-    """
-    if DEEPSPEED_NAMESPACE not in _libraries and not _safe_namespace_has_ops(DEEPSPEED_NAMESPACE):
-        _define(DEEPSPEED_NAMESPACE)
-
-
-if NAMESPACE not in _libraries and not _safe_namespace_has_ops(NAMESPACE):
-    _define(NAMESPACE)
 
 allgather_param = torch.ops.dcsched.allgather_param.default
 wait_allgather = torch.ops.dcsched.wait_allgather.default

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
+from dcsched.collective_issue import PROCESS_GROUP, CollectiveIssue
 from dcsched.runtime import ops
 from dcsched.runtime.commplan import comm_plan
 
@@ -34,7 +35,7 @@ def process_group_active() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def runtime_for(params: Iterable, *, flat_shards: bool, group=None, async_reduce: bool = True,
+def runtime_for(params: Iterable, *, flat_shards: bool, group=None, issue: CollectiveIssue = PROCESS_GROUP,
                 plans: Mapping[str, Any] | None = None,
                 graph_ids: Mapping[str, int | None] | None = None) -> ops.Zero3Runtime:
     """The ZeRO-3 runtime for a step over ``params`` in this process.
@@ -49,9 +50,12 @@ def runtime_for(params: Iterable, *, flat_shards: bool, group=None, async_reduce
         process group they are always shards.
     group : ProcessGroup, optional
         The group to gather over; the default group when None.
-    async_reduce : bool
-        Issue reduce-scatters asynchronously, waited on at the end of the
-        backward graph (default; False waits on each where it is issued).
+    issue : CollectiveIssue
+        How a process group's collectives are issued
+        (:attr:`~dcsched.runtime.distributed.DistributedZero3Runtime.issue`;
+        default :data:`~dcsched.collective_issue.PROCESS_GROUP`: all-gathers
+        and reduce-scatters asynchronous, the reduce-scatters waited on at the
+        end of the backward graph). The single-process runtimes issue none.
     plans : mapping of str to Plan, optional
         The communication plan by graph name (``bundle.plans``); none: every
         collective alone, every parameter sharded.
@@ -86,7 +90,7 @@ def runtime_for(params: Iterable, *, flat_shards: bool, group=None, async_reduce
     if process_group_active():
         from dcsched.runtime.distributed import DistributedZero3Runtime
         runtime = DistributedZero3Runtime(params, group=group)
-        runtime.async_reduce = async_reduce
+        runtime.issue = issue
     elif flat_shards:
         from dcsched.runtime.local import LocalZero3Runtime
         runtime = LocalZero3Runtime(params)

@@ -321,13 +321,15 @@ def make_state(bundle: Bundle, *, seed: int = DEFAULT_SEED, device: torch.device
         cut = shard
         full_params = {d: value.reshape(-1) if d in whole else cut(value) for d, value in full_params.items()}
         shard = None
-    args = [_forward_arg(bundle, position, entry, full_params, made_inputs, shard)
+    args = [forward_arg(position, entry, full_params, made_inputs, shard)
             for position, entry in enumerate(bundle.forward_placeholders)]
     return StepState([value.to(device) for value in args], seed)
 
 
-def _forward_arg(bundle: Bundle, position: int, entry: dict, full_params: dict[int, torch.Tensor],
-                 inputs: list[torch.Tensor], shard) -> torch.Tensor:
+def forward_arg(position: int, entry: dict, full_params: dict[int, torch.Tensor], inputs: list[torch.Tensor],
+                shard) -> torch.Tensor:
+    """The value of forward placeholder ``position`` described by ``entry`` (a ``forward_placeholders`` item):
+    its parameter from ``full_params`` (through ``shard`` when given), or its input."""
     kind = entry.get("kind")
     if kind == "param":
         try:

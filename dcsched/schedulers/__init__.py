@@ -7,7 +7,7 @@ way to call one: a :class:`~dcsched.graph.form.GraphForm` and a
 """
 
 from dcsched.plan import Bucket, Plan
-from dcsched.schedulers.registry import SchedulerInfo, available, get, register, run, run_step
+from dcsched.schedulers.registry import SchedulerInfo, available, check_budget_taken, get, register, run, run_step
 
 # Each import registers one algorithm.
 from dcsched.schedulers import none  # noqa: F401
@@ -19,4 +19,5 @@ from dcsched.schedulers import deepcompile  # noqa: F401
 from dcsched.schedulers import fsdp  # noqa: F401
 from dcsched.schedulers import overlap_plan  # noqa: F401
 
-__all__ = ["Bucket", "Plan", "SchedulerInfo", "available", "get", "register", "run", "run_step"]
+__all__ = ["Bucket", "Plan", "SchedulerInfo", "available", "check_budget_taken", "get", "register", "run",
+           "run_step"]

@@ -54,7 +54,7 @@ import networkx as nx
 
 from dcsched.sim.simulate import ALLGATHER, PLACEHOLDER, CompiledGraph, compile_view
 from dcsched.graph.form import GraphForm, paused_gc
-from dcsched.schedulers.fast_free import fast_free_indices
+from dcsched.schedulers.fast_free.scheduler import fast_free_indices
 from dcsched.budget import UNLIMITED
 from dcsched.plan import Bucket, Plan
 from dcsched.schedulers.registry import register
@@ -263,6 +263,14 @@ class DeepCompile:
                                [tuple(names[g] for g in item) if isinstance(item, tuple) else names[item]
                                 for item in plan])
 
+    def scheduled(self, budget_bytes: float = UNLIMITED) -> Plan:
+        """:meth:`plan` as the registered scheduler gives it: the order, and one ``'allgather'``
+        :class:`~dcsched.plan.Bucket` per fused group (ds_ids in the group's order)."""
+        result = self.plan(budget_bytes)
+        index, ds_id = self.compiled.index, self.compiled.ds_id
+        buckets = tuple(Bucket("allgather", group, [ds_id[index[name]] for name in group]) for group in result.groups)
+        return Plan(result.order, buckets=buckets)
+
 
 def deepcompile_plan(graph: GraphForm | nx.DiGraph, budget_bytes: float = UNLIMITED) -> DeepCompilePlan:
     """The pipeline's order and fused groups for ``graph`` (``budget_bytes``: all-tensor bytes, default unlimited)."""
@@ -288,7 +296,7 @@ def deepcompile(form: GraphForm, *, budget_bytes: float = UNLIMITED) -> Plan:
     Plan
         The order, and one ``'allgather'`` :class:`~dcsched.plan.Bucket` per fused group
         (DeepSpeed's ``prefetch_params_fused``, one member or more), in the order placed, members in the
-        order needed. The runtime still runs a bucket's all-gathers one by one (fused execution: issue #32).
+        order needed (the runtime issues each bucket as one collective).
 
     Examples
     --------
@@ -297,10 +305,4 @@ def deepcompile(form: GraphForm, *, budget_bytes: float = UNLIMITED) -> Plan:
     >>> all(b.kind == "allgather" for b in plan.buckets), max(len(b.members) for b in plan.buckets) > 1
     (True, True)
     """
-    pipeline = DeepCompile(form)
-    result = pipeline.plan(budget_bytes)
-    compiled = pipeline.compiled
-    index, ds_id = compiled.index, compiled.ds_id
-    buckets = tuple(Bucket("allgather", group, [ds_id[index[name]] for name in group])
-                    for group in result.groups)
-    return Plan(result.order, buckets=buckets)
+    return DeepCompile(form).scheduled(budget_bytes)

@@ -11,9 +11,13 @@ holds every node (by name) once, in a topological order. ``budget_bytes``
 ``'gathered'``) are passed only to a function that declares them; a
 scheduler that needs networkx or the simulator's form builds it from the form.
 
-:func:`run` checks the options, turns a :class:`~dcsched.budget.Budget` into
-``budget_bytes`` / ``budget_scope``, moves the output last, and checks the
-order. The user-facing option names (:attr:`SchedulerInfo.options`) are
+An entry point (``dcsched schedule``, ``dcsched train``, :func:`dcsched.plan`)
+looks the name up once (:func:`get`), refuses a budget the scheduler takes none
+of with :func:`check_budget_taken` (the one refusal), and passes the
+:class:`SchedulerInfo` it found down to :func:`run` / :func:`run_step`, which
+take it as it is. :func:`run` checks the options, turns a
+:class:`~dcsched.budget.Budget` into ``budget_bytes`` / ``budget_scope``, moves
+the output last, and checks the order. The user-facing option names (:attr:`SchedulerInfo.options`) are
 ``memory_budget`` for ``budget_bytes`` and ``budget_scope``, as the command
 line and :func:`dcsched.schedule` spell them.
 
@@ -42,9 +46,9 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
-from dcsched.budget import Budget, default_budget
+from dcsched.budget import Budget
 from dcsched.errors import GraphError, OptionError, ScheduleError
 from dcsched.graph.form import GraphForm, output_last, paused_gc
 from dcsched.plan import Plan
@@ -55,6 +59,8 @@ Scheduler = Callable[..., Any]
 BUDGET_PARAMETERS = {"budget_bytes": "memory_budget", "budget_scope": "budget_scope"}
 #: What the caller knows of the graphs' costs, passed to a function that declares it (not a user option).
 LATENCY_PARAMETER = "comm_latency_ms"
+#: The budget options in words, for :func:`check_budget_taken`'s message.
+BUDGET_NOUNS = {"memory_budget": "memory budget", "budget_scope": "budget scope"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,6 +173,43 @@ def get(name: str) -> SchedulerInfo:
         raise ScheduleError(f"unknown scheduler '{name}' (available: {', '.join(available())})") from None
 
 
+def check_budget_taken(infos: Iterable[SchedulerInfo], *, memory_budget: bool = False,
+                       budget_scope: bool = False) -> None:
+    """Refuse a budget (or scope) given where no selected scheduler takes one: the one refusal of every entry.
+
+    ``dcsched schedule`` (each scheduler selected), ``dcsched train`` and
+    :func:`dcsched.backend` (:meth:`dcsched.train.options.TrainOptions.check`),
+    :func:`dcsched.plan` / :func:`dcsched.schedule` call it with what they
+    were given, before any work.
+
+    Parameters
+    ----------
+    infos : iterable of SchedulerInfo
+        The schedulers selected (:func:`get`'s results); one that takes the
+        option is enough.
+    memory_budget, budget_scope : bool, optional
+        Whether a memory budget, a budget scope was given.
+
+    Raises
+    ------
+    OptionError
+        Naming the option given (``memory_budget`` first), with the selected schedulers.
+
+    Examples
+    --------
+    >>> check_budget_taken([get("overlap")], memory_budget=True, budget_scope=True)
+    >>> check_budget_taken([get("fast-free")], memory_budget=True)
+    Traceback (most recent call last):
+    ...
+    dcsched.errors.OptionError: memory_budget is given, but scheduler 'fast-free' takes no memory budget
+    """
+    infos = list(infos)
+    for option, given in (("memory_budget", memory_budget), ("budget_scope", budget_scope)):
+        if given and not any(option in info.options for info in infos):
+            names = ", ".join(f"'{info.name}'" for info in infos)
+            raise OptionError(option, f"is given, but scheduler {names} takes no {BUDGET_NOUNS[option]}")
+
+
 def available() -> list[str]:
     """The registered schedulers' names, in registration order (the order of ``--algo all``).
 
@@ -178,20 +221,22 @@ def available() -> list[str]:
     return list(_REGISTRY)
 
 
-def run(name: str, form: GraphForm, *, budget: Budget | None = None, **options) -> Plan:
-    """Schedule ``form`` with scheduler ``name``: the one entry to every scheduler.
+def run(scheduler: str | SchedulerInfo, form: GraphForm, *, budget: Budget | None = None, **options) -> Plan:
+    """Schedule ``form`` with ``scheduler``: the one entry to every scheduler.
 
     Parameters
     ----------
-    name : str
-        A registered scheduler (:func:`available`).
+    scheduler : str or SchedulerInfo
+        A registered scheduler's name (:func:`available`), or what :func:`get`
+        returned for it (taken as it is: no second look-up).
     form : GraphForm
         The graph (:class:`~dcsched.graph.form.GraphForm` of an FX graph or of
         its networkx view).
     budget : Budget, optional
         The memory budget, for a scheduler that takes one (others ignore it);
-        None: :func:`dcsched.budget.default_budget` of a bare graph, no limit.
-        A scheduler that takes no scope reads the bytes as its own kind of
+        None: no limit (a bare graph records no device: the default rule,
+        :func:`dcsched.budget.budget_for`, is the entry point's to apply). A
+        scheduler that takes no scope reads the bytes as its own kind of
         budget (``deepcompile``: all tensors).
     **options
         The scheduler's own options (``k=3`` for ``prefetch-ahead``).
@@ -221,17 +266,17 @@ def run(name: str, form: GraphForm, *, budget: Budget | None = None, **options) 
     """
     if not isinstance(form, GraphForm):
         raise TypeError(f"schedulers take a GraphForm, not {type(form).__name__} (GraphForm(graph) builds one)")
-    return run_step(name, {"graph": form}, budget=budget, **options)["graph"]
+    return run_step(scheduler, {"graph": form}, budget=budget, **options)["graph"]
 
 
-def run_step(name: str, forms: Mapping[str, GraphForm], *, budget: Budget | None = None,
+def run_step(scheduler: str | SchedulerInfo, forms: Mapping[str, GraphForm], *, budget: Budget | None = None,
              comm_latency_ms: float | None = None, **options) -> dict[str, Plan]:
-    """Plan a step's graphs with scheduler ``name``: together for a step scheduler, else each alone.
+    """Plan a step's graphs with ``scheduler``: together for a step scheduler, else each alone.
 
     Parameters
     ----------
-    name : str
-        A registered scheduler (:func:`available`).
+    scheduler : str or SchedulerInfo
+        As :func:`run`.
     forms : mapping of str to GraphForm
         The step's graphs by name (``'forward'``, ``'backward'``); a step
         scheduler takes any other name as a graph on its own.
@@ -262,7 +307,8 @@ def run_step(name: str, forms: Mapping[str, GraphForm], *, budget: Budget | None
     >>> sorted(plans), plans["forward"].order[-1]
     (['backward', 'forward'], 'output')
     """
-    info = get(name)
+    info = scheduler if isinstance(scheduler, SchedulerInfo) else get(scheduler)
+    name = info.name
     unknown = sorted(set(options) - set(info.own_options))
     if unknown:
         if set(unknown) & set(BUDGET_PARAMETERS.values()):
@@ -270,7 +316,7 @@ def run_step(name: str, forms: Mapping[str, GraphForm], *, budget: Budget | None
         raise OptionError(unknown[0], f"is not an option of scheduler '{name}' (unknown: {', '.join(unknown)}; "
                                       f"it takes: {', '.join(info.options) or 'none'})")
     if info.takes_budget:
-        chosen = budget if budget is not None else default_budget(next(iter(forms.values())))
+        chosen = budget if budget is not None else Budget.unlimited()
         options["budget_bytes"] = chosen.bytes
         if info.takes_scope:
             options["budget_scope"] = chosen.scope

@@ -75,6 +75,26 @@ def bucket_time_ms(durations: Iterable[float], *, latency_ms: float = DEFAULT_LA
     return max(sum(times) - (len(times) - 1) * latency_ms, max(times))
 
 
+def transfer_time_ms(duration_ms: float, *, latency_ms: float = DEFAULT_LATENCY_MS) -> float:
+    """The part of a collective's ``device_time`` that grows with its bytes: the time less its latency.
+
+    Never negative (a measured figure may be below the latency).
+
+    >>> transfer_time_ms(1.02, latency_ms=0.02), transfer_time_ms(0.01, latency_ms=0.02)
+    (1.0, 0.0)
+    """
+    return max(0.0, duration_ms - latency_ms)
+
+
+def latency_time_ms(collectives: int, *, latency_ms: float = DEFAULT_LATENCY_MS) -> float:
+    """What ``collectives`` collectives pay in latency alone: each pays it once, however many bytes it moves.
+
+    >>> latency_time_ms(3, latency_ms=0.02)
+    0.06
+    """
+    return collectives * latency_ms
+
+
 def all_reduce_time_ms(reduce_ms: float, latency_ms: float = DEFAULT_LATENCY_MS) -> float:
     """The time (ms) of an all-reduce of the gradient a reduce-scatter taking ``reduce_ms`` reduces.
 

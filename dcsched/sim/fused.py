@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import dataclasses
 
+from dcsched.collective_issue import SIMULATOR, CollectiveIssue
+
 
 @dataclasses.dataclass(frozen=True)
 class Fused:
     """A plan as one simulation reads it: per node its bucket's first member (-1: none; :data:`HELD`: an
     all-gather of a parameter still gathered from the forward), each first member's fused time (ms), the
     communication time the plan saves, the collectives issued, the ds_ids kept gathered past the graph's
-    end and the bytes held gathered from its start."""
+    end and the bytes held gathered from its start, and how the run issues its collectives."""
 
     lead: list[int]
     time: dict[int, float]
@@ -22,12 +24,8 @@ class Fused:
     collectives: int
     keep: frozenset = frozenset()
     held_bytes: int = 0
-    #: reduce-scatters run asynchronously, one in flight: a gradient lives until the next one is issued
-    async_reduce: bool = False
-    #: the collectives stage through flat copies of their own (gloo's, :mod:`dcsched.sim.staging`)
-    staging: bool = False
-    #: all-gathers run asynchronously, waited on at their wait (False: each blocks where it is issued)
-    async_gather: bool = True
+    #: how the collectives are issued (reduce-scatters in flight, staging copies: :class:`CollectiveIssue`)
+    issue: CollectiveIssue = SIMULATOR
     #: the first members of the collectives that are all-reduces (replicated gradients: reduced in place)
     all_reduces: frozenset = frozenset()
 

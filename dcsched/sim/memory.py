@@ -105,7 +105,7 @@ class MemoryModel:
         """The memory of all tensors and of gathered buffers while each position of the node numbers
         ``idx`` (unchecked) runs, and :meth:`free_positions`: :meth:`simulate`'s memory model without
         its clocks. With ``fused`` buckets, every member allocates at its bucket's first member; with
-        ``fused.staging``, gloo's staging copies count too (:mod:`dcsched.sim.staging`)."""
+        ``fused.issue.staging``, gloo's staging copies count too (:mod:`dcsched.sim.staging`)."""
         kind, owned = self.kind, self.owned
         free = self.free_positions(idx)
         if fused is not None and fused.keep:  # kept gathered buffers outlive the graph
@@ -113,7 +113,7 @@ class MemoryModel:
             for r in self.gather_owners:
                 if ds_id[r] in keep:
                     free[r] = -1
-        if fused is not None and fused.async_reduce:
+        if fused is not None and fused.issue.async_reduce:
             self._reduces_in_flight(idx, free, fused)
         free_all = [0] * len(idx)
         free_gathered = [0] * len(idx)
@@ -124,7 +124,7 @@ class MemoryModel:
                 if kind[r] == ALLGATHER:
                     free_gathered[p] += owned[r]
         memory, gathered = self._memory_series(idx, free_all, free_gathered, fused)
-        if fused is not None and fused.staging:  # gloo's own flat copies while its collectives run
+        if fused is not None and fused.issue.staging:  # gloo's own flat copies while its collectives run
             copies = staging_series(idx, kind, owned, self.size, self.preds, self.succs, fused)
             memory = list(map(operator.add, memory, copies))
         return memory, gathered, free

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
+from dcsched.collective_issue import SIMULATOR, CollectiveIssue
 from dcsched.errors import GraphError
 from dcsched.graph.form import PLACEHOLDER, REDUCE, GraphForm
 from dcsched.plan import Plan
@@ -86,8 +87,7 @@ def residency_roles(plan: Plan, graph: str) -> dict[str, frozenset]:
 
 
 def simulate_plan(compiled: CompiledGraph, plan: Plan, graph: str, *, detail: bool | str = True,
-                  check: bool = True, async_reduce: bool = False, staging: bool = False,
-                  async_gather: bool = True) -> SimResult:
+                  check: bool = True, issue: CollectiveIssue = SIMULATOR) -> SimResult:
     """Simulate graph ``graph`` run as ``plan`` says: its order, buckets and the step's residency.
 
     Parameters
@@ -98,10 +98,9 @@ def simulate_plan(compiled: CompiledGraph, plan: Plan, graph: str, *, detail: bo
         Its plan (an empty order: the graph's own).
     graph : str
         The graph's name in the step (:func:`residency_roles`).
-    detail, check, async_reduce, staging, async_gather : optional
-        As :meth:`~dcsched.sim.simulate.CompiledGraph.simulate` (``async_reduce``: reduce-scatters as a
-        process group runs them, one in flight; ``staging``: gloo's own copies counted, with the all-gathers
-        asynchronous or not).
+    detail, check, issue : optional
+        As :meth:`~dcsched.sim.simulate.CompiledGraph.simulate` (``issue``: how the run issues its
+        collectives, :class:`~dcsched.collective_issue.CollectiveIssue`).
 
     Returns
     -------
@@ -111,7 +110,7 @@ def simulate_plan(compiled: CompiledGraph, plan: Plan, graph: str, *, detail: bo
     --------
     >>> from dcsched.synthetic import layered_stack
     >>> from dcsched.sim.simulate import compile_view
-    >>> from dcsched.schedulers.fsdp import fsdp
+    >>> from dcsched.schedulers.fsdp.scheduler import fsdp
     >>> from dcsched.graph.form import GraphForm
     >>> forward = layered_stack(2).forward
     >>> plan = fsdp({"forward": GraphForm(forward)})["forward"]
@@ -122,13 +121,11 @@ def simulate_plan(compiled: CompiledGraph, plan: Plan, graph: str, *, detail: bo
     roles = residency_roles(plan, graph)
     replicated = roles.pop("replicated", frozenset())
     if not replicated:
-        return compiled.simulate(order, detail=detail, check=check, buckets=plan.buckets,
-                                 async_reduce=async_reduce, staging=staging, async_gather=async_gather, **roles)
+        return compiled.simulate(order, detail=detail, check=check, buckets=plan.buckets, issue=issue, **roles)
     idx = compiled.order_indices(order, check=check)
     fused = replicated_fused(compiled, compiled.bucket_indices(plan.buckets, idx), roles.get("held", frozenset()),
                              roles.get("keep", frozenset()), replicated)
-    return compiled.simulate_with_frees(idx, detail=detail, fused=dataclasses.replace(
-        fused, async_reduce=async_reduce, staging=staging, async_gather=async_gather))[0]
+    return compiled.simulate_with_frees(idx, detail=detail, fused=dataclasses.replace(fused, issue=issue))[0]
 
 
 def replicated_fused(compiled: CompiledGraph, buckets: list[list[int]], held: frozenset, keep: frozenset,

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from dcsched.collectives import STREAM_ROLES
+
 
 @dataclasses.dataclass(frozen=True)
 class ParamLifetime:
@@ -122,11 +124,6 @@ class SimResult:
             "collectives": self.collectives,
         }
 
-    def scalars(self) -> SimResult:
-        """This result as ``detail=False`` gives it: the scalars, every list empty."""
-        return dataclasses.replace(self, order=[], memory=[], gathered_memory=[], kinds=[], reach_ms=[], start_ms=[],
-                                   end_ms=[], params=[], indices=[])
-
     def memory_timeline(self) -> tuple[list[float], list[int], list[int]]:
         """``(times_ms, all_bytes, gathered_bytes)``: memory as a step function of simulated time.
 
@@ -135,7 +132,7 @@ class SimResult:
         """
         if not self.memory:
             raise ValueError("this result was simulated with detail=False: no series")
-        times = [self.reach_ms[i] if self.kinds[i] in ("allgather", "reduce") else self.start_ms[i]
+        times = [self.reach_ms[i] if self.kinds[i] in STREAM_ROLES else self.start_ms[i]
                  for i in range(len(self.order))]
         times.append(self.step_ms)
         return times, self.memory + [self.memory[-1]], self.gathered_memory + [self.gathered_memory[-1]]

@@ -53,6 +53,7 @@ from typing import Iterable, Sequence
 import networkx as nx
 import torch.fx
 
+from dcsched.collective_issue import SIMULATOR, CollectiveIssue
 from dcsched.errors import GraphError
 from dcsched.sim.collectives import DEFAULT_LATENCY_MS, bucket_time_ms
 from dcsched.sim.fused import HELD, Fused
@@ -344,7 +345,7 @@ class CompiledGraph(MemoryModel, Timeline, GraphForm):
 
     def simulate(self, order: Sequence | None = None, *, detail: bool | str = True, check: bool = True,
                  buckets: Sequence | None = None, keep: Iterable[int] = (), held: Iterable[int] = (),
-                 async_reduce: bool = False, staging: bool = False, async_gather: bool = True) -> SimResult:
+                 issue: CollectiveIssue = SIMULATOR) -> SimResult:
         """Simulate ``order`` (names or node numbers; None = input order). O(N + E).
 
         ``detail``: True (everything), False (scalars only) or ``"series"`` (also the
@@ -368,26 +369,24 @@ class CompiledGraph(MemoryModel, Timeline, GraphForm):
         once (a bucket simply goes without them), and their release frees
         them as usual.
 
-        ``async_reduce``: the gradient reduce-scatters run as the runtime runs
-        them on a process group (:mod:`dcsched.runtime.distributed`): issued
-        asynchronously, at most one in flight, so a gradient (a bucket's, for
-        a bucket issued at its last member) lives until the next reduce-scatter
-        is issued, or to the graph's end; the step time is unchanged.
-
-        ``staging``: the memory series counts gloo's staging copies, the flat
-        tensors its collectives allocate for themselves while they run
-        (:mod:`dcsched.sim.staging`), with the all-gathers asynchronous
-        (``async_gather``, the default: each copy lives until the first wait
-        on the collective) or not (each blocks where it is issued, its copy
-        alive there alone); the step time is unchanged.
+        ``issue``: how the run issues its collectives
+        (:class:`~dcsched.collective_issue.CollectiveIssue`; default
+        :data:`~dcsched.collective_issue.SIMULATOR`). With ``async_reduce``
+        the gradient reduce-scatters run as the runtime runs them on a process
+        group (:mod:`dcsched.runtime.distributed`): asynchronously, at most one
+        in flight, so a gradient (a bucket's, for a bucket issued at its last
+        member) lives until the next reduce-scatter is issued, or to the
+        graph's end. With ``staging`` the memory series counts gloo's staging
+        copies, the flat tensors its collectives allocate for themselves while
+        they run (:mod:`dcsched.sim.staging`), each alive as ``async_gather``
+        and ``async_reduce`` say. The step time is unchanged.
         """
         idx = self.order_indices(order, check=check)
         keep, held = frozenset(keep), frozenset(held)
-        if not buckets and not keep and not held and not async_reduce and not staging:
+        if not buckets and not keep and not held and not issue.adds_memory:
             return self.simulate_with_frees(idx, detail=detail)[0]
         fused = self._fused(self.bucket_indices(buckets or (), idx), self._held_gathers(held), keep)
-        if async_reduce or staging:
-            fused = dataclasses.replace(fused, async_reduce=async_reduce, staging=staging, async_gather=async_gather)
+        fused = dataclasses.replace(fused, issue=issue)
         return self.simulate_with_frees(idx, detail=detail, fused=fused)[0]
 
     def timeline_figures(self, idx: list[int], *, buckets: Sequence | None = None, held: Iterable[int] = (),
@@ -413,11 +412,17 @@ class CompiledGraph(MemoryModel, Timeline, GraphForm):
         return self._fused_timeline(idx, False, fused)[0], fused.collectives
 
     def _held_gathers(self, held: frozenset) -> list[int]:
-        """The all-gathers of the ``held`` parameters (ds_ids)."""
+        """The all-gathers of the ``held`` parameters (ds_ids), in node order."""
         if not held:
             return []
-        kind, ds_id = self.kind, self.ds_id
-        return [i for i in range(len(self.names)) if kind[i] == ALLGATHER and ds_id[i] in held]
+        by_param = self.__dict__.get("_gathers_by_param")
+        if by_param is None:  # built once: a planner asks for many held sets of one graph
+            by_param = {}
+            for i, (k, d) in enumerate(zip(self.kind, self.ds_id)):
+                if k == ALLGATHER:
+                    by_param.setdefault(d, []).append(i)
+            self.__dict__["_gathers_by_param"] = by_param
+        return sorted(i for d in held for i in by_param.get(d, ()))
 
     def bucket_indices(self, buckets: Sequence, idx: Sequence[int]) -> list[list[int]]:
         """``buckets`` as lists of member numbers, each in the order ``idx`` runs them, checked against ``idx``
@@ -447,7 +452,7 @@ class CompiledGraph(MemoryModel, Timeline, GraphForm):
                 result.indices = idx
             else:
                 result.kinds = [KIND_NAMES[kind[i]] for i in idx]
-                result.params = self._lifetimes(idx, free, reach, start, end)
+                result.params = self._lifetimes(idx, free, reach, end)
         return result, free
 
     def _fused(self, buckets: list[list[int]], held: Sequence[int] = (), keep: frozenset = frozenset()) -> Fused:
@@ -501,7 +506,7 @@ class CompiledGraph(MemoryModel, Timeline, GraphForm):
             collectives=self.num_allgathers + self.num_reduces if fused is None else fused.collectives,
         )
 
-    def _lifetimes(self, idx, free, reach, start, end) -> list[ParamLifetime]:
+    def _lifetimes(self, idx, free, reach, end) -> list[ParamLifetime]:
         names, kind = self.names, self.kind
         lifetimes = []
         for pos, i in enumerate(idx):

@@ -6,7 +6,7 @@ copies it into the output; a reduce-scatter (``reduce_scatter_tensor``) reduces 
 live for as long as the collective runs (an all-reduce works in place). The torch profiler's allocation
 events show them (``aten::empty < gloo:all_gather``, ``aten::clone < c10d::_reduce_scatter_base_``:
 ``benchmarks/peak_allocations.py``); no graph node returns them, so the memory series counts them only when
-asked (``simulate(..., staging=True)``).
+asked (``simulate(..., issue=CollectiveIssue(staging=True))``, :mod:`dcsched.collective_issue`).
 
 How long each lives is modelled as the runtime (:mod:`dcsched.runtime.distributed`) can bound it, from the
 program's side: an asynchronous all-gather's copy from its issue until the first wait on any of its members
@@ -15,10 +15,11 @@ reduce is issued (one in flight: issuing the next waits on it) or to the graph's
 collective's at its issue alone.
 
 >>> from dcsched.sim.fused import Fused
+>>> from dcsched.collective_issue import CollectiveIssue
 >>> from dcsched.graph.form import ALLGATHER, WAIT
 >>> kind, owned = [ALLGATHER, WAIT, 0, 0], [8, 0, 0, 0]
 >>> staging_series([0, 2, 1, 3], kind, owned, [0] * 4, [[], [0], [], []], [[1], [], [], []],
-...                Fused([-1] * 4, {}, 0.0, 1, staging=True))
+...                Fused([-1] * 4, {}, 0.0, 1, issue=CollectiveIssue(staging=True)))
 [8, 8, 0, 0]
 """
 
@@ -44,8 +45,8 @@ def staging_series(idx: Sequence[int], kind: Sequence[int], owned: Sequence, siz
         bytes are its gathered buffer's, a reduce's first input (``preds[i][0]``) is its gradient.
     fused : Fused
         The plan as the simulation reads it: buckets (one collective, one copy of all its members' bytes),
-        held all-gathers (no collective), the all-reduces (in place: no copy) and whether the gathers and
-        reduces run asynchronously.
+        held all-gathers (no collective), the all-reduces (in place: no copy) and how the gathers and
+        reduces are issued (:attr:`Fused.issue`: asynchronous or blocking).
 
     Returns
     -------
@@ -70,7 +71,7 @@ def staging_series(idx: Sequence[int], kind: Sequence[int], owned: Sequence, siz
     for members in gathers.values():
         issued = position[members[0]]
         last = issued
-        if fused.async_gather:
+        if fused.issue.async_gather:
             waits = [position[w] for m in members for w in succs[m] if kind[w] == WAIT and w in position]
             last = max(issued, min(waits, default=issued) - 1)
         alive(issued, last, sum(owned[m] for m in members))
@@ -80,7 +81,7 @@ def staging_series(idx: Sequence[int], kind: Sequence[int], owned: Sequence, siz
         if first in fused.all_reduces:
             continue
         last = issued
-        if fused.async_reduce:
+        if fused.issue.async_reduce:
             last = max(issued, issues[k + 1][0] - 1) if k + 1 < len(issues) else len(idx) - 1
         alive(issued, last, sum(size[preds[m][0]] for m in reduces[first]))
     return list(itertools.accumulate(change[:-1]))

@@ -40,7 +40,7 @@ from typing import Sequence
 
 import torch
 
-from dcsched.runtime.consensus import RankMismatch, _differing, _ranks
+from dcsched.runtime.consensus import RankMismatch, differing_ranks, ranks_text
 from dcsched.runtime.distributed import note_issued
 
 #: The agreement's own gloo group per sharding's process group (made at the first compile, on every rank).
@@ -132,9 +132,9 @@ def announce(sharding, inputs: Sequence, *, compiling: bool, plan: int, captured
         return decision
     described: list = [None] * sharding.world_size
     dist.all_gather_object(described, shapes, group=group)
-    odd = _differing([entry[3].to_bytes(8, "little") for entry in announced])
+    odd = differing_ranks([entry[3].to_bytes(8, "little") for entry in announced])
     others = [rank for rank in range(sharding.world_size) if rank not in odd]
-    raise RankMismatch(f"{_ranks(odd)} of {what} ran a step of another structure than {_ranks(others)} "
+    raise RankMismatch(f"{ranks_text(odd)} of {what} ran a step of another structure than {ranks_text(others)} "
                        f"(inputs {'; '.join(f'rank {r}: {described[r]}' for r in odd)}; rank {others[0]}: "
                        f"{described[others[0]]}): the ranks' batches may differ in size, not in what the model "
                        "does with them")

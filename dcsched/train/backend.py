@@ -34,14 +34,16 @@ random numbers as it would without the compile.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
 
 from dcsched.budget import Budget
+from dcsched.collective_issue import GLOO, PROCESS_GROUP, SIMULATOR, CollectiveIssue
 from dcsched.profile.capture import capture_compiled
 from dcsched.runtime.consensus import check_same, plan_fingerprints
-from dcsched.profile.measure import profile_bundle
+from dcsched.profile.measure import profile_bundle, profile_topology
 from dcsched.schedulers import run_step
 from dcsched.sim.collectives import latency_from_provenance
 from dcsched.train import agreement
@@ -152,46 +154,52 @@ def _rng_devices(sharding) -> list:
     return [device] if device.type == "cuda" else []
 
 
-#: How a step may issue its collectives, as ``(async_gather, async_reduce)``, in the order tried under a finite
-#: budget: both asynchronous (the fastest); the all-gathers blocking (gloo's staging copy of one is then gone
-#: before the compute goes on); the reduce-scatters blocking; both.
-ASYNCHRONY = ((True, True), (False, True), (True, False), (False, False))
-
-
-def stages_collectives(sharding) -> bool:
-    """Whether the step's collectives run on gloo, which stages them through flat copies of its own
-    (:mod:`dcsched.sim.staging`)."""
+def fastest_issue(sharding) -> CollectiveIssue:
+    """The fastest way the step's process group issues its collectives: :data:`~dcsched.collective_issue.GLOO`
+    on gloo (which stages them through flat copies of its own, :mod:`dcsched.sim.staging`), else
+    :data:`~dcsched.collective_issue.PROCESS_GROUP`."""
     if sharding.world_size < 2:
-        return False
+        return PROCESS_GROUP
     import torch.distributed as dist
 
-    return dist.is_initialized() and dist.get_backend(sharding.group) == "gloo"
+    return GLOO if dist.is_initialized() and dist.get_backend(sharding.group) == "gloo" else PROCESS_GROUP
 
 
-def asynchrony(budget: Budget | None, scheduled, *, staging: bool) -> dict[str, tuple[bool, bool]]:
-    """Per graph of ``scheduled``, whether its all-gathers and reduce-scatters run asynchronously:
-    ``{name: (async_gather, async_reduce)}``.
+def issue_ways(fastest: CollectiveIssue) -> tuple[CollectiveIssue, ...]:
+    """The ways a step may issue its collectives, in the order tried under a finite budget: ``fastest``; its
+    all-gathers blocking (gloo's staging copy of one is then gone before the compute goes on: tried only where
+    ``fastest`` counts the copies, elsewhere blocking saves nothing); its reduce-scatters blocking; both.
+
+    >>> [(way.async_gather, way.async_reduce) for way in issue_ways(PROCESS_GROUP)]
+    [(True, True), (True, False)]
+    >>> len(issue_ways(GLOO))
+    4
+    """
+    ways = (fastest, dataclasses.replace(fastest, async_gather=False), dataclasses.replace(fastest, async_reduce=False),
+            dataclasses.replace(fastest, async_gather=False, async_reduce=False))
+    return tuple(dict.fromkeys(way for way in ways if fastest.staging or way.async_gather))
+
+
+def asynchrony(budget: Budget | None, scheduled, *, fastest: CollectiveIssue) -> dict[str, CollectiveIssue]:
+    """Per graph of ``scheduled``, how its collectives are issued: ``{name: issue}``.
 
     Asynchronous, a reduce-scatter keeps its gradient until the next one is issued, and on gloo
-    (``staging``) each collective's own flat copy lives beside the compute while it runs; the schedulers
-    plan within a budget without either. A budget is a promise (for each graph's peak), so under a finite
-    one each graph takes the first way of :data:`ASYNCHRONY` (on NCCL: of those with the gathers
-    asynchronous, as their copies are none) that the simulator, run that way, keeps it within, and the last
-    tried where none does. Without a budget, both run asynchronously everywhere.
+    (``fastest.staging``) each collective's own flat copy lives beside the compute while it runs; the
+    schedulers plan within a budget without either. A budget is a promise (for each graph's peak), so under a
+    finite one each graph takes the first of :func:`issue_ways` of ``fastest`` that the simulator, run that
+    way, keeps it within, and the last tried where none does. Without a budget, ``fastest`` everywhere.
     """
     if budget is None or not math.isfinite(budget.bytes):
-        return {name: (True, True) for name in scheduled.graph_names}
-    from dcsched.replay.simulated import simulate_graph
+        return {name: fastest for name in scheduled.graph_names}
+    from dcsched.sim.bundle_figures import simulate_graph
 
-    ways = ASYNCHRONY if staging else tuple(way for way in ASYNCHRONY if way[0])
+    ways = issue_ways(fastest)
     chosen = {}
     for name in scheduled.graph_names:
-        for async_gather, async_reduce in ways:
-            result = simulate_graph(scheduled, name, async_reduce=async_reduce, staging=staging,
-                                    async_gather=async_gather)
-            if result.peak_in(budget.scope) <= budget.bytes:
+        for way in ways:
+            if simulate_graph(scheduled, name, issue=way).peak_in(budget.scope) <= budget.bytes:
                 break
-        chosen[name] = (async_gather, async_reduce)
+        chosen[name] = way
     return chosen
 
 
@@ -204,7 +212,7 @@ def _traced_stand_ins(sharding, example_inputs) -> list[tuple[str, torch.Tensor]
 
 def compile_program(gm: torch.fx.GraphModule, example_inputs, sharding, options: TrainOptions) -> ScheduledProgram:
     """Capture, profile and schedule ``gm`` (a TorchDynamo graph of the sharded module) into a program."""
-    from dcsched.replay.simulated import simulated_figures
+    from dcsched.sim.bundle_figures import simulated_figures
 
     with torch.random.fork_rng(devices=_rng_devices(sharding)):
         captured = capture_compiled(gm, example_inputs, sharding.module,
@@ -217,14 +225,16 @@ def compile_program(gm: torch.fx.GraphModule, example_inputs, sharding, options:
         agreement.mark_compiled_alone(decision != "planned")
         if decision != "planned":
             return _as_captured(sharding, captured, captured_digest, options, decision)
-        profiled = profile_bundle(captured.bundle, options.profile_options(sharding.world_size),
-                                  inputs=captured.inputs)
-    staging = stages_collectives(sharding)
-    budget = options.budget(profiled, staging=staging)
+        # The world size is the sharding's (its group cut the shards), alone too: the topology is resolved from it.
+        profile_options = options.profile_options(sharding.world_size)
+        profiled = profile_bundle(captured.bundle, profile_options, inputs=captured.inputs,
+                                  topology=profile_topology(profile_options, group_size=sharding.world_size))
+    fastest = fastest_issue(sharding)
+    budget = options.budget(profiled, issue=fastest)
     # Both graphs at once: a step scheduler plans them together (what it keeps gathered spans the two).
-    plans = run_step(options.algo, {name: profiled.form(name) for name in profiled.graph_names}, budget=budget,
+    plans = run_step(options.scheduler, {name: profiled.form(name) for name in profiled.graph_names}, budget=budget,
                      comm_latency_ms=latency_from_provenance(profiled.provenance),
-                     **options.scheduler_options(_device(sharding).type, staging=staging))
+                     **options.scheduler_options(_device(sharding).type, issue=fastest))
     if sharding.replicated:  # whole on every rank since dcsched.shard: the plans must not gather them
         plans = {name: plan.replicating(sharding.replicated) for name, plan in plans.items()}
     scheduled = profiled.reordered({name: list(plan.order) for name, plan in plans.items()}, plans=plans)
@@ -233,12 +243,14 @@ def compile_program(gm: torch.fx.GraphModule, example_inputs, sharding, options:
     # differed would pair one rank's gathers with another's parameters.
     fingerprints = plan_fingerprints(scheduled)
     check_same(fingerprints, "scheduled", group=sharding.group)
-    ways = asynchrony(budget, scheduled, staging=staging)
-    # the reduce-scatters are the backward's: its way is the figures' (and the default of any other graph)
-    async_reduce = ways.get("backward", (True, True))[1]
-    figures, _note = simulated_figures(scheduled, async_reduce=async_reduce and sharding.world_size > 1)
+    ways = asynchrony(budget, scheduled, fastest=fastest)
+    # the reduce-scatters are the backward's: its way is the figures' (as the per-rank memory tracker sees it,
+    # without gloo's copies; nothing in flight without a peer) and the default of any other graph
+    issue = ways.get("backward", fastest)
+    figures, _note = simulated_figures(scheduled, issue=issue.without_staging() if sharding.world_size > 1
+                                       else SIMULATOR)
     program = ScheduledProgram(sharding, scheduled, profiled, captured.mutated_inputs, options.algo, figures,
-                               compute=options.compute, async_reduce=async_reduce, asynchrony=ways)
+                               compute=options.compute, issue=issue, issues=ways)
     program.plan_digest = agreement.digest(b"".join(name.encode() + b"\0" + value
                                                     for name, value in sorted(fingerprints.items())))
     program.captured_digest, program.pending = captured_digest, decision

@@ -102,22 +102,38 @@ def open_inside(directory: Path, name: object) -> BinaryIO:
     """``name`` in ``directory`` opened for reading: a regular file inside it (links resolved), opened
     without following a link and without blocking (a FIFO is refused, never waited on).
 
+    The resolved path is opened one component at a time from the directory's own descriptor, none of them
+    followed if it is a link, so a directory inside swapped for a link between the check and the open is
+    refused rather than followed out.
+
     Raises CheckpointError (one line) for a path out, a missing file, or anything but a regular file.
     """
     target = inside(directory, name)
+    base = os.path.realpath(directory)
+    parts = os.path.relpath(target, base).split(os.sep)
+    cloexec = getattr(os, "O_CLOEXEC", 0)
+    descriptor = -1
     try:
-        if not stat.S_ISREG(os.lstat(target).st_mode):
+        descriptor = os.open(base, os.O_RDONLY | os.O_DIRECTORY | cloexec)
+        for part in parts[:-1]:
+            inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | cloexec, dir_fd=descriptor)
+            os.close(descriptor)
+            descriptor = inner
+        if not stat.S_ISREG(os.lstat(parts[-1], dir_fd=descriptor).st_mode):
             raise CheckpointError(f"{name} is not a regular file")
-        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-        descriptor = os.open(target, flags)
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | cloexec
+        opened = os.open(parts[-1], flags, dir_fd=descriptor)
     except FileNotFoundError:
         raise CheckpointError(f"{name} is missing") from None
     except OSError as error:
         raise CheckpointError(f"{name} cannot be read ({error.strerror or error})") from None
-    if not stat.S_ISREG(os.fstat(descriptor).st_mode):  # replaced between the two looks
-        os.close(descriptor)
+    finally:
+        if descriptor >= 0:
+            os.close(descriptor)
+    if not stat.S_ISREG(os.fstat(opened).st_mode):  # replaced between the two looks
+        os.close(opened)
         raise CheckpointError(f"{name} is not a regular file")
-    return os.fdopen(descriptor, "rb")
+    return os.fdopen(opened, "rb")
 
 
 def check_storage(directory: Path, metadata) -> set[str]:

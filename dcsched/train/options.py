@@ -12,12 +12,14 @@ import functools
 from typing import TYPE_CHECKING, Any, Mapping
 
 from dcsched.budget import BUDGET_SCOPE_HELP
-from dcsched.costmodels.options import ProfileOptions
+from dcsched.collective_issue import FSDP2, FSDP2_ON_GLOO, PROCESS_GROUP, CollectiveIssue
+from dcsched.costmodels.options import CostOptions, ProfileOptions, help_field, with_default
 from dcsched.errors import DcschedError, OptionError
 from dcsched.plan import MERGED_OVERLAP_OPTION, REPLICATE_OPTION, STAGING_OPTION
 
 if TYPE_CHECKING:
     from dcsched.budget import Budget
+    from dcsched.schedulers.registry import SchedulerInfo
 
 #: The process-group timeout when none is given, in seconds.
 DEFAULT_TIMEOUT_S = 120.0
@@ -40,11 +42,6 @@ DTYPE_HELP = {
 }
 
 
-def _field(default, help: str, **kwargs):
-    """A dataclass field with its default and its one-line help (``metadata["help"]``, read by the CLI)."""
-    return dataclasses.field(default=default, metadata={"help": help}, **kwargs)
-
-
 #: What training's memory budget option means (``dcsched train --memory-budget``, ``dcsched.backend``).
 TRAIN_BUDGET_HELP = ("Memory budget for the schedulers that take one, in bytes with an optional SI/IEC suffix "
                      "(40GiB, 1.5GB), 'unlimited', or 'fsdp' (the peak FSDP2's policy takes on the step, by the "
@@ -53,11 +50,12 @@ TRAIN_BUDGET_HELP = ("Memory budget for the schedulers that take one, in bytes w
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainOptions:
+class TrainOptions(CostOptions):
     """How :func:`dcsched.backend` schedules and runs every graph it compiles.
 
     Every field's help is in its ``metadata["help"]``; ``dcsched train`` takes its defaults and help from
-    there.
+    there. The cost model's fields are :class:`~dcsched.costmodels.options.CostOptions`', declared once for
+    ``dcsched profile`` and here; only ``iters`` and ``warmup`` default otherwise (see below).
 
     Parameters
     ----------
@@ -78,7 +76,7 @@ class TrainOptions:
     gpu : str or None
         Target GPU (``h100``, ``a100``, ``h200``): needed by the analytic cost model.
     iters, warmup : int
-        Timed and untimed runs per node of the compile-time profile (measured cost model).
+        Timed and untimed runs per node of the compile-time profile (measured cost model): 1 and 1.
     bandwidth_gbps, latency_us : float or None
         Collective bus bandwidth (GB/s) and latency (us) of the compile-time profile's modelled
         collectives (one process; under a process group they are measured); None: the interconnect
@@ -102,25 +100,18 @@ class TrainOptions:
     dcsched.errors.OptionError: algo_options has 'k', which scheduler 'none' does not take (taken by: prefetch-ahead)
     """
 
-    algo: str = _field("none", "Scheduler for every compiled graph (an unknown name lists them all).")
-    memory_budget: float | int | str | None = _field(None, TRAIN_BUDGET_HELP)
-    budget_scope: str | None = _field(None, BUDGET_SCOPE_HELP)
+    # A compile-time profile runs on every compile of a training run, before its first step: one timed run after
+    # one untimed per node, where ``dcsched profile`` (5 after 2) runs once, ahead of time, for figures steady
+    # enough to compare schedules on.
+    iters: int = with_default(CostOptions, "iters", 1)
+    warmup: int = with_default(CostOptions, "warmup", 1)
+    algo: str = help_field("none", "Scheduler for every compiled graph (an unknown name lists them all).")
+    memory_budget: float | int | str | None = help_field(None, TRAIN_BUDGET_HELP)
+    budget_scope: str | None = help_field(None, BUDGET_SCOPE_HELP)
     algo_options: Mapping[str, Any] = dataclasses.field(
         default_factory=dict,
         metadata={"help": "Further options of the scheduler by name (e.g. k=3 for prefetch-ahead)."})
-    cost_model: str = _field("measured", "Costs the scheduler works with: measured (every node run and timed once "
-                                         "here at compile time) or analytic (estimated for ``gpu``, nothing run).")
-    gpu: str | None = _field(None, "Target GPU (h100, a100, h200): needed by ``cost_model`` analytic; also the "
-                                   "default memory budget.")
-    iters: int = _field(1, "Timed runs per node of the compile-time profile (measured cost model).")
-    warmup: int = _field(1, "Untimed runs per node before timing (measured cost model).")
-    bandwidth_gbps: float | None = _field(
-        None, "Collective bus bandwidth in GB/s of the compile-time profile's modelled collectives (one process; "
-              "measured under a process group); default: from the interconnect table for ``gpu``.")
-    latency_us: float | None = _field(
-        None, "Per-collective latency in microseconds of the modelled collectives; default: from the interconnect "
-              "table for ``gpu``.")
-    compute: str = _field("eager", "How the scheduled graphs run: eager (aten ops one by one in the schedule's "
+    compute: str = help_field("eager", "How the scheduled graphs run: eager (aten ops one by one in the schedule's "
                                    "order; measured memory matches the simulator's) or inductor (compiled by "
                                    "inductor, the ZeRO-3 ops kept in their scheduled places: plain torch.compile's "
                                    "speed; peak memory not tracked on the CPU).")
@@ -136,17 +127,17 @@ class TrainOptions:
             An unknown ``compute`` mode, a memory budget or budget scope that cannot be read.
         """
         from dcsched import schedulers  # torch, only when options are checked
-        accepted = schedulers.get(self.algo).options  # raises for an unknown name
+        accepted = self.scheduler.options  # raises for an unknown name
         from dcsched.train.inductor import COMPUTE_MODES
         if self.compute not in COMPUTE_MODES:
             raise DcschedError(f"unknown compute {self.compute!r}: choose one of {', '.join(COMPUTE_MODES)}")
-        if (self.given_budget is not None or self.fsdp_budget) and "memory_budget" not in accepted:
-            raise OptionError("memory_budget", f"is given, but scheduler '{self.algo}' takes no memory budget")
         if self.budget_scope is not None:
             from dcsched.budget import check_scope
             check_scope(self.budget_scope)
-            if "budget_scope" not in accepted:
-                raise OptionError("budget_scope", f"is given, but scheduler '{self.algo}' takes no budget scope")
+        # Read first (given_budget, once): an unreadable budget stops the run before the refusal below.
+        budget_given = self.fsdp_budget or self.given_budget is not None
+        schedulers.check_budget_taken([self.scheduler], memory_budget=budget_given,
+                                      budget_scope=self.budget_scope is not None)
         for key in self.algo_options:
             if key in ("memory_budget", "budget_scope"):
                 raise OptionError("algo_options", f"has {key!r}: pass it as {key}= itself")
@@ -160,15 +151,15 @@ class TrainOptions:
                 raise OptionError("algo_options", f"has {key!r}, which scheduler '{self.algo}' does not take ({who})")
         self.profile_options(1).check()
 
-    def scheduler_options(self, device: str | None = None, staging: bool = False) -> dict[str, Any]:
+    def scheduler_options(self, device: str | None = None, issue: CollectiveIssue = PROCESS_GROUP) -> dict[str, Any]:
         """``algo_options`` as training runs the scheduler on ``device`` (the profile's: ``'cpu'``, ``'cuda'``),
-        its collectives staged through gloo's own copies or not (``staging``).
+        its collectives issued at fastest as ``issue`` says (:func:`dcsched.train.backend.fastest_issue`).
 
         A scheduler that may replicate parameters on its own (``overlap-plan``'s ``replicate_max_bytes``)
         replicates none, since the module's shards are cut before any plan (``--replicate-below`` decides what
         is whole). On the CPU ``overlap-plan`` keeps within buckets (``merged_overlap`` False unless given):
         gloo's collectives take CPU from the compute, which the simulator does not charge. On gloo
-        (``staging``) its budget counts gloo's staging copies (``staging`` True unless given).
+        (``issue.staging``) its budget counts gloo's staging copies (``staging`` True unless given).
 
         Examples
         --------
@@ -176,45 +167,45 @@ class TrainOptions:
         {'replicate_max_bytes': 0}
         >>> TrainOptions(algo="overlap-plan").scheduler_options("cpu")
         {'replicate_max_bytes': 0, 'merged_overlap': False}
-        >>> TrainOptions(algo="overlap-plan").scheduler_options("cpu", staging=True)
+        >>> from dcsched.collective_issue import GLOO
+        >>> TrainOptions(algo="overlap-plan").scheduler_options("cpu", GLOO)
         {'replicate_max_bytes': 0, 'merged_overlap': False, 'staging': True}
-        >>> TrainOptions(algo="prefetch-ahead", algo_options={"k": 2}).scheduler_options("cpu", staging=True)
+        >>> TrainOptions(algo="prefetch-ahead", algo_options={"k": 2}).scheduler_options("cpu", GLOO)
         {'k': 2}
         """
-        from dcsched import schedulers
-
         options = dict(self.algo_options)
-        takes = schedulers.get(self.algo).options
+        takes = self.scheduler.options
         if REPLICATE_OPTION in takes:
             options[REPLICATE_OPTION] = 0
         if MERGED_OVERLAP_OPTION in takes and device == "cpu":
             options.setdefault(MERGED_OVERLAP_OPTION, False)
-        if STAGING_OPTION in takes and staging:
+        if STAGING_OPTION in takes and issue.staging:
             options.setdefault(STAGING_OPTION, True)
         return options
 
     def profile_options(self, world_size: int) -> ProfileOptions:
         """The options of the profile a compile runs before it schedules, for ``world_size`` ranks."""
-        return ProfileOptions(cost_model=self.cost_model, iters=self.iters, warmup=self.warmup,
-                              world_size=world_size, gpu=self.gpu, bandwidth_gbps=self.bandwidth_gbps,
-                              latency_us=self.latency_us, progress=False)
+        return ProfileOptions(**self.cost_options(), world_size=world_size, progress=False)
 
-    def budget(self, bundle, *, staging: bool = False) -> Budget | None:
+    def budget(self, bundle, *, issue: CollectiveIssue = PROCESS_GROUP) -> Budget | None:
         """The budget to schedule ``bundle`` with: the one given, else the one default rule's.
 
-        The default rule is :func:`dcsched.budget.default_budget`'s: the target device's memory recorded in the
+        The default rule is :func:`dcsched.budget.budget_for`'s: the target device's memory recorded in the
         bundle less 10%, else no limit; except that a step planner (``overlap-plan``) given no budget where
         no device's memory is recorded (the CPU) plans within ``'fsdp'``, the peak of FSDP2's policy on the step
-        (:func:`dcsched.schedulers.fsdp_peak.fsdp_peak`, its collectives run as FSDP2 runs them, on gloo where
-        ``staging``): training needs no more memory than the sharding it replaces unless told it may, and a
+        (:func:`dcsched.schedulers.fsdp.peak.fsdp_peak`, its collectives run as FSDP2 runs them, on gloo where
+        ``issue.staging``): training needs no more memory than the sharding it replaces unless told it may, and a
         step planner always finds a plan within it (``fsdp``'s own).
 
         Parameters
         ----------
         bundle : Bundle
             The profiled bundle (its provenance may record the device's memory).
-        staging : bool, optional
-            The step's collectives run on gloo (:func:`dcsched.train.backend.stages_collectives`).
+        issue : CollectiveIssue, optional
+            The fastest way the step's process group issues its collectives
+            (:func:`dcsched.train.backend.fastest_issue`): on gloo (``staging``) FSDP2's peak is taken as
+            FSDP2 runs there (:data:`~dcsched.collective_issue.FSDP2_ON_GLOO`), else
+            :data:`~dcsched.collective_issue.FSDP2`.
 
         Returns
         -------
@@ -228,25 +219,42 @@ class TrainOptions:
         """
         from dcsched import schedulers
         from dcsched.budget import budget_for
-        if not schedulers.get(self.algo).takes_budget:
-            if self.memory_budget is not None:
-                raise OptionError("memory_budget", f"is given, but scheduler '{self.algo}' takes no memory budget")
+        schedulers.check_budget_taken([self.scheduler], memory_budget=self.memory_budget is not None,
+                                      budget_scope=self.budget_scope is not None)
+        if not self.scheduler.takes_budget:
             return None
         if self.fsdp_budget or self._fsdp_by_default(bundle):
             from dcsched.budget import DEFAULT_SCOPE, Budget, check_scope
-            from dcsched.schedulers.fsdp_peak import fsdp_peak
+            from dcsched.schedulers.fsdp.peak import fsdp_peak
             from dcsched.sim.collectives import latency_from_provenance
             scope = DEFAULT_SCOPE if self.budget_scope is None else check_scope(self.budget_scope)
-            peak = fsdp_peak({name: bundle.form(name) for name in bundle.graph_names}, scope=scope, staging=staging,
+            peak = fsdp_peak({name: bundle.form(name) for name in bundle.graph_names}, scope=scope,
+                             issue=FSDP2_ON_GLOO if issue.staging else FSDP2,
                              comm_latency_ms=latency_from_provenance(bundle.provenance))
             return Budget(peak, scope)
         return budget_for(self.given_budget, bundle, scope=self.budget_scope)
 
     def _fsdp_by_default(self, bundle) -> bool:
         """Whether no budget was given to a step planner, with no device's memory recorded in ``bundle``."""
-        from dcsched import schedulers
         from dcsched.budget import device_memory
-        return self.memory_budget is None and schedulers.get(self.algo).step and device_memory(bundle) is None
+        return self.memory_budget is None and self.scheduler.step and device_memory(bundle) is None
+
+    @functools.cached_property
+    def scheduler(self) -> SchedulerInfo:
+        """The scheduler ``algo`` names, looked up once (:func:`dcsched.schedulers.get`); what the compile runs.
+
+        Raises
+        ------
+        ScheduleError
+            For an unknown name (the message lists the available ones).
+
+        Examples
+        --------
+        >>> TrainOptions(algo="overlap-plan").scheduler.step
+        True
+        """
+        from dcsched import schedulers  # torch, only when a compile (or a check) needs the scheduler
+        return schedulers.get(self.algo)
 
     @property
     def fsdp_budget(self) -> bool:
@@ -304,16 +312,16 @@ class ScriptOptions:
     dcsched.errors.OptionError: timeout_s must be between 0.1 and 604800 seconds (a week), not 0
     """
 
-    train: TrainOptions = _field(TrainOptions(), "The backend's options.")
-    measure: bool = _field(False, "Time every step and track the first one's peak memory, for a report.")
-    timeout_s: float = _field(DEFAULT_TIMEOUT_S, "Seconds: the process-group timeout under torchrun, and how long "
+    train: TrainOptions = help_field(TrainOptions(), "The backend's options.")
+    measure: bool = help_field(False, "Time every step and track the first one's peak memory, for a report.")
+    timeout_s: float = help_field(DEFAULT_TIMEOUT_S, "Seconds: the process-group timeout under torchrun, and how long "
                                                  "a rank may miss heartbeats before the others stop, naming it.")
-    replicate_below: int = _field(0, "Keep every trainable parameter of fewer elements whole on every rank (no "
+    replicate_below: int = help_field(0, "Keep every trainable parameter of fewer elements whole on every rank (no "
                                      "all-gather; its gradient all-reduced), as DeepSpeed's "
                                      "stage3_param_persistence_threshold does; 0: shard every one.")
-    param_dtype: str | None = _field(None, DTYPE_HELP["param_dtype"])
-    reduce_dtype: str | None = _field(None, DTYPE_HELP["reduce_dtype"])
-    output_dtype: str | None = _field(None, DTYPE_HELP["output_dtype"])
+    param_dtype: str | None = help_field(None, DTYPE_HELP["param_dtype"])
+    reduce_dtype: str | None = help_field(None, DTYPE_HELP["reduce_dtype"])
+    output_dtype: str | None = help_field(None, DTYPE_HELP["output_dtype"])
 
     def check(self) -> None:
         """Refuse options no run can use (:meth:`TrainOptions.check`, then ``timeout_s``)."""

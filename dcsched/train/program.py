@@ -19,7 +19,7 @@ The ZeRO-3 ops run on this program's runtime: a
 :class:`~dcsched.runtime.distributed.DistributedZero3Runtime` under a process group
 (all-gathers started asynchronously at their node, waited at the wait node,
 freed at the last release, gradients reduce-scattered with AVG, asynchronously
-on NCCL and gloo alike (:data:`ASYNC_REDUCE_ON_CPU`), one in flight, the last
+on NCCL and gloo alike (:data:`~dcsched.collective_issue.PROCESS_GROUP`), one in flight, the last
 waited on at the end of the backward graph; on CUDA the collectives run on
 NCCL's streams), else a
 :class:`~dcsched.runtime.local.LocalZero3Runtime` (world size 1: the shard is
@@ -39,17 +39,12 @@ from typing import Callable, ContextManager, Mapping, Sequence
 
 import torch
 
+from dcsched.collective_issue import PROCESS_GROUP, CollectiveIssue
 from dcsched.runtime.select import runtime_for
 from dcsched.bundle.core import Bundle
 from dcsched.runtime.memtrack import LiveBytes
 from dcsched.runtime.step import build_step, graph_placeholder_names, installed, run_backward, run_forward
 from dcsched.train.sharding import Sharding
-
-
-#: Asynchronous reduce-scatters on gloo too, as on NCCL: one in flight, so a gradient lives until the next
-#: reduce-scatter is issued, which the simulator models (``simulate(..., async_reduce=True)``). The backend
-#: keeps them synchronous on gloo under a finite memory budget (:func:`dcsched.train.backend.compile_program`).
-ASYNC_REDUCE_ON_CPU = True
 
 
 @dataclasses.dataclass
@@ -76,23 +71,21 @@ class ScheduledProgram:
 
     def __init__(self, sharding: Sharding, bundle: Bundle, original: Bundle, mutated_inputs: Sequence[int],
                  algo: str, simulated: dict | None = None, compute: str = "eager",
-                 async_reduce: bool | None = None,
-                 asynchrony: Mapping[str, tuple[bool, bool]] | None = None) -> None:
+                 issue: CollectiveIssue = PROCESS_GROUP, issues: Mapping[str, CollectiveIssue] | None = None) -> None:
         self.sharding, self.bundle, self.algo = sharding, bundle, algo
         self.simulated = simulated or {}
         device = sharding.specs[0].param.device
         order = {name: graph_placeholder_names(graph) for name, graph in original.graphs.items()}
         self.step = build_step(bundle, device, placeholder_order=order)
         self.device = device
-        # Reduce-scatters overlap the rest of the backward, waited on at its end (see ASYNC_REDUCE_ON_CPU); the
-        # bundle's communication plan (buckets, kept parameters) runs as planned.
-        if async_reduce is None:
-            async_reduce = device.type == "cuda" or ASYNC_REDUCE_ON_CPU
-        self.runtime = runtime_for(bundle.params, flat_shards=True, group=sharding.group, async_reduce=async_reduce,
+        # Collectives issued as ``issue`` says (by default reduce-scatters overlap the rest of the backward, one in
+        # flight, on NCCL and gloo alike), per graph as ``issues`` says where a budget decided it; the bundle's
+        # communication plan (buckets, kept parameters) runs as planned.
+        self.runtime = runtime_for(bundle.params, flat_shards=True, group=sharding.group, issue=issue,
                                    plans=bundle.plans, graph_ids=bundle.graph_ids)
-        if asynchrony and hasattr(self.runtime, "asynchrony"):  # per graph, where a budget decided it
-            self.runtime.asynchrony = {bundle.graph_ids[name]: way for name, way in asynchrony.items()
-                                       if bundle.graph_ids.get(name) is not None}
+        if issues and hasattr(self.runtime, "issues"):
+            self.runtime.issues = {bundle.graph_ids[name]: way for name, way in issues.items()
+                                   if bundle.graph_ids.get(name) is not None}
         self.compute = compute
         #: ``compiling(what)`` -> a context manager around inductor's compile of a graph (a progress display).
         self.compiling: Callable[[str], ContextManager] = lambda _graph: contextlib.nullcontext()

@@ -267,6 +267,7 @@ def _join(timeout_s: float):
 
 
 def _rank_and_size() -> tuple[int, int]:
+    """This rank and the group's size, for the :class:`TrainResult` alone (figures take the sharding's)."""
     import torch.distributed as dist
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
@@ -301,7 +302,7 @@ def _result(path: Path, options: ScriptOptions, backends: list[_RecordingBackend
             saved = saved_memory.from_provenance(program.bundle.provenance)
             if saved is not None:
                 activation_memory[label] = saved.to_json()
-    from dcsched.replay.simulated import timing_caveat
+    from dcsched.sim.bundle_figures import timing_caveat
     losses = next(([float(v) for v in b.losses] for b in backends if b.losses), None)
     programs = [p for b in backends for p in b.programs]
     caveat = timing_caveat(programs[0].bundle.provenance) if programs else None

@@ -176,6 +176,8 @@ def sharding_for_inputs(inputs) -> Sharding | None:
 
 
 def _process_group(group) -> tuple[int, int]:
+    """(rank, ranks) of the group the module is sharded over: where training's world size is decided (the
+    compile's profile topology takes ``Sharding.world_size``)."""
     import torch.distributed as dist
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(group), dist.get_world_size(group)

@@ -23,7 +23,7 @@ from dcsched.schedulers.overlap.maxtree import MaxTree
 from dcsched.schedulers.overlap.placement import JUMP_RATIO, NO_LIMIT, Placement  # noqa: F401
 from dcsched.schedulers.overlap.sink import sink_readers
 from dcsched.schedulers.overlap.skeleton import MovableParts, build_skeleton, gather_windows, movable_parts
-from dcsched.schedulers.fast_free import fast_free_indices
+from dcsched.schedulers.fast_free.scheduler import fast_free_indices
 
 #: Compute orders the skeleton can come from: fast-free's, the graph's own (input) order, or
 #: fast-free's with each reader of a gathered parameter sunk to just before its first user.
@@ -45,7 +45,7 @@ class OverlapPlanner:
     ``jit_gathered_peak`` (just-in-time gathering's peaks), ``fast_free`` (the
     simulation of fast-free's own order). ``shares``: a planner of the same graph whose compiled form,
     fast-free order and fast-free simulation this one reuses. ``fast_free_order``: where given,
-    :func:`~dcsched.schedulers.fast_free.fast_free_indices` of the graph, computed already (so not run again).
+    :func:`~dcsched.schedulers.fast_free.scheduler.fast_free_indices` of the graph, computed already (so not run again).
     """
 
     def __init__(self, view: nx.DiGraph | GraphForm, *, base: str = "fast-free", name: str | None = None,

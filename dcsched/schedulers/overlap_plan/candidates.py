@@ -2,8 +2,8 @@
 
 :class:`GraphOrders` holds a graph's compiled form and the orders that do not depend on its blocks (computed
 once for every unit layout); :class:`GraphPlanner` makes one layout's candidates
-(:mod:`dcsched.schedulers.overlap_plan`, steps 2 to 4), fits them to the budget, and makes the moves step 5
-(:mod:`dcsched.schedulers.plan_refine`) tries: a block cut, a head cut again, neighbouring blocks merged.
+(:mod:`dcsched.schedulers.overlap_plan.scheduler`, steps 2 to 4), fits them to the budget, and makes the moves step 5
+(:mod:`dcsched.schedulers.overlap_plan.refine`) tries: a block cut, a head cut again, neighbouring blocks merged.
 """
 
 from __future__ import annotations
@@ -16,12 +16,14 @@ import math
 from array import array
 from typing import Iterable, Sequence
 
+from dcsched.collective_issue import SIMULATOR, CollectiveIssue
 from dcsched.errors import BudgetError
 from dcsched.graph.form import ALLGATHER, GraphForm, paused_gc
 from dcsched.plan import Plan
-from dcsched.schedulers.fast_free import fast_free_indices
-from dcsched.schedulers.head_pieces import head_pieces
-from dcsched.schedulers.fsdp import Blocks, Placement, bucketed, gathered_ids, just_in_time, placement, plan_of
+from dcsched.schedulers.fast_free.scheduler import fast_free_indices
+from dcsched.schedulers.overlap_plan.head_pieces import head_pieces
+from dcsched.schedulers.fsdp.scheduler import (Blocks, Placement, bucketed, gathered_ids, just_in_time, placement,
+                                              plan_of)
 from dcsched.schedulers.overlap.scheduler import Overlap
 from dcsched.sim.plans import replicated_fused
 from dcsched.sim.simulate import CompiledGraph
@@ -58,7 +60,7 @@ class Candidate:
     """One graph's order with its buckets (node numbers), simulated with the step's residency.
 
     ``base`` is the order the buckets were made from and ``groups`` the blocks (all-gather blocks, then
-    reduce blocks) :func:`~dcsched.schedulers.fsdp.bucketed` made them of, so a block can be cut and the
+    reduce blocks) :func:`~dcsched.schedulers.fsdp.scheduler.bucketed` made them of, so a block can be cut and the
     buckets made again;
     ``fsdp``'s own orders have none (their buckets sit where FSDP2 issues them).
     """
@@ -86,11 +88,12 @@ class GraphOrders:
     """One graph's compiled form and the orders that do not depend on its blocks (each computed once, then
     shared by the planners of every unit layout :func:`overlap_plan` tries)."""
 
-    def __init__(self, form: GraphForm, latency_ms: float, scope: str, staging: bool = False) -> None:
+    def __init__(self, form: GraphForm, latency_ms: float, scope: str, issue: CollectiveIssue = SIMULATOR) -> None:
         self.form, self.scope, self.latency_ms = form, scope, latency_ms
-        #: peaks count gloo's staging copies (:mod:`dcsched.sim.staging`), every collective blocking: the least
-        #: memory the runtime can run a plan in (:func:`dcsched.train.backend.asynchrony` picks how it runs)
-        self.staging = staging
+        #: how the peaks are simulated: the simulator's default, or on gloo with its staging copies counted and
+        #: every collective blocking (:data:`~dcsched.collective_issue.FSDP2_ON_GLOO`), the least memory the
+        #: runtime can run a plan in there (:func:`dcsched.train.backend.asynchrony` picks how it runs)
+        self.issue = issue
         self.compiled = CompiledGraph(form, assume_zero=True, comm_latency_ms=latency_ms)
         self._bases: dict[str, list[int]] = {}
         self._jit: list[int] | None = None
@@ -109,7 +112,7 @@ class GraphOrders:
 
     def bucketed(self, base: list[int], groups: tuple, ahead: int, held: frozenset
                  ) -> tuple[list[int], list[list[int]], tuple[float, int]]:
-        """:func:`~dcsched.schedulers.fsdp.bucketed` of ``base`` with the blocks ``groups``, and the order's
+        """:func:`~dcsched.schedulers.fsdp.scheduler.bucketed` of ``base`` with the blocks ``groups``, and the order's
         :meth:`figures` with the ``held`` parameters: each computed once per base, blocks and ``ahead`` (while
         that is among the last :data:`BUCKETED_KEPT` node numbers' worth bucketed), the base's placement once
         per base."""
@@ -247,9 +250,8 @@ class GraphPlanner:
     def fitted(self, candidate: Candidate) -> Candidate | None:
         """``candidate`` with its peak measured, or None where it exceeds the budget."""
         if candidate.peak is None:
-            staging = self.orders.staging  # gloo's copies, every collective blocking
             result = self.compiled.simulate(candidate.order, detail=False, check=False, buckets=candidate.buckets,
-                                            staging=staging, async_gather=not staging, **candidate.role)
+                                            issue=self.orders.issue, **candidate.role)
             candidate = dataclasses.replace(candidate, peak=result.peak_in(self.scope))
         return candidate if candidate.peak is not None and candidate.peak <= self.budget else None
 
@@ -348,8 +350,8 @@ class GraphPlanner:
                 yield self.rebucketed(candidate.source, candidate.base, (pieces + groups[count:], reduces), role,
                                       candidate.ahead)
 
-    def merged(self, candidate: Candidate, kept: frozenset, budget: float) -> Candidate:
-        """The candidate with neighbouring inner blocks merged wherever that costs no time and fits ``budget``
+    def merged(self, candidate: Candidate, kept: frozenset) -> Candidate:
+        """The candidate with neighbouring inner blocks merged wherever that costs no time and still fits the budget
         (one pass over each kind, first and last blocks left alone)."""
         if candidate.base is None or candidate.groups is None:
             return candidate
@@ -375,8 +377,7 @@ class GraphPlanner:
         role = self.role(kept - replicated)
         fused = replicated_fused(self.compiled, candidate.buckets, role.get("held", frozenset()),
                                  role.get("keep", frozenset()), replicated)
-        if self.orders.staging:
-            fused = dataclasses.replace(fused, staging=True, async_gather=False)
+        fused = dataclasses.replace(fused, issue=self.orders.issue)
         result = self.compiled.simulate_with_frees(candidate.order, detail=False, fused=fused)[0]
         return result.step_ms, result.collectives, result.peak_in(self.scope)
 

@@ -12,7 +12,7 @@ that moment the backward's peak on the 2-rank GPT. FSDP2 orders them this way:
 a block's prefetch is issued once the block's own unshard has waited.
 
 :func:`waits_first` is that pass over a bucketed order; the planners' bucketed
-orders (:func:`dcsched.schedulers.fsdp.bucketed`) run it.
+orders (:func:`dcsched.schedulers.fsdp.scheduler.bucketed`) run it.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def waits_first(form: GraphForm, order: Sequence[int], buckets: Sequence[Sequenc
         A topological order (node numbers).
     buckets : sequence of sequences of int, optional
         The all-gather buckets (node numbers; others ignored), each one's members standing one after another
-        in ``order`` (as :func:`~dcsched.schedulers.fsdp.bucketed` places them): issued as one, where the
+        in ``order`` (as :func:`~dcsched.schedulers.fsdp.scheduler.bucketed` places them): issued as one, where the
         first member stands.
 
     Returns

@@ -20,7 +20,7 @@ whose total wait is least, by dynamic programming over this model:
 So the total wait after piece ``p`` ending at ``j`` and starting at ``i`` is
 ``E[p][j] = min_i max(E[p-1][i-1], issue + p * latency + C[j] - need[i])``. The model
 leaves out what else the communication stream carries and the blocks after
-these; the planner simulates each answer (:mod:`dcsched.schedulers.overlap_plan`).
+these; the planner simulates each answer (:mod:`dcsched.schedulers.overlap_plan.scheduler`).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import itertools
 from typing import Sequence
 
 from dcsched.graph.form import COMPUTE, WAIT, GraphForm
+from dcsched.sim.collectives import latency_time_ms, transfer_time_ms
 
 
 def need_times(form: GraphForm, order: Sequence[int], members: Sequence[int]) -> tuple[dict[int, float], float]:
@@ -101,7 +102,7 @@ def head_pieces(form: GraphForm, order: Sequence[int], members: Sequence[int], m
     need, issue = need_times(form, order, members)
     ranked = sorted(members, key=lambda m: need[m])
     n = len(ranked)
-    transfer = list(itertools.accumulate(max(0.0, form.time[m] - latency_ms) for m in ranked))
+    transfer = list(itertools.accumulate(transfer_time_ms(form.time[m], latency_ms=latency_ms) for m in ranked))
     # Units of consecutive members, cut as wholes: one member each up to HEAD_UNITS members (the model
     # as written), else about HEAD_UNITS equal runs, so a head of N members costs O(HEAD_UNITS^2) a
     # piece count, not O(N^2) (a fan-in's 2,000 parameters in one block).
@@ -129,8 +130,9 @@ def _least_waiting_cuts(needs: Sequence[float], transfer: Sequence[float], issue
     found: dict[int, list[tuple[int, int]]] = {}
     for p in range(1, len(waits)):
         before, row, starts = waits[p - 1], waits[p], start[p]
+        paid = latency_time_ms(p, latency_ms=latency_ms)
         for j in range(p - 1, n):
-            arrives = issue + p * latency_ms + transfer[j]
+            arrives = issue + paid + transfer[j]
             if p == 1:  # the first piece starts at the first unit
                 late = arrives - needs[0]
                 row[j] = late if late > 0.0 else 0.0

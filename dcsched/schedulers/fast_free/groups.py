@@ -22,8 +22,8 @@ from typing import Callable
 import numpy as np
 
 from dcsched.graph.form import PLACEHOLDER, GraphForm
-from dcsched.schedulers.free_costs import skip_one_folds
-from dcsched.schedulers.gather_sets import EMPTY, packed_count, total_size, unpack
+from dcsched.schedulers.fast_free.free_costs import skip_one_folds
+from dcsched.schedulers.fast_free.gather_sets import EMPTY, packed_count, total_size, unpack
 
 
 class SizeBuckets:
@@ -37,7 +37,7 @@ class SizeBuckets:
     last : dict of int to int
         Each one's last use.
     anc : dict
-        Packed all-gather ancestor sets by node (:mod:`dcsched.schedulers.gather_sets`).
+        Packed all-gather ancestor sets by node (:mod:`dcsched.schedulers.fast_free.gather_sets`).
     release_mask : dict
         Packed all-gather ancestors of each parameter's releases, by ds_id.
     bucketed : bool
@@ -93,7 +93,7 @@ class SizeBuckets:
         Each one's free path is ``use``'s requirements less the all-gather itself, and the requirements
         with more nodes scheduled are the earlier requirements less those nodes (the scheduled set only
         grows by whole ancestor sets), so ``use``'s are built once (``requirements_of``) and filtered
-        each round; the sums come from :func:`~dcsched.schedulers.free_costs.skip_one_folds`.
+        each round; the sums come from :func:`~dcsched.schedulers.fast_free.free_costs.skip_one_folds`.
         """
         sizes, buckets = self.by_size[use]
         done = np.frombuffer(scheduled, dtype=np.uint8)

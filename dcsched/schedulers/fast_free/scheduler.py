@@ -22,12 +22,12 @@ What remains runs in input order at the end.
 The implementation is incremental, so a round costs about what it changes,
 not the size of the graph: a scheduled-mark array instead of rebuilt sets; the
 candidates grouped by last use, a group's plain members as size buckets whose
-largest competes as one candidate (:mod:`dcsched.schedulers.fast_free_groups`:
+largest competes as one candidate (:mod:`dcsched.schedulers.fast_free.groups`:
 a fan-in of N parameters is N rounds of one candidate each, its free costs
-summed for the whole bucket at once by :mod:`dcsched.schedulers.free_costs`); the
+summed for the whole bucket at once by :mod:`dcsched.schedulers.fast_free.free_costs`); the
 pending all-gathers as one bitset (a Python int) and each last use's
 all-gather ancestors as another, so a tier count is one ``&`` and a popcount
-(kept packed, :mod:`dcsched.schedulers.gather_sets`, so they take memory linear in the graph);
+(kept packed, :mod:`dcsched.schedulers.fast_free.gather_sets`, so they take memory linear in the graph);
 a lazily updated heap of lower bounds on the counts (a count can fall by at
 most the number of all-gathers scheduled since it was taken); the all-gathers
 at count 1 (their count stays 1 until they run) in a second such heap, keyed
@@ -58,11 +58,11 @@ import math
 
 from dcsched.graph.lastuse import last_use_indices
 from dcsched.graph.form import PLACEHOLDER, REDUCE, GraphForm, schedule_indexed
-from dcsched.schedulers.gather_sets import (EMPTY, Packed, allgather_ancestors, pack, packed_count, total_size, union,
-                                            unpack)
+from dcsched.schedulers.fast_free.gather_sets import (EMPTY, Packed, allgather_ancestors, pack, packed_count,
+                                                      total_size, union, unpack)
 from dcsched.plan import Plan
-from dcsched.schedulers.free_costs import FOLDS_ARE_SEQUENTIAL
-from dcsched.schedulers.fast_free_groups import SizeBuckets
+from dcsched.schedulers.fast_free.free_costs import FOLDS_ARE_SEQUENTIAL
+from dcsched.schedulers.fast_free.groups import SizeBuckets
 from dcsched.schedulers.registry import register
 
 

@@ -6,7 +6,7 @@ collectives run as one (buckets) and which parameters stay gathered from the
 forward to the backward (``'kept'`` residency), and picks each graph's order,
 by the simulator, within ``budget_bytes`` of ``budget_scope``:
 
-1. **Blocks.** ``fsdp``'s blocks (:func:`dcsched.schedulers.fsdp.step_blocks`:
+1. **Blocks.** ``fsdp``'s blocks (:func:`dcsched.schedulers.fsdp.scheduler.step_blocks`:
    the period of the forward's parameter sizes, one block per transformer
    layer, the same parameters in the backward). A block is one all-gather
    bucket (and one reduce bucket). The root (embeddings, final norm, head) is
@@ -20,7 +20,7 @@ by the simulator, within ``budget_bytes`` of ``budget_scope``:
    no more collectives than ``fsdp``'s plan (FSDP2's count) wherever that
    plan fits.
 2. **Orders.** Candidates per graph, each with the block buckets
-   (:func:`dcsched.schedulers.fsdp.bucketed`: a bucket's all-gathers move to where its first one
+   (:func:`dcsched.schedulers.fsdp.scheduler.bucketed`: a bucket's all-gathers move to where its first one
    stands, its reduces to where its last one stands): ``fsdp``'s order
    prefetching one and two blocks ahead, and ``overlap``'s, ``fast-free``'s
    and the graph's own order.
@@ -48,14 +48,14 @@ by the simulator, within ``budget_bytes`` of ``budget_scope``:
 6. **Replication.** The small parameters the forward's first collective
    gathers may be kept whole on every rank (``'replicated'``: no gather,
    their gradients all-reduced) where that shortens the step within the
-   budget and the cap (:func:`~dcsched.schedulers.plan_replicate.replicated_head`):
+   budget and the cap (:func:`~dcsched.schedulers.overlap_plan.replicate.replicated_head`):
    the forward's first compute then waits on less.
 
 7. **Never slower than ``overlap``.** Where ``fsdp``'s plan does not fit the
    budget (near the smallest one ``overlap`` accepts, every parameter gathered
    alone, just in time), no FSDP2-style count binds, and ``overlap``'s own
    orders with neighbouring collectives merged wherever that costs no time and
-   fits (:func:`~dcsched.schedulers.plan_coalesce.coalesced`) replace the
+   fits (:func:`~dcsched.schedulers.overlap_plan.coalesce.coalesced`) replace the
    bucketed plan where their step is shorter, or as short with fewer
    collectives.
 
@@ -79,15 +79,16 @@ from __future__ import annotations
 from typing import Mapping
 
 from dcsched.budget import DEFAULT_SCOPE
+from dcsched.collective_issue import FSDP2_ON_GLOO, SIMULATOR
 from dcsched.graph.form import GraphForm
 from dcsched.errors import BudgetError, OptionError
 from dcsched.plan import MERGED_OVERLAP_OPTION, REPLICATE_OPTION, STAGING_OPTION, Plan
-from dcsched.schedulers.fsdp import bucketed, kept_root, step_blocks
+from dcsched.schedulers.fsdp.scheduler import bucketed, kept_root, step_blocks
 from dcsched.schedulers.overlap.planner import UNLIMITED, check_scope
-from dcsched.schedulers.plan_candidates import Candidate, GraphOrders, GraphPlanner, doubling_counts
-from dcsched.schedulers.plan_coalesce import coalesced
-from dcsched.schedulers.plan_refine import refine
-from dcsched.schedulers.plan_replicate import REPLICATE_MAX_BYTES, replicated_head
+from dcsched.schedulers.overlap_plan.candidates import Candidate, GraphOrders, GraphPlanner, doubling_counts
+from dcsched.schedulers.overlap_plan.coalesce import coalesced
+from dcsched.schedulers.overlap_plan.refine import refine
+from dcsched.schedulers.overlap_plan.replicate import REPLICATE_MAX_BYTES, replicated_head
 from dcsched.schedulers.registry import register
 from dcsched.sim.collectives import DEFAULT_LATENCY_MS
 
@@ -121,9 +122,11 @@ def overlap_plan(forms: Mapping[str, GraphForm], *, budget_bytes: float = UNLIMI
         compute, which the simulator does not charge: at ``--memory-budget 49MiB`` on bench_train's 2-rank
         steps the merged orders took 1.38-1.63x DDP's step against 1.22-1.33x for the bucketed plan).
     staging : bool, optional
-        Count gloo's staging copies in every peak (:mod:`dcsched.sim.staging`), each collective blocking:
-        the least memory the runtime can run a plan in on gloo, which picks the fastest way of issuing them
-        that fits (:func:`dcsched.train.backend.asynchrony`). Default False; ``dcsched train`` on gloo: True.
+        Simulate every peak as :data:`~dcsched.collective_issue.FSDP2_ON_GLOO` issues the collectives:
+        gloo's staging copies counted (:mod:`dcsched.sim.staging`), each collective blocking: the least
+        memory the runtime can run a plan in on gloo, which picks the fastest way of issuing them that fits
+        (:func:`dcsched.train.backend.asynchrony`). Default False (the simulator's default,
+        :data:`~dcsched.collective_issue.SIMULATOR`); ``dcsched train`` on gloo: True.
 
     Returns
     -------
@@ -155,7 +158,8 @@ def overlap_plan(forms: Mapping[str, GraphForm], *, budget_bytes: float = UNLIMI
     fsdp_units = step_blocks(forms)
     root = kept_root(forms, fsdp_units)
     best: tuple | None = None
-    orders = {name: GraphOrders(form, comm_latency_ms, budget_scope, staging) for name, form in forms.items()}
+    issue = FSDP2_ON_GLOO if staging else SIMULATOR
+    orders = {name: GraphOrders(form, comm_latency_ms, budget_scope, issue) for name, form in forms.items()}
     fsdp_planners = {name: GraphPlanner(orders[name], fsdp_units[name], budget_bytes, name) for name in forms}
     cap = _fsdp_cap(fsdp_planners, root)
     # The root's parameters travel with the blocks beside them; in the forward, alone or with them: the
@@ -234,12 +238,12 @@ def _plan_units(planners: dict[str, GraphPlanner], budget: float, root: frozense
         return None
     _key, picked, kept = min(choices, key=lambda choice: choice[0])
     spare = cap[0] - sum(c[0].collectives for c in picked.values())
-    return refine(planners, picked, kept, spare, budget), kept
+    return refine(planners, picked, kept, spare), kept
 
 
 def _coalesced_if_better(planners: dict[str, GraphPlanner], planned: tuple[float, int], budget: float
                          ) -> dict[str, Candidate] | None:
-    """Step 7: each graph's :func:`~dcsched.schedulers.plan_coalesce.coalesced` candidate where that step is
+    """Step 7: each graph's :func:`~dcsched.schedulers.overlap_plan.coalesce.coalesced` candidate where that step is
     shorter than the bucketed plan's (``planned``: its step and collectives, replication included), or as
     short with fewer collectives; None where it is not (or ``overlap`` refuses the budget)."""
     try:

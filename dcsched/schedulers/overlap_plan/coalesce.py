@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from dcsched.graph.form import ALLGATHER, REDUCE
-from dcsched.schedulers.plan_candidates import Candidate, GraphPlanner, with_blocks
+from dcsched.schedulers.overlap_plan.candidates import Candidate, GraphPlanner, with_blocks
 
 
 def coalesced(planner: GraphPlanner, budget: float) -> Candidate:
@@ -26,7 +26,7 @@ def coalesced(planner: GraphPlanner, budget: float) -> Candidate:
     One greedy pass over the all-gathers in the order they are issued, then over the reduces: a run of
     neighbours grows while each merge keeps the step at most what it was and the plan within the budget, by
     1, 2, 4, ... more while that succeeds and fewer once it does not (a run of hundreds costs a few dozen
-    simulations). :func:`~dcsched.schedulers.fsdp.bucketed` places each bucket: its all-gathers where its
+    simulations). :func:`~dcsched.schedulers.fsdp.scheduler.bucketed` places each bucket: its all-gathers where its
     first stands, its reduces where its last stands. The result is never slower than ``overlap``'s order.
 
     Parameters
@@ -49,8 +49,8 @@ def coalesced(planner: GraphPlanner, budget: float) -> Candidate:
     Examples
     --------
     >>> from dcsched.graph.form import GraphForm
-    >>> from dcsched.schedulers.fsdp import step_blocks
-    >>> from dcsched.schedulers.plan_candidates import GraphOrders
+    >>> from dcsched.schedulers.fsdp.scheduler import step_blocks
+    >>> from dcsched.schedulers.overlap_plan.candidates import GraphOrders
     >>> from dcsched.synthetic import layered_stack
     >>> form = GraphForm(layered_stack(2).forward)
     >>> planner = GraphPlanner(GraphOrders(form, 0.05, "all"), step_blocks({"graph": form})["graph"], float("inf"))

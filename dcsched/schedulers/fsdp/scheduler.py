@@ -59,7 +59,7 @@ from typing import Hashable, Iterable, Mapping, Sequence
 from dcsched.graph.form import ALLGATHER, REDUCE, WAIT, GraphForm, output_last_indices, paused_gc
 from dcsched.plan import Bucket, Plan
 from dcsched.schedulers.registry import register
-from dcsched.schedulers.waits_first import waits_first
+from dcsched.schedulers.fsdp.waits_first import waits_first
 
 #: The most parameters one block may hold (the longest period searched).
 MAX_BLOCK_PARAMS = 64

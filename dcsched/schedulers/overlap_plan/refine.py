@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from dcsched.schedulers.plan_candidates import REFINED, Candidate, GraphPlanner
+from dcsched.schedulers.overlap_plan.candidates import REFINED, Candidate, GraphPlanner
 
 #: The most blocks :func:`refine` cuts in a step.
 MAX_CUTS = 16
@@ -15,15 +15,15 @@ MAX_CUTS = 16
 MAX_SHIFTS = 4
 
 
-def refine(planners: dict[str, GraphPlanner], fitting: dict[str, list[Candidate]], kept: frozenset, spare: int,
-           budget: float) -> list[dict[str, Candidate]]:
+def refine(planners: dict[str, GraphPlanner], fitting: dict[str, list[Candidate]], kept: frozenset,
+           spare: int) -> list[dict[str, Candidate]]:
     """Each graph's plan, spending up to ``spare`` more collectives where they shorten the step; and that
     plan with the boundaries before its last reduce blocks moved.
 
     Each graph's :data:`REFINED` fastest bucketed candidates may have blocks
     cut (:meth:`GraphPlanner.cuts`): one cut at a time, the one that shortens
     a graph's fastest plan most is made, while one does (and fits
-    ``budget``). When the spare collectives run out, neighbouring blocks
+    the planner's budget). When the spare collectives run out, neighbouring blocks
     whose merging costs no time are merged (:meth:`GraphPlanner.merged`),
     and what that frees is spent on cuts again. At most :data:`MAX_CUTS`
     cuts in all. A graph's head may be cut again (:func:`_cut_heads`), which
@@ -45,39 +45,39 @@ def refine(planners: dict[str, GraphPlanner], fitting: dict[str, list[Candidate]
                    for name, candidates in fitting.items()}
         start = _collectives(best)
         if heads_first:  # what merges that cost no time free goes to the heads first
-            left = spare + _merge(planners, best, current, kept, budget)
+            left = spare + _merge(planners, best, current, kept)
             left -= _cut_heads(planners, best, current, kept, left)
-            _single_cuts(planners, best, current, kept, left, budget)
+            _single_cuts(planners, best, current, kept, left)
         else:
-            left = spare - _single_cuts(planners, best, current, kept, spare, budget)
+            left = spare - _single_cuts(planners, best, current, kept, spare)
             _cut_heads(planners, best, current, kept, left)
         tried.append((sum(c.step_ms for c in best.values()), _collectives(best), best, current, start))
     _step, collectives, best, current, start = min(tried, key=lambda t: t[:2])
     refined = dict(best)
-    polished = _polished(planners, best, current, kept, spare - (collectives - start), budget)
+    polished = _polished(planners, best, current, kept, spare - (collectives - start))
     return [refined] if polished == refined else [refined, polished]
 
 
 def _single_cuts(planners: dict[str, GraphPlanner], best: dict[str, Candidate], current: dict[str, list[Candidate]],
-                 kept: frozenset, spare: int, budget: float) -> int:
+                 kept: frozenset, spare: int) -> int:
     """:func:`refine`'s cuts and merges, in place; how many more collectives ``best`` issues after them."""
     start = _collectives(best)
-    cuts = _cut(planners, best, current, kept, min(max(0, spare), MAX_CUTS), budget)
+    cuts = _cut(planners, best, current, kept, min(max(0, spare), MAX_CUTS))
     if cuts < MAX_CUTS:
-        freed = _merge(planners, best, current, kept, budget)
-        _cut(planners, best, current, kept, min(max(0, spare - cuts) + freed, MAX_CUTS - cuts), budget)
+        freed = _merge(planners, best, current, kept)
+        _cut(planners, best, current, kept, min(max(0, spare - cuts) + freed, MAX_CUTS - cuts))
     return _collectives(best) - start
 
 
 def _polished(planners: dict[str, GraphPlanner], best: dict[str, Candidate], current: dict[str, list[Candidate]],
-              kept: frozenset, left: int, budget: float) -> dict[str, Candidate]:
+              kept: frozenset, left: int) -> dict[str, Candidate]:
     """:func:`refine`'s plan ``best`` (with ``left`` collectives of the cap unspent) with the boundaries before
     each graph's last reduce blocks moved where that shortens it (:func:`_shift`), then neighbouring blocks
     merged where that costs no time and what that frees spent on cuts and heads, boundaries moved again; in
     place, and returned."""
     _shift(planners, best, current, kept)
-    left += _merge(planners, best, current, kept, budget)
-    left -= _cut(planners, best, current, kept, min(max(0, left), MAX_CUTS), budget)
+    left += _merge(planners, best, current, kept)
+    left -= _cut(planners, best, current, kept, min(max(0, left), MAX_CUTS))
     _cut_heads(planners, best, current, kept, left)
     _shift(planners, best, current, kept)
     return best
@@ -105,14 +105,14 @@ def _shift(planners: dict[str, GraphPlanner], best: dict[str, Candidate], curren
 
 
 def _merge(planners: dict[str, GraphPlanner], best: dict[str, Candidate], current: dict[str, list[Candidate]],
-           kept: frozenset, budget: float) -> int:
+           kept: frozenset) -> int:
     """Neighbouring blocks merged where that costs no time (:meth:`GraphPlanner.merged`), in ``current`` and,
     where no slower, in ``best``, in place; how many fewer collectives ``best`` issues, to spend where they
     shorten the step."""
     start = _collectives(best)
     for name, planner in planners.items():
         for k, candidate in enumerate(current[name]):
-            current[name][k] = planner.merged(candidate, kept, budget)
+            current[name][k] = planner.merged(candidate, kept)
             if current[name][k].key() <= best[name].key():
                 best[name] = current[name][k]
     return start - _collectives(best)
@@ -158,7 +158,7 @@ def _cut_heads(planners: dict[str, GraphPlanner], best: dict[str, Candidate], cu
 
 
 def _cut(planners: dict[str, GraphPlanner], best: dict[str, Candidate], current: dict[str, list[Candidate]],
-         kept: frozenset, most: int, budget: float) -> int:
+         kept: frozenset, most: int) -> int:
     """Make up to ``most`` cuts (:func:`refine`) in ``best`` and ``current``, in place; how many were made."""
     # Each graph's most shortening cut, found again only after a cut in that graph.
     offers: dict[str, tuple[float, int, Candidate] | None] = {}

@@ -14,7 +14,7 @@ span anyway.
 :func:`replicated_head` tries replicating the small members (at most
 ``max_bytes`` each) of the forward's first collective, the first 1, 2, 4, ...
 and all of them, simulating both graphs of the step
-(:meth:`~dcsched.schedulers.plan_candidates.GraphPlanner.replicating`), and keeps
+(:meth:`~dcsched.schedulers.overlap_plan.candidates.GraphPlanner.replicating`), and keeps
 the set that shortens the step most within the budget and the collective cap.
 A reduce bucket that mixes replicated and sharded gradients is two collectives
 (:func:`dcsched.runtime.commplan.comm_plan` splits it), so a partial set can
@@ -26,7 +26,8 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from dcsched.schedulers.plan_candidates import Candidate, GraphPlanner, doubling_counts
+from dcsched.schedulers.overlap_plan.candidates import Candidate, GraphPlanner, doubling_counts
+from dcsched.sim.collectives import latency_time_ms
 
 #: DeepSpeed's default persistence threshold (1e5 elements) in bytes at 4 bytes an element: the largest
 #: parameter ``overlap-plan`` replicates by default.
@@ -79,7 +80,7 @@ def replicated_head(planners: Mapping[str, GraphPlanner], chosen: Mapping[str, C
         step, collectives, peak = sum(f[0] for f in figures), sum(f[1] for f in figures), max(f[2] for f in figures)
         # a collective more must save at least what the cost model charges one (its latency): the simulator
         # charges no CPU for issuing it, which on gloo costs more than that
-        worth = step_now - SHORTER_MS - latency * max(0, collectives - collectives_now)
+        worth = step_now - SHORTER_MS - latency_time_ms(max(0, collectives - collectives_now), latency_ms=latency)
         if peak > budget or collectives > max(cap, collectives_now) or step >= worth:
             continue
         key = (step, collectives, peak)

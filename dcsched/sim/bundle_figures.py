@@ -8,19 +8,20 @@ import torch
 import torch.fx
 
 from dcsched.bundle.core import Bundle
+from dcsched.collective_issue import SIMULATOR, CollectiveIssue
 from dcsched.errors import DcschedError
-from dcsched.replay.device import flat_nodes, node_bytes
+from dcsched.bundle.resharding import resharded
+from dcsched.graph.specs import flat_nodes, recorded_bytes
 
 
 def _meta_bytes(nodes: Iterable[torch.fx.Node]) -> int:
-    return sum(node_bytes(node) for node in nodes)
+    return sum(recorded_bytes(node) for node in nodes)
 
 
-def simulate_graph(bundle: Bundle, name: str, *, async_reduce: bool = False, staging: bool = False,
-                   async_gather: bool = True):
+def simulate_graph(bundle: Bundle, name: str, *, issue: CollectiveIssue = SIMULATOR):
     """Graph ``name`` of ``bundle`` simulated as its plan runs it (buckets, kept parameters), or in its own
-    order without one, at the bundle's latency (``async_reduce``, ``staging``, ``async_gather``:
-    :func:`dcsched.sim.plans.simulate_plan`'s)."""
+    order without one, at the bundle's latency, its collectives issued as ``issue`` says
+    (:func:`dcsched.sim.plans.simulate_plan`'s)."""
     from dcsched.plan import Plan
     from dcsched.sim.collectives import latency_from_provenance
     from dcsched.sim.plans import simulate_plan
@@ -28,11 +29,11 @@ def simulate_graph(bundle: Bundle, name: str, *, async_reduce: bool = False, sta
 
     compiled = compile_view(bundle.graphs[name], comm_latency_ms=latency_from_provenance(bundle.provenance))
     return simulate_plan(compiled, bundle.plans.get(name) or Plan(()), name, detail=False, check=False,
-                         async_reduce=async_reduce, staging=staging, async_gather=async_gather)
+                         issue=issue)
 
 
 def simulated_figures(bundle: Bundle, world_size: int | None = None, *,
-                      async_reduce: bool = False) -> tuple[dict | None, str]:
+                      issue: CollectiveIssue = SIMULATOR) -> tuple[dict | None, str]:
     """The simulator's step figures for ``bundle``'s own order, and a note on how they were made.
 
     With ``world_size`` given and different from the one the bundle was
@@ -41,23 +42,21 @@ def simulated_figures(bundle: Bundle, world_size: int | None = None, *,
 
     Returns ``(None, why)`` when the simulator is not installed or the bundle
     lacks costs. A graph with a plan runs it (its buckets as one collective
-    each, its kept parameters gathered across); ``async_reduce``: its
-    reduce-scatters run as a process group runs them (one in flight,
-    :meth:`dcsched.sim.simulate.CompiledGraph.simulate`). The forward and
+    each, its kept parameters gathered across); ``issue``: how its
+    collectives are issued (:data:`~dcsched.collective_issue.PROCESS_GROUP`:
+    as a process group runs them, one reduce-scatter in flight;
+    :class:`~dcsched.collective_issue.CollectiveIssue`). The forward and
     backward are simulated separately; ``step_ms`` is their sum and ``peak_bytes`` the larger of the forward's peak
     and the backward's peak plus what the real step holds across it (the
     forward's inputs and user outputs that the backward does not take).
     """
-    from dcsched.profile.measure import resharded
-
     profiled_for = bundle.provenance.get("world_size")
     resized = world_size is not None and isinstance(profiled_for, int) and profiled_for != world_size
     if resized and world_size is not None:
         bundle = resharded(bundle, world_size)
     try:
-        forward = simulate_graph(bundle, "forward", async_reduce=async_reduce)
-        backward = simulate_graph(bundle, "backward", async_reduce=async_reduce) if bundle.backward is not None \
-            else None
+        forward = simulate_graph(bundle, "forward", issue=issue)
+        backward = simulate_graph(bundle, "backward", issue=issue) if bundle.backward is not None else None
     except DcschedError as exc:
         return None, f"not simulated: {exc}"
     peak = forward.peak_bytes

@@ -59,17 +59,15 @@ def plan(graph: torch.fx.Graph, algo: str = "fast-free", *, budget: Budget | Non
     >>> p.order[-1], p.buckets[0].kind
     ('output', 'allgather')
     """
-    info = schedulers.get(algo)  # an unknown name fails first
+    info = schedulers.get(algo)  # looked up once, here (an unknown name fails first); run takes it as it is
     if budget is not None and memory_budget is not None:
         raise OptionError("memory_budget", "is given twice: pass `budget` or `memory_budget`, not both")
-    if not info.takes_budget:
-        for name, value in (("memory_budget", memory_budget), ("budget_scope", budget_scope)):
-            if value is not None:
-                raise OptionError(name, f"is given, but scheduler '{algo}' takes no {name.replace('_', ' ')}")
-    elif budget is None or budget_scope is not None:
+    schedulers.check_budget_taken([info], memory_budget=budget is not None or memory_budget is not None,
+                                  budget_scope=budget_scope is not None)
+    if info.takes_budget and (budget is None or budget_scope is not None):
         budget = budget_for(memory_budget if budget is None else budget, graph, scope=budget_scope)
     with paused_gc():
-        return schedulers.run(algo, GraphForm(graph), budget=budget, **options)
+        return schedulers.run(info, GraphForm(graph), budget=budget, **options)
 
 
 def order(graph: torch.fx.Graph, algo: str = "fast-free", **options) -> list[str]:
