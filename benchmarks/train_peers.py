@@ -39,12 +39,21 @@ Per configuration and rank:
 
 ``--checkpointing`` trains every configuration under each form in turn (one spawn of the ranks per form):
 the Llama's blocks checkpointed with ``torch.utils.checkpoint`` inside the model's forward, so FSDP2 and DDP
-train the same checkpointed blocks dcsched captures.
+train the same checkpointed blocks dcsched captures. ``--model hf-llama`` is transformers' ``LlamaForCausalLM``
+of the example Llama's size (``--set``; built from its config, nothing downloaded), its layers checkpointed by
+``gradient_checkpointing_enable`` (``--checkpointing full``: ``use_reentrant=False``; ``reentrant``):
+
+    python benchmarks/bench_train.py --peers --model hf-llama --checkpointing none,full --algo fsdp \
+        --config dcsched-fsdp --config dcsched-overlap-plan --config fsdp2
+
+``--mp-policy bf16`` trains dcsched and FSDP2 under ``MixedPrecisionPolicy(param_dtype=bfloat16,
+reduce_dtype=float32)`` (``benchmarks/peer_recipes.py``); DDP, the losses' reference, stays fp32.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import importlib.util
 import json
@@ -62,6 +71,9 @@ import torch
 #: ``dcsched.examples.CHECKPOINTING``: the Llama's activation checkpointing forms (not imported here: the
 #: parent spawns the ranks before it needs dcsched).
 CHECKPOINTING = ("none", "full", "reentrant", "selective")
+#: The forms each model takes: Hugging Face's ``gradient_checkpointing_enable`` checkpoints whole layers,
+#: non-reentrant (full) or reentrant.
+FORMS_OF = {"gpt": ("none",), "llama": CHECKPOINTING, "hf-llama": ("none", "full", "reentrant")}
 #: The models' size (``dcsched.examples.build``), overridable with ``--set KEY=N``.
 SIZE = {"n_layers": 4, "d_model": 256, "n_heads": 4, "vocab": 512, "seq": 128}
 DEFAULT_ALGOS = ("none", "fast-free", "overlap", "overlap-plan")
@@ -83,21 +95,25 @@ def model_sizes(parser: argparse.ArgumentParser, items: list[str], defaults: dic
 
 
 def checkpointing_forms(parser: argparse.ArgumentParser, text: str, models: list[str]) -> list[str]:
-    """The forms ``--checkpointing`` names, in order, each once (a parser error names a bad one; a form other
-    than none needs every model to be the Llama, the example model that checkpoints its blocks)."""
+    """The forms ``--checkpointing`` names, in order, each once (a parser error names a bad one, or one a model
+    does not take: the example GPT checkpoints nothing, the Hugging Face Llama no selective form)."""
     forms = list(dict.fromkeys(form.strip() for form in text.split(",")))
     unknown = [form for form in forms if form not in CHECKPOINTING]
     if unknown:
         parser.error(f"--checkpointing {unknown[0]!r}: choose from {', '.join(CHECKPOINTING)}")
-    if forms != ["none"] and models != ["llama"]:
-        parser.error("--checkpointing other than none needs --model llama (the example GPT checkpoints nothing)")
+    for model in models:
+        refused = [form for form in forms if form not in FORMS_OF[model]]
+        if refused:
+            parser.error(f"--checkpointing {refused[0]} is not a form --model {model} takes "
+                         f"(it takes {', '.join(FORMS_OF[model])})")
     return forms
 
 
 def arguments(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="bench_train.py --peers", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", action="append", choices=("gpt", "llama"),
-                        help="repeatable; default gpt (the full comparison: --model gpt --model llama)")
+    parser.add_argument("--model", action="append", choices=tuple(FORMS_OF),
+                        help="repeatable; default gpt (the full comparison: --model gpt --model llama); hf-llama: "
+                             "transformers' LlamaForCausalLM of the same size, built from its config")
     parser.add_argument("--algo", action="append", default=[],
                         help=f"a further dcsched algorithm (repeatable) beside {', '.join(DEFAULT_ALGOS)}")
     parser.add_argument("--compute", action="append", choices=("eager", "inductor"),
@@ -120,7 +136,12 @@ def arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--checkpointing", default="none", metavar="FORMS",
                         help="activation checkpointing of the Llama's blocks, a comma-separated list of "
                              f"{', '.join(CHECKPOINTING)} (default none): every configuration trains the model "
-                             "under each form in turn, FSDP2 and DDP the same checkpointed blocks")
+                             "under each form in turn, FSDP2 and DDP the same checkpointed blocks; hf-llama: "
+                             "gradient_checkpointing_enable, full (use_reentrant=False) or reentrant")
+    parser.add_argument("--mp-policy", choices=("none", "bf16"), default="none",
+                        help="mixed precision of the sharded configurations, dcsched.shard's and fully_shard's "
+                             "mp_policy: bf16 is MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32) "
+                             "(DDP, the losses' reference, trains in fp32; DeepSpeed is not run)")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = parser.parse_args(argv)
     if min(args.steps, args.runs, args.batch, args.world_size) < 1 or args.warmup < 0:
@@ -149,7 +170,10 @@ def arguments(argv=None) -> argparse.Namespace:
 
 
 def _blocks(model):
-    return list(model.blocks)  # the example GPT's and Llama's transformer blocks
+    if hasattr(model, "blocks"):
+        return list(model.blocks)  # the example GPT's and Llama's transformer blocks
+    return list(model.model.layers)  # Hugging Face's Llama
+
 
 
 class Config:
@@ -161,8 +185,14 @@ class Config:
 
     def setup(self) -> None:
         from dcsched.examples import build
+        from peer_recipes import mixed_precision
         form = {"checkpointing": self.args.form} if self.args.form != "none" else {}
-        model, _, _ = build(self.family, seed=0, batch=self.per_rank, **self.args.size, **form)
+        if self.family == "hf-llama":
+            from peer_recipes import hf_llama
+            model = hf_llama(self.args.size, self.args.form)
+        else:
+            model, _, _ = build(self.family, seed=0, batch=self.per_rank, **self.args.size, **form)
+        model.train()
         self.model = model
         self.optimizer = None
         name = self.name
@@ -171,16 +201,17 @@ class Config:
             algo = name[len("dcsched-"):]
             compute = "inductor" if algo.endswith("-inductor") else "eager"
             algo = algo.removesuffix("-inductor")
-            dcsched.shard(model)
+            dcsched.shard(model, mp_policy=mixed_precision(self.args.mp_policy, fsdp2=False))
             self.optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
             options = {"memory_budget": self.args.memory_budget} if self.args.memory_budget else {}
             self.backend = dcsched.backend(algo=algo, compute=compute, **options)
             self.run = torch.compile(model, backend=self.backend, dynamic=False)
         elif name.startswith("fsdp2"):
             from torch.distributed.fsdp import fully_shard
+            policy = mixed_precision(self.args.mp_policy, fsdp2=True)
             for block in _blocks(model):
-                fully_shard(block)
-            fully_shard(model)
+                fully_shard(block, **policy)
+            fully_shard(model, **policy)
             self.optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
             self.run = torch.compile(model, dynamic=False) if name == "fsdp2-compile" else model
         elif name == "ddp":
@@ -190,6 +221,8 @@ class Config:
             # The reducer's flat gradient buckets hold every gradient, allocated once, in C++.
             self.extra_state = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
         elif name == "deepspeed-zero3":
+            if self.args.mp_policy != "none":
+                raise ValueError("--mp-policy: DeepSpeed's bf16 section is not set up by this benchmark")
             import deepspeed
             optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
             # ZeRO-3 with the Hugging Face integration's "auto" sizes for the model's width (DeepSpeed's own
@@ -206,7 +239,13 @@ class Config:
 
     def step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
         self.count += 1
-        loss = self.run(*batch)
+        if self.family == "hf-llama":  # its loss shifts the labels itself
+            import dcsched
+            # dcsched traces a checkpointed layer's side effects whole (docs/train.md, "Recipes")
+            with dcsched.tracing_checkpoints() if self.name.startswith("dcsched-") else contextlib.nullcontext():
+                loss = self.run(input_ids=batch[0], labels=batch[0]).loss
+        else:
+            loss = self.run(*batch)
         if self.name == "deepspeed-zero3":
             self.run.backward(loss)
             self.run.step()
@@ -470,6 +509,8 @@ def rows_for(family: str, ranks: list[dict], args, load: float) -> list[dict]:
     label = f"{family} {args.size['n_layers']}x{args.size['d_model']} seq {args.size['seq']} batch {args.batch}"
     if args.forms != ["none"]:
         label += f" ckpt {args.form}"
+    if args.mp_policy != "none":
+        label += f" mp {args.mp_policy}"
     ddp = [rank["ddp"]["losses"] for rank in ranks]
     rows = []
     for name in args.configs:
@@ -500,7 +541,7 @@ def rows_for(family: str, ranks: list[dict], args, load: float) -> list[dict]:
             "round_step_ms": [[round(x, 1) for x in r["step_ms"]] for r in per_rank],
             "losses": [r["losses"] for r in per_rank],
             "runs": args.runs, "steps": args.steps, "warmup": args.warmup, "load": load,
-            "checkpointing": args.form,
+            "checkpointing": args.form, "mp_policy": args.mp_policy,
         })
         rows.append(row)
     return rows

@@ -69,11 +69,15 @@ def train(name: str, steps: int, algo: str | None = None, clip: bool = False, ev
     its default settings (the measured cost model). ``save``: ``save_pretrained`` there at the end (on every
     rank; rank 0 writes), and ``full_state_dict_matches``: whether torch's ``get_model_state_dict`` with
     full state dicts holds the same full tensors. ``keep_model``: the trained model under ``model``.
+    ``checkpointing``: ``gradient_checkpointing_enable``'s ``gradient_checkpointing_kwargs`` (with ``algo``, the
+    run's ``collectives`` and ``saved``: the bytes its step saves for the backward, and would without).
     """
     import dcsched
     torch._dynamo.reset()
     model = build(name)
     model.train()
+    if checkpointing is not None:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpointing)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     run = model
     backend = None
@@ -106,6 +110,9 @@ def train(name: str, steps: int, algo: str | None = None, clip: bool = False, ev
             "graphs": len(backend.programs), "issued": sum(getattr(program.runtime, "issued", {}).values()),
             "planned": planned_collectives(program.bundle.graphs, comm_plan(program.bundle.plans,
                                                                             program.bundle.graph_ids))}
+        provenance = program.bundle.provenance  # what the step saves for the backward, and would without
+        result["saved"] = (provenance.get("saved_for_backward_bytes"),
+                           provenance.get("saved_for_backward_bytes_without_checkpointing"))
     if save is not None:
         import torch.distributed as dist
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict

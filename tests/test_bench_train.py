@@ -90,9 +90,55 @@ def test_checkpointing_forms_are_checked_and_label_the_rows():
         train_peers.arguments(["--model", "llama", "--checkpointing", "everything"])
     with pytest.raises(SystemExit):
         train_peers.arguments(["--model", "gpt", "--checkpointing", "full"])  # the GPT checkpoints nothing
+    assert train_peers.arguments(["--model", "hf-llama", "--checkpointing", "none,full,reentrant"]).forms == \
+        ["none", "full", "reentrant"]  # gradient_checkpointing_enable, non-reentrant and reentrant
+    with pytest.raises(SystemExit):
+        train_peers.arguments(["--model", "hf-llama", "--checkpointing", "selective"])
+    args = train_peers.arguments(["--model", "llama", "--checkpointing", "none,full"])
     args.form = "full"
     rank = {"ddp": {"losses": [1.0], "step_ms": [2.0], "cpu_ms": [2.0], "collectives": 4, "asynchronous": None,
                     "collectives_by_kind": {}, "dcsched_collectives": None}}
     args.configs = ["ddp"]
     row, = train_peers.rows_for("llama", [rank, rank], args, load=1.0)
     assert row["checkpointing"] == "full" and row["model"].endswith("ckpt full")
+
+
+def test_the_mixed_precision_recipe_is_fsdp2s_policy_for_both_and_labels_the_rows():
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    import dcsched
+    from peer_recipes import mixed_precision
+    assert mixed_precision("none", fsdp2=True) == {} and mixed_precision("none", fsdp2=False) is None
+    ours, theirs = mixed_precision("bf16", fsdp2=False), mixed_precision("bf16", fsdp2=True)["mp_policy"]
+    assert isinstance(ours, dcsched.MixedPrecisionPolicy) and isinstance(theirs, MixedPrecisionPolicy)
+    for policy in (ours, theirs):
+        assert (policy.param_dtype, policy.reduce_dtype) == (torch.bfloat16, torch.float32)
+    args = train_peers.arguments(["--mp-policy", "bf16", "--config", "ddp"])
+    assert args.mp_policy == "bf16"
+    rank = {"ddp": {"losses": [1.0], "step_ms": [2.0], "cpu_ms": [2.0], "collectives": 4, "asynchronous": None,
+                    "collectives_by_kind": {}, "dcsched_collectives": None}}
+    row, = train_peers.rows_for("gpt", [rank, rank], args, load=1.0)
+    assert row["mp_policy"] == "bf16" and row["model"].endswith("mp bf16")
+    with pytest.raises(SystemExit):
+        train_peers.arguments(["--mp-policy", "fp8"])
+
+
+@pytest.mark.slow
+@_gloo
+def test_peers_mode_trains_the_hugging_face_llama_checkpointed_as_ddp_does():
+    pytest.importorskip("transformers")
+    command = [sys.executable, str(BENCHMARKS / "bench_train.py"), "--peers", "--model", "hf-llama",
+               "--checkpointing", "full", "--algo", "fsdp", "--config", "dcsched-fsdp", "--config", "fsdp2",
+               "--runs", "1", "--steps", "1", "--warmup", "0", "--json", *TINY]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(BENCHMARKS.parent),
+                                                                      os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {row["config"]: row for row in json.loads(done.stdout)}
+    assert set(rows) == {"dcsched-fsdp", "fsdp2", "ddp"}
+    for row in rows.values():
+        assert "error" not in row, row
+        assert row["model"].startswith("hf-llama 1x32") and row["checkpointing"] == "full"
+        assert row["loss_diff_vs_ddp"] <= 1e-4 and row["steps_compared"] == 2 * 3
+    assert rows["dcsched-fsdp"]["dcsched_collectives"] == rows["dcsched-fsdp"]["collectives"]

@@ -1,8 +1,8 @@
 """Mixed precision (``dcsched.shard(mp_policy=...)``): fp32 master shards, bf16 gathers and compute, fp32 reduces.
 
 One process: what the policy does to the shards, the stand-ins, the traced graph, the gradients, eager calls and
-the bundle's figures. Two gloo ranks (slow): 10 AdamW steps of the examples' GPT and a tiny Hugging Face Llama
-against FSDP2 under the same policy (``tests/mixed_precision_runs.py``).
+the bundle's figures. Two and three gloo ranks (slow): 10 AdamW steps of the examples' GPT and a tiny Hugging Face
+Llama against FSDP2 under the same policy (``tests/mixed_precision_runs.py``).
 """
 
 from __future__ import annotations
@@ -60,6 +60,14 @@ def test_something_else_than_a_policy_is_refused_in_one_line(bad):
     with pytest.raises(MixedPrecisionError, match="mp_policy must be a MixedPrecisionPolicy") as caught:
         dcsched.shard(_mlp(), mp_policy=bad)
     assert "\n" not in str(caught.value) and isinstance(caught.value, DcschedError)
+
+
+def test_per_submodule_policies_are_refused_in_one_line_saying_what_to_give():
+    model = _mlp()
+    with pytest.raises(MixedPrecisionError, match="per-submodule policies .* are not supported") as caught:
+        dcsched.shard(model, mp_policy={"0": BF16, "2": MixedPrecisionPolicy(param_dtype=torch.float16)})
+    assert "\n" not in str(caught.value) and "give the one policy" in str(caught.value)
+    assert [p.shape for p in model.parameters()][0] == (8, 4)  # nothing was sharded
 
 
 def test_a_dtype_that_is_not_floating_is_refused():
@@ -181,7 +189,7 @@ def two_ranks(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def three_ranks(tmp_path_factory):
-    return _spawned(tmp_path_factory, 3, ("gpt",))  # shards of uneven sizes (padded)
+    return _spawned(tmp_path_factory, 3)  # shards of uneven sizes (padded)
 
 
 @pytest.mark.slow
@@ -193,9 +201,10 @@ def test_bf16_training_stays_within_bf16_noise_of_fsdp2(two_ranks, name):
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_bf16_training_on_three_ranks_stays_within_bf16_noise_of_fsdp2(three_ranks):
-    _check_losses(three_ranks, "gpt")
-    _check_collectives(three_ranks, "gpt", same_reduce_bytes_as_fsdp2=False)  # FSDP2 pads its shards otherwise
+@pytest.mark.parametrize("name", ["gpt", "hf-llama"])
+def test_bf16_training_on_three_ranks_stays_within_bf16_noise_of_fsdp2(three_ranks, name):
+    _check_losses(three_ranks, name)
+    _check_collectives(three_ranks, name, same_reduce_bytes_as_fsdp2=False)  # FSDP2 pads its shards otherwise
 
 
 def _check_losses(ranks: list[dict], name: str) -> None:
@@ -246,3 +255,32 @@ def test_each_graphs_peak_memory_is_the_simulators(two_ranks, name):
     for rank in range(2):
         for graph, (measured, simulated) in two_ranks[rank][f"{name}-dcsched-bf16"]["memory"].items():
             assert abs(measured - simulated) <= 0.05 * simulated, (rank, graph, measured, simulated)
+
+
+TRAINS = """
+import torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+step = torch.compile(model)
+x = torch.linspace(-1, 1, 8).view(2, 4)
+for _ in range(3):
+    out = step(x)
+    out.float().square().mean().backward()
+    print("grads", sorted({str(p.grad.dtype) for p in model.parameters()}))
+    optimizer.step()
+    optimizer.zero_grad()
+print("dtypes", out.dtype, sorted({str(p.dtype) for p in model.parameters()}))
+"""
+
+
+def test_dcsched_train_flags_set_the_policy(tmp_path, capsys):
+    from dcsched.cli import run
+    torch._dynamo.reset()
+    (tmp_path / "trains.py").write_text(TRAINS)
+    assert run(["train", str(tmp_path / "trains.py"), "--no-progress", "--cost-model", "analytic", "--gpu", "h100",
+                "--param-dtype", "bf16", "--reduce-dtype", "fp32"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    # computed in bf16, master weights and their gradients fp32
+    assert [line for line in lines if line.startswith("dtypes")] == ["dtypes torch.bfloat16 ['torch.float32']"]
+    assert [line for line in lines if line.startswith("grads")] == ["grads ['torch.float32']"] * 3

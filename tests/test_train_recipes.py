@@ -7,12 +7,14 @@ checkpointing (``create_selective_checkpoint_contexts`` saving matmul and attent
 under each algorithm equals plain eager PyTorch (a Latin square of them in the quick suite, the rest marked
 slow); the backward re-gathers each block's parameters to recompute it, as many collectives planned as
 without checkpointing. Two gloo ranks (slow): Hugging Face Llama and the selective policy, the default
-(measured) cost model.
+(measured) cost model; every form on two and three ranks. ``profile --meta`` of ``examples/llama.py`` under
+each form captures the graphs of a real capture.
 """
 
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 
 import pytest
 import torch
@@ -97,21 +99,41 @@ def test_recomputed_attention_needs_no_generator_state_in_the_bundle():
 
 
 @pytest.fixture(scope="module")
-def plain_hf():
+def plain_of():
+    """``plain_of(name)``: the Hugging Face model's eager losses under gradient checkpointing, once per module."""
     pytest.importorskip("transformers")
     import hf_models
-    return hf_models.train("llama", STEPS, checkpointing={"use_reentrant": False})
+    done: dict[str, dict] = {}
+
+    def get(name: str) -> dict:
+        if name not in done:
+            done[name] = hf_models.train(name, STEPS, checkpointing={"use_reentrant": False})
+        return done[name]
+
+    return get
 
 
-@pytest.mark.parametrize("algo,reentrant", [
-    ("overlap-plan", False), pytest.param("fsdp", True, marks=pytest.mark.slow),
-    pytest.param("list", False, marks=pytest.mark.slow), pytest.param("fast-free", False, marks=pytest.mark.slow),
-    pytest.param("overlap", True, marks=pytest.mark.slow)])
-def test_hugging_face_gradient_checkpointing_trains_in_one_graph_with_the_plain_losses(algo, reentrant, plain_hf):
+@pytest.fixture(scope="module")
+def plain_hf(plain_of):
+    return plain_of("llama")
+
+
+@pytest.mark.parametrize("name,algo,reentrant", [
+    ("llama", "overlap-plan", False), pytest.param("llama", "fsdp", True, marks=pytest.mark.slow),
+    pytest.param("llama", "list", False, marks=pytest.mark.slow),
+    pytest.param("llama", "fast-free", False, marks=pytest.mark.slow),
+    pytest.param("llama", "overlap", True, marks=pytest.mark.slow),
+    pytest.param("gpt2", "overlap-plan", False, marks=pytest.mark.slow),
+    pytest.param("gpt2", "fsdp", True, marks=pytest.mark.slow)])
+def test_hugging_face_gradient_checkpointing_trains_in_one_graph_with_the_plain_losses(name, algo, reentrant,
+                                                                                       plain_of):
     import hf_models
-    result = hf_models.train("llama", STEPS, algo, checkpointing={"use_reentrant": reentrant})
-    assert torch.allclose(torch.tensor(result["losses"]), torch.tensor(plain_hf["losses"]), rtol=1e-5, atol=0)
+    result = hf_models.train(name, STEPS, algo, checkpointing={"use_reentrant": reentrant})
+    plain = plain_of(name)
+    assert torch.allclose(torch.tensor(result["losses"]), torch.tensor(plain["losses"]), rtol=1e-5, atol=0)
     assert result["collectives"]["graphs"] == 1  # one graph: no checkpointed layer left to eager code
+    saved, without = result["saved"]
+    assert saved < without  # the layers were checkpointed: the step saves less for its backward
 
 
 @pytest.fixture(scope="module")
@@ -155,6 +177,52 @@ def test_selective_checkpointing_on_two_ranks_trains_as_eager_with_the_planned_c
         assert planned["selective-overlap-plan"] <= planned["selective-fsdp"], (rank, planned)
 
 
+#: Every form on W gloo ranks, each once, the algorithms rotated: on 2 ranks the forms the runs above leave out,
+#: on 3 (uneven shards) each form but Hugging Face's reentrant one (TorchDynamo traces it as the non-reentrant,
+#: the graphs identical; trained on 1 and 2 ranks). ``hf``: Hugging Face's ``gradient_checkpointing_enable`` (the
+#: Llama; ``hf-gpt2``: GPT-2).
+EVERY_FORM = {2: [("full", "overlap"), ("reentrant", "fast-free"), ("budget", "overlap-plan"),
+                  ("hf-reentrant", "fsdp"), ("hf-gpt2", "overlap-plan")],
+              3: [("full", "fsdp"), ("reentrant", "list"), ("selective", "overlap-plan"), ("budget", "fast-free"),
+                  ("hf", "overlap")]}
+#: The global batch on W ranks: each rank trains an equal slice of it.
+GLOBAL_BATCH = {2: BATCH, 3: 6}
+
+
+def _spawned_run(form: str, algo: str, world_size: int) -> tuple:
+    if form.startswith("hf"):
+        model = "hf-gpt2" if form == "hf-gpt2" else "hf-llama"
+        return (f"{form}-{algo}", model, algo, STEPS, 0, {"checkpointing": {"use_reentrant": form == "hf-reentrant"}})
+    overrides = ({**LAYERS, "activation_memory_budget": 0.5} if form == "budget"
+                 else {**LAYERS, "checkpointing": form})
+    overrides["cost_model"] = "measured"  # dcsched's default, as the Hugging Face runs'
+    return (f"{form}-{algo}", "llama", algo, STEPS, GLOBAL_BATCH[world_size], overrides)
+
+
+@pytest.fixture(scope="module", params=sorted(EVERY_FORM), ids=lambda world_size: f"{world_size}-ranks")
+def every_form(request, tmp_path_factory):
+    pytest.importorskip("transformers")
+    world_size = request.param
+    plan = [_spawned_run(form, algo, world_size) for form, algo in EVERY_FORM[world_size]]
+    return world_size, runs.spawn(tmp_path_factory.mktemp(f"every-form{world_size}"), world_size, plan)
+
+
+@pytest.mark.slow
+@on_gloo_ranks
+def test_every_form_trains_with_the_plain_losses_on_two_and_three_ranks(every_form, plain_of):
+    world_size, ranks = every_form
+    eager = runs.train_eager("llama", STEPS, GLOBAL_BATCH[world_size], **LAYERS)
+    for rank in range(world_size):
+        for form, algo in EVERY_FORM[world_size]:
+            result = ranks[rank][f"{form}-{algo}"]
+            plain = plain_of("gpt2" if form == "hf-gpt2" else "llama")["losses"] if form.startswith("hf") else eager
+            assert torch.allclose(torch.tensor(result["losses"]), torch.tensor(plain), rtol=1e-5, atol=0), \
+                (rank, form, algo, result["losses"], plain)
+            assert result["collectives"]["issued"] == result["collectives"]["planned"], (rank, form, algo)
+            saved, without = result["saved"]
+            assert saved < without, (rank, form, algo)  # it did checkpoint
+
+
 HF_SCRIPT = '''
 import sys, torch, transformers as hf
 torch.manual_seed(0)
@@ -170,7 +238,7 @@ run(input_ids=ids, labels=ids).loss.backward()
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("reentrant,meta", [(False, True), (True, False)])
+@pytest.mark.parametrize("reentrant,meta", [(False, True), (True, False), (True, True)])
 def test_profile_captures_a_hugging_face_script_with_gradient_checkpointing(tmp_path, reentrant, meta):
     pytest.importorskip("transformers")
     from dcsched.profile.capture import capture_script_step
@@ -180,6 +248,54 @@ def test_profile_captures_a_hugging_face_script_with_gradient_checkpointing(tmp_
     assert bundle.provenance["module"] == "LlamaForCausalLM"
     # every parameter but the embedding's gathered again in the backward, where the layers are recomputed
     assert _gathers(bundle.backward) == list(range(1, len(bundle.params)))
+
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "llama.py"
+#: examples/llama.py at the size of the tests' Llama; the script moves its model and batches with .to(device).
+EXAMPLE_ARGS = ["--layers", "2", "--d-model", "32", "--heads", "2", "--vocab", "64", "--seq", "8", "--batch", "2"]
+#: examples/llama.py's arguments for each checkpointing form.
+EXAMPLE_FORMS = {"full": ["--checkpointing", "full"], "reentrant": ["--checkpointing", "reentrant"],
+                 "selective": ["--checkpointing", "selective"], "budget": ["--activation-memory-budget", "0.5"]}
+
+
+def _signature(graph) -> list[tuple[str, str, str]]:
+    return [(node.op, str(node.target), str(node.meta.get("out"))) for node in graph.nodes]
+
+
+@pytest.mark.parametrize("form", [
+    pytest.param(form, marks=() if form in ("full", "selective") else pytest.mark.slow) for form in EXAMPLE_FORMS])
+def test_profile_meta_captures_the_example_llama_under_each_checkpointing_form_as_a_real_run(form, tmp_path, capsys):
+    from dcsched.cli import run
+    for how, meta in (("planned", ["--meta"]), ("real", [])):
+        with torch._functorch.config.patch(activation_memory_budget=1.0):  # the script sets it for the budget form
+            assert run(["profile", str(EXAMPLE), *meta, "--cost-model", "analytic", "--gpu", "h100", "--no-progress",
+                        "-o", str(tmp_path / f"{how}.pt"), "--", *EXAMPLE_ARGS, *EXAMPLE_FORMS[form]]) == 0, \
+                capsys.readouterr().err
+    planned, real = dcsched.load(tmp_path / "planned.pt"), dcsched.load(tmp_path / "real.pt")
+    assert not real.provenance.get("planned")
+    assert planned.provenance["planned"]
+    for graph in ("forward", "backward"):  # node for node the graphs of the run on the CPU
+        assert _signature(planned.graphs[graph]) == _signature(real.graphs[graph]), graph
+    # checkpointing did recompute: the step saves less than it would without, as much as the real capture says
+    saved, without = (planned.provenance[key] for key in ("saved_for_backward_bytes",
+                                                          "saved_for_backward_bytes_without_checkpointing"))
+    assert saved < without and (saved, without) == (real.provenance["saved_for_backward_bytes"],
+                                                    real.provenance["saved_for_backward_bytes_without_checkpointing"])
+    # the backward gathers again every parameter whose gradient needs it (the budget's recomputation, the
+    # embedding's too), as the real capture does
+    assert _gathers(planned.backward) == _gathers(real.backward)
+    assert set(_gathers(planned.backward)) >= set(range(1, len(planned.params)))
+
+
+def test_a_script_moving_its_model_and_batches_to_a_device_keeps_them_on_meta_when_planned():
+    from dcsched.profile.meta_device import CPU, _planning_device
+    with _planning_device(CPU):
+        model = torch.nn.Linear(4, 4).to("cpu").cuda().to(device=torch.device("cuda", 0), dtype=torch.bfloat16)
+        batch = torch.ones(2, 4).cuda(0).to(torch.empty(1, dtype=torch.float16), non_blocking=True).cpu()
+        made = torch.zeros(3)
+    assert {(p.device.type, p.dtype) for p in model.parameters()} == {("meta", torch.bfloat16)}
+    assert (batch.device.type, batch.dtype, made.device.type) == ("meta", torch.float16, "meta")
+    assert torch.ones(1).to("meta").is_meta and not torch.ones(1).is_meta  # outside planning, moves are moves
 
 
 class DropoutBlock(torch.nn.Module):

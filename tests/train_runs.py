@@ -81,7 +81,8 @@ def mean_over_ranks(value: torch.Tensor) -> float:
 def train_dcsched(name: str, algo: str, steps: int, batch: int, rank: int = 0, world_size: int = 1,
                   memory_budget=None, budget_scope=None, save: tuple | None = None, resume: str | None = None,
                   device: str = "cpu", compute: str = "eager", cost_model: str = "analytic", replicate_below: int = 0,
-                  clip: float | None = None, full_state: bool = False, **overrides) -> dict:
+                  clip: float | None = None, full_state: bool = False, activation_memory_budget: float | None = None,
+                  **overrides) -> dict:
     """Losses per step and, for the last step, each graph's measured peak bytes beside the simulator's.
 
     ``cost_model``: ``analytic`` (h100: the same figures on every rank) or ``measured`` (dcsched's default:
@@ -92,7 +93,9 @@ def train_dcsched(name: str, algo: str, steps: int, batch: int, rank: int = 0, w
 
     ``replicate_below``: ``dcsched.shard``'s; ``clip``: clip the gradient norm to it every step (``norms``: the
     norms ``clip_grad_norm_`` returned); ``full_state``: the model's ``state_dict()`` after the last step
-    (``state``).
+    (``state``). ``activation_memory_budget``: ``torch._functorch.config``'s, while the run compiles and trains.
+    ``saved``: the bytes the step saves for its backward, and would without checkpointing (None: it does not
+    checkpoint).
     """
     import dcsched
     from dcsched.plan import Plan
@@ -100,6 +103,11 @@ def train_dcsched(name: str, algo: str, steps: int, batch: int, rank: int = 0, w
     from dcsched.runtime.commplan import comm_plan
     from dcsched.sim.plans import kept_ids, simulate_plan
     from dcsched.sim.simulate import compile_view
+    if activation_memory_budget is not None:
+        from torch._functorch import config as functorch_config
+        with functorch_config.patch(activation_memory_budget=activation_memory_budget):
+            return train_dcsched(name, algo, steps, batch, rank, world_size, memory_budget, budget_scope, save, resume,
+                                 device, compute, cost_model, replicate_below, clip, full_state, **overrides)
     torch._dynamo.reset()
     model, _ = model_of(name, device, **overrides)
     dcsched.shard(model, replicate_below=replicate_below)
@@ -145,7 +153,10 @@ def train_dcsched(name: str, algo: str, steps: int, batch: int, rank: int = 0, w
                    "planned_all_reduces": planned_all_reduces(program.bundle.graphs, program.runtime.plan),
                    "replicated": len(program.runtime.plan.replicated),
                    "async_reduce": getattr(program.runtime, "issue", SIMULATOR).async_reduce}
-    result = {"losses": losses, "memory": memory, "plan": plan, "collectives": collectives, "norms": norms}
+    provenance = program.bundle.provenance
+    result = {"losses": losses, "memory": memory, "plan": plan, "collectives": collectives, "norms": norms,
+              "saved": (provenance.get("saved_for_backward_bytes"),
+                        provenance.get("saved_for_backward_bytes_without_checkpointing"))}
     if full_state:
         result["state"] = {key: value.clone() for key, value in model.state_dict().items()}
     return result

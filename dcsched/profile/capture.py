@@ -265,8 +265,8 @@ def capture_script_step(path: str | os.PathLike, argv: Sequence[str] = (), modul
         if _is_graph_break(exc):
             target = interceptor.compiled[-1].name if interceptor.compiled else "the compiled module"
             raise CaptureError(_graph_break_message(exc, target)) from None
-        hint = (" (under `meta=True` tensors hold no values: the script may not read them, e.g. with .item(), nor move "
-                "them to a device)" if meta and "meta" in str(exc).lower() else "")
+        hint = (" (under `meta=True` tensors hold no values: the script may not read them, e.g. with .item(), nor "
+                "copy them into real tensors)" if meta and "meta" in str(exc).lower() else "")
         raise CaptureError(f"{path} failed before its step was captured: {describe_exception(exc)}{hint}") from None
     if run.exit_code != 0 and interceptor.done is None:
         raise CaptureError(f"{path} exited with status {run.exit_code} before its step was captured")

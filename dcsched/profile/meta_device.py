@@ -75,6 +75,43 @@ def _meta_claims(device: torch.device):
         FakeTensorConverter.from_real_tensor = real_from_real_tensor
 
 
+#: The tensor methods that move a tensor to a device (``Module.to``, ``.cuda()`` and ``.cpu()`` call them on
+#: each parameter and buffer).
+_MOVES = (torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu)
+
+
+def _moves_a_meta_tensor(args: tuple) -> bool:
+    """Whether a move's tensor is one of the script's meta tensors (not a fake tensor TorchDynamo traces)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    tensor = args[0] if args else None
+    return (isinstance(tensor, torch.Tensor) and tensor.is_meta and not isinstance(tensor, FakeTensor)
+            and not torch.compiler.is_compiling())
+
+
+def _kept_on_meta(func, args: tuple, kwargs: dict) -> torch.Tensor:
+    """A move of a meta tensor that keeps it on the meta device: ``.to``'s dtype and memory format still apply.
+
+    A script planned under ``--meta`` moves its model and batches where a real run would
+    (``model.to(device)``, ``batch.cuda()``); the meta tensors have no data to copy there, so they stay
+    meta, of the dtype the move asks for (``.to(other)`` takes ``other``'s).
+
+    >>> with _planning_device(CPU):
+    ...     moved = torch.nn.Linear(2, 2).to("cpu", torch.float16)
+    ...     moved.weight.device, moved.weight.dtype, torch.ones(2).cpu().is_meta
+    (device(type='meta'), torch.float16, True)
+    """
+    tensor, rest = args[0], list(args[1:])
+    if func is not torch.Tensor.to:  # .cuda(device), .cpu(): nothing but the device
+        return tensor
+    if rest and isinstance(rest[0], torch.Tensor):
+        rest[0] = rest[0].dtype  # to(other, ...) is to(other.dtype, ...) on meta
+    elif rest and not isinstance(rest[0], torch.dtype):
+        rest[0] = META  # to(device, ...): a str, torch.device or a CUDA index
+    if "device" in kwargs:
+        kwargs = {**kwargs, "device": META}
+    return func(tensor, *rest, **kwargs)
+
+
 def _planning_device(traced_as: torch.device):
     """The script's default device under ``--meta``: meta when it runs, ``traced_as`` where TorchDynamo traces.
 
@@ -89,6 +126,8 @@ def _planning_device(traced_as: torch.device):
             kwargs = kwargs or {}
             if func in _device_constructors() and kwargs.get("device") is None:
                 kwargs["device"] = traced_as if torch.compiler.is_compiling() else self.device
+            elif func in _MOVES and _moves_a_meta_tensor(args):
+                return _kept_on_meta(func, args, kwargs)
             return func(*args, **kwargs)
 
     return PlanningDevice(META)

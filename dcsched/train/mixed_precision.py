@@ -29,6 +29,7 @@ torch.bfloat16
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 import torch
 import torch.fx
@@ -113,6 +114,11 @@ torch.distributed.fsdp's), not str
     """
     if value is None:
         return None
+    if isinstance(value, Mapping):
+        raise MixedPrecisionError(
+            "mp_policy takes one MixedPrecisionPolicy for the whole module, not a mapping: per-submodule policies "
+            "(FSDP2's fully_shard(submodule, mp_policy=...) on each) are not supported: give the one policy every "
+            "parameter is gathered, computed and reduced under")
     fields = [field.name for field in dataclasses.fields(MixedPrecisionPolicy)]
     if isinstance(value, MixedPrecisionPolicy) or all(hasattr(value, name) for name in fields):
         policy = MixedPrecisionPolicy(**{name: getattr(value, name) for name in fields})
