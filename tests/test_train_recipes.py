@@ -288,8 +288,8 @@ def test_profile_meta_captures_the_example_llama_under_each_checkpointing_form_a
 
 
 def test_a_script_moving_its_model_and_batches_to_a_device_keeps_them_on_meta_when_planned():
-    from dcsched.profile.meta_device import CPU, _planning_device
-    with _planning_device(CPU):
+    from dcsched.profile.meta_device import CPU, planning_device
+    with planning_device(CPU):
         model = torch.nn.Linear(4, 4).to("cpu").cuda().to(device=torch.device("cuda", 0), dtype=torch.bfloat16)
         batch = torch.ones(2, 4).cuda(0).to(torch.empty(1, dtype=torch.float16), non_blocking=True).cpu()
         made = torch.zeros(3)

@@ -1,6 +1,6 @@
 """From a recorded step to a bundle: parameters, inputs, placeholder tables, the ZeRO-3 ops inserted.
 
-:func:`_build` takes what :mod:`dcsched.profile.recording` kept of a training
+:func:`build_capture` takes what :mod:`dcsched.profile.recording` kept of a training
 step (its forward and backward graphs and the inputs they ran with), names
 each placeholder (a parameter by ds_id, a step input, a saved tensor, a
 tangent), inserts the ZeRO-3 ops (:mod:`dcsched.profile.zero3`) and returns
@@ -22,7 +22,7 @@ from dcsched.profile import zero3
 from dcsched.bundle.core import Bundle, InputInfo, ParamInfo
 from dcsched.errors import DcschedError
 from dcsched.graph.nxview import copy_graph
-from dcsched.profile.recording import _Recorded
+from dcsched.profile.recording import Recorded
 
 #: Step inputs up to this many bytes are stored in the bundle as tensors.
 KEEP_INPUT_BYTES = 64 * 1024
@@ -65,7 +65,7 @@ def _input_info(name: str, value: torch.Tensor) -> InputInfo:
     return InputInfo(name, tuple(value.shape), value.dtype, kept, low, high)
 
 
-def _forward_inputs(record: _Recorded, fw_placeholders: list[torch.fx.Node], params: list[ParamInfo]):
+def _forward_inputs(record: Recorded, fw_placeholders: list[torch.fx.Node], params: list[ParamInfo]):
     """What each forward placeholder is (a parameter by ds_id, or a step input), with the inputs' infos and values."""
     step = record.step
     assert step is not None  # a step was recorded before its inputs are read
@@ -90,7 +90,7 @@ def _forward_inputs(record: _Recorded, fw_placeholders: list[torch.fx.Node], par
     return forward_placeholders, param_nodes, inputs, input_tensors
 
 
-def _backward_inputs(record: _Recorded, forward: torch.fx.Graph, backward: torch.fx.Graph, num_user: int) -> list[dict]:
+def _backward_inputs(record: Recorded, forward: torch.fx.Graph, backward: torch.fx.Graph, num_user: int) -> list[dict]:
     """What each backward placeholder is: a tensor the forward saved (by output index) or a tangent.
 
     Puts the forward's outputs in the bundle's order on the way (user outputs, then mutated inputs' new
@@ -126,7 +126,7 @@ def _backward_inputs(record: _Recorded, forward: torch.fx.Graph, backward: torch
     return backward_placeholders
 
 
-def _build(record: _Recorded, forward_graph_id: int = 0, backward_graph_id: int = 1) -> Capture:
+def build_capture(record: Recorded, forward_graph_id: int = 0, backward_graph_id: int = 1) -> Capture:
     step = record.step
     if step is None or step.forward is None or step.backward is None:
         why = ("it only ran without gradients (under no_grad or inference mode)" if record.forward_only

@@ -50,10 +50,10 @@ import torch.nn as nn
 
 from dcsched.bundle.core import Bundle
 from dcsched.errors import DcschedError
-from dcsched.profile.assemble import Capture, CaptureError, _build
+from dcsched.profile.assemble import Capture, CaptureError, build_capture
 from dcsched.profile.checkpointing import tracing_checkpoints
-from dcsched.profile.meta_device import CPU, _meta_claims, _planning_device
-from dcsched.profile.recording import _Backend, _Recorded, _trainable
+from dcsched.profile.meta_device import CPU, meta_claims, planning_device
+from dcsched.profile.recording import RecordingBackend, Recorded, trainable_params
 from dcsched.profile.scripts import (ScriptError, StopScript, compile_interceptor, describe_exception, fresh_dynamo,
                                      run_script, unwrap_dynamo_error)
 
@@ -94,10 +94,10 @@ def capture_compiled(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mo
     at once, so the parameters need no storage (see :mod:`dcsched.train`).
     """
     params = list(params)
-    record = _Recorded(name=name or type(module).__name__, module=module,
+    record = Recorded(name=name or type(module).__name__, module=module,
                        n_params=sum(p.numel() for _, p in params), params=params)
-    _Backend(record, on_backward=lambda _record: None, eager_backward=True)(gm, list(example_inputs))
-    return _build(record)
+    RecordingBackend(record, on_backward=lambda _record: None, eager_backward=True)(gm, list(example_inputs))
+    return build_capture(record)
 
 
 # ---------------------------------------------------------------------------
@@ -120,13 +120,13 @@ def capture_step(model: nn.Module, example_inputs: Sequence[torch.Tensor], loss_
     """Like :func:`capture`, also returning the real parameter and input tensors."""
     if not isinstance(model, nn.Module):
         raise CaptureError(f"capture() takes an nn.Module, not {type(model).__name__}")
-    if not _trainable(model):
+    if not trainable_params(model):
         raise CaptureError(f"{type(model).__name__} has no trainable parameters to shard")
     name = type(model).__name__
-    record = _Recorded(name=name, module=model, n_params=sum(p.numel() for _, p in _trainable(model)))
+    record = Recorded(name=name, module=model, n_params=sum(p.numel() for _, p in trainable_params(model)))
     step = _LossStep(model, loss_fn)
-    backend = _Backend(record, on_backward=lambda r: None)
-    grads_before = {id(p): p.grad for _, p in _trainable(model)}
+    backend = RecordingBackend(record, on_backward=lambda r: None)
+    grads_before = {id(p): p.grad for _, p in trainable_params(model)}
     buffers_before = [(b, b.detach().clone()) for b in model.buffers()]
     with fresh_dynamo(), tracing_checkpoints():
         compiled = torch.compile(step, backend=backend, fullgraph=True, dynamic=False)
@@ -145,7 +145,7 @@ def capture_step(model: nn.Module, example_inputs: Sequence[torch.Tensor], loss_
                                "(pass loss_fn=... to turn the model's output into one)")
         loss.backward(torch.ones_like(loss))
     # Leave the model as it was (.grad, BatchNorm statistics): capture is an observation, not a step.
-    for _, p in _trainable(model):
+    for _, p in trainable_params(model):
         p.grad = grads_before[id(p)]
     with torch.no_grad():
         for buffer, value in buffers_before:
@@ -153,7 +153,7 @@ def capture_step(model: nn.Module, example_inputs: Sequence[torch.Tensor], loss_
     if record.step is not None:
         arg_names = _forward_arg_names(model)
         record.step.input_names = [arg_names.get(name, name) for name in record.step.input_names]
-    return _build(record)
+    return build_capture(record)
 
 
 def _forward_arg_names(model: nn.Module) -> dict[str, str]:
@@ -214,31 +214,31 @@ class _ScriptCapture:
 
     def __init__(self, wanted: str | None, real_compile, meta: bool = False):
         self.wanted = wanted
-        #: The script runs on the meta device: its step is traced as on the CPU (see _meta_claims).
+        #: The script runs on the meta device: its step is traced as on the CPU (see meta_claims).
         self.meta = meta
         self.real_compile = real_compile
-        self.compiled: list[_Recorded] = []
-        self.done: _Recorded | None = None
+        self.compiled: list[Recorded] = []
+        self.done: Recorded | None = None
         #: The optimizer the script built over the captured module's parameters (:func:`_script_optimizer`).
         self.optimizer: dict | None = None
         self.compile = compile_interceptor(self.compile_module, CaptureError, "dcsched captures compiled modules")
 
-    def target(self) -> _Recorded | None:
+    def target(self) -> Recorded | None:
         if self.wanted is not None:
             return next((r for r in self.compiled if r.name == self.wanted), None)
         return max(self.compiled, key=lambda r: r.n_params, default=None)
 
-    def on_backward(self, record: _Recorded) -> None:
+    def on_backward(self, record: Recorded) -> None:
         if self.target() is record:
             self.done = record
             self.optimizer = _script_optimizer(record)  # while the script's frames (and its optimizer) live
             raise StopScript()
 
     def compile_module(self, model, module: nn.Module, kwargs: dict):
-        record = _Recorded(name=type(module).__name__, module=module,
-                           n_params=sum(p.numel() for _, p in _trainable(module)))
+        record = Recorded(name=type(module).__name__, module=module,
+                           n_params=sum(p.numel() for _, p in trainable_params(module)))
         self.compiled.append(record)
-        backend = _Backend(record, self.on_backward, trace_device=CPU if self.meta else None)
+        backend = RecordingBackend(record, self.on_backward, trace_device=CPU if self.meta else None)
         return self.real_compile(model, backend=backend, fullgraph=True, dynamic=False)
 
 
@@ -249,13 +249,13 @@ def capture_script_step(path: str | os.PathLike, argv: Sequence[str] = (), modul
     ``meta``: the script runs with the meta device as the default device, so its model and inputs hold shapes
     and dtypes but no storage: a model of any size is captured in little memory, and nothing can be measured
     (see docs/profile.md, "Planning without the weights"). Its step is traced as the CPU's (its meta tensors
-    claim the CPU when made fake, :func:`_meta_claims`), so the graphs are those of a capture without ``meta``.
+    claim the CPU when made fake, :func:`meta_claims`), so the graphs are those of a capture without ``meta``.
     """
     path = Path(path)
     interceptor = _ScriptCapture(module, torch.compile, meta=meta)
     try:
-        with _planning_device(CPU) if meta else contextlib.nullcontext(), \
-                _meta_claims(CPU) if meta else contextlib.nullcontext(), tracing_checkpoints():
+        with planning_device(CPU) if meta else contextlib.nullcontext(), \
+                meta_claims(CPU) if meta else contextlib.nullcontext(), tracing_checkpoints():
             run = run_script(path, argv, interceptor.compile)
     except ScriptError as exc:
         raise CaptureError(str(exc)) from None
@@ -286,14 +286,14 @@ def capture_script_step(path: str | os.PathLike, argv: Sequence[str] = (), modul
         how = (" (it only ran under no_grad or inference mode)" if recorded.forward_only else "")
         raise CaptureError(f"{path} {ran} before {recorded.name} ran a forward and a backward pass{how}: call "
                            "loss.backward() on a loss computed from its output")
-    captured = _build(record)  # under --meta, traced as on the CPU: the graphs name no meta device
+    captured = build_capture(record)  # under --meta, traced as on the CPU: the graphs name no meta device
     if interceptor.optimizer is not None:
         from dcsched.bundle.optimizer import OPTIMIZER_KEY
         captured.bundle.provenance[OPTIMIZER_KEY] = interceptor.optimizer
     return captured
 
 
-def _script_optimizer(record: _Recorded) -> dict | None:
+def _script_optimizer(record: Recorded) -> dict | None:
     """The provenance record (:mod:`dcsched.bundle.optimizer`) of the ``torch.optim`` optimizer the script built
     over the captured module's parameters, found among the live objects; None where it built none (yet) or one
     dcsched does not model."""

@@ -1,10 +1,10 @@
 """Capture without the weights (``profile --meta``): the script's tensors on the meta device, traced as another's.
 
 Under ``--meta`` a script runs with the meta device as its default
-(:func:`_planning_device`), so its model and inputs hold shapes and dtypes but
+(:func:`planning_device`), so its model and inputs hold shapes and dtypes but
 no storage; while TorchDynamo and AOT autograd trace, its meta tensors claim a
-real device (:func:`_meta_claims`), so the graphs are those of a run there; the
-compiled graphs then run on the meta device (:func:`_on_meta`).
+real device (:func:`meta_claims`), so the graphs are those of a run there; the
+compiled graphs then run on the meta device (:func:`on_meta`).
 
 Split from :mod:`dcsched.profile.capture`, as the project keeps a module to
 one job and about 600 lines.
@@ -24,7 +24,7 @@ META = torch.device("meta")
 
 
 @contextlib.contextmanager
-def _meta_claims(device: torch.device):
+def meta_claims(device: torch.device):
     """While open, a meta tensor made fake (TorchDynamo's and AOT autograd's tracing) claims ``device``.
 
     A fake tensor is a meta tensor that says which device it is on; TorchDynamo and AOT autograd trace
@@ -95,7 +95,7 @@ def _kept_on_meta(func, args: tuple, kwargs: dict) -> torch.Tensor:
     (``model.to(device)``, ``batch.cuda()``); the meta tensors have no data to copy there, so they stay
     meta, of the dtype the move asks for (``.to(other)`` takes ``other``'s).
 
-    >>> with _planning_device(CPU):
+    >>> with planning_device(CPU):
     ...     moved = torch.nn.Linear(2, 2).to("cpu", torch.float16)
     ...     moved.weight.device, moved.weight.dtype, torch.ones(2).cpu().is_meta
     (device(type='meta'), torch.float16, True)
@@ -112,11 +112,11 @@ def _kept_on_meta(func, args: tuple, kwargs: dict) -> torch.Tensor:
     return func(tensor, *rest, **kwargs)
 
 
-def _planning_device(traced_as: torch.device):
+def planning_device(traced_as: torch.device):
     """The script's default device under ``--meta``: meta when it runs, ``traced_as`` where TorchDynamo traces.
 
     A tensor the compiled code makes without naming a device (``torch.ones(n)``) is then made on the device
-    the traced inputs claim (see :func:`_meta_claims`), as in a run there; the script itself, outside the
+    the traced inputs claim (see :func:`meta_claims`), as in a run there; the script itself, outside the
     compiled module, makes its model and inputs on the meta device.
     """
     from torch.utils._device import DeviceContext, _device_constructors
@@ -133,7 +133,7 @@ def _planning_device(traced_as: torch.device):
     return PlanningDevice(META)
 
 
-def _on_meta(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+def on_meta(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """A copy of ``gm`` that runs on meta tensors (the devices it names and its constants on meta)."""
     import copy
 

@@ -1,10 +1,10 @@
 """The recording TorchDynamo backend: AOT autograd traces a compiled module into forward and backward graphs.
 
-:class:`_Backend` stands in for a ``torch.compile`` backend: every compilation
+:class:`RecordingBackend` stands in for a ``torch.compile`` backend: every compilation
 of the module is traced by AOT autograd (views and narrowing casts of
 parameters marked for recomputation before the joint graph is partitioned, as
 DeepCompile does), and the first one whose backward gets compiled, a training
-step, is kept in the module's :class:`_Recorded`; the graphs still run
+step, is kept in the module's :class:`Recorded`; the graphs still run
 (eagerly). :mod:`dcsched.profile.assemble` turns what was recorded into a
 bundle.
 
@@ -25,7 +25,7 @@ import torch.nn as nn
 from dcsched.bundle.saved_memory import SavedActivations
 from dcsched.profile import checkpointing, saved_activations, zero3
 from dcsched.graph.roles import is_aliasing
-from dcsched.profile.meta_device import _on_meta
+from dcsched.profile.meta_device import on_meta
 
 
 def _mark_param_views_for_recompute(joint: torch.fx.Graph, param_positions: set[int]) -> None:
@@ -93,7 +93,7 @@ class _Graphs:
 
 
 @dataclasses.dataclass
-class _Recorded:
+class Recorded:
     """A compiled module and the first of its compilations that has a backward (a training step)."""
 
     name: str
@@ -105,10 +105,10 @@ class _Recorded:
     params: list[tuple[str, torch.Tensor]] | None = None
 
     def trainable(self) -> list[tuple[str, torch.Tensor]]:
-        return self.params if self.params is not None else _trainable(self.module)
+        return self.params if self.params is not None else trainable_params(self.module)
 
 
-def _trainable(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
+def trainable_params(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
     return [(name, p) for name, p in module.named_parameters() if p.requires_grad]
 
 
@@ -130,14 +130,14 @@ def _clean_input_name(name: str) -> str:
     return name
 
 
-class _Backend:
+class RecordingBackend:
     """A TorchDynamo backend: AOT autograd with recording compilers; the graphs still run (eagerly).
 
     Every compilation is traced; the first one whose backward gets compiled (a
     training step, not an evaluation under no_grad) is kept.
     """
 
-    def __init__(self, record: _Recorded, on_backward: Callable[[_Recorded], None], eager_backward: bool = False,
+    def __init__(self, record: Recorded, on_backward: Callable[[Recorded], None], eager_backward: bool = False,
                  trace_device: torch.device | None = None):
         self.record = record
         self.on_backward = on_backward
@@ -145,7 +145,7 @@ class _Backend:
         self.eager_backward = eager_backward
         #: profile --meta: the script's tensors are meta tensors claiming this device when traced
         #: (:func:`_meta_claims`); AOT autograd traces with it as the default device, and the compiled
-        #: graphs run on the meta device (:func:`_on_meta`).
+        #: graphs run on the meta device (:func:`on_meta`).
         self.trace_device = trace_device
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs):
@@ -179,7 +179,7 @@ class _Backend:
 
         def runnable(gm: torch.fx.GraphModule):
             """What runs the traced graph on the script's tensors (on the meta device, under --meta)."""
-            return make_boxed_func((gm if self.trace_device is None else _on_meta(gm)).forward)
+            return make_boxed_func((gm if self.trace_device is None else on_meta(gm)).forward)
 
         def forward_compiler(fw: torch.fx.GraphModule, _inputs):
             graphs.forward = fw
