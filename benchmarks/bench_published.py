@@ -15,7 +15,10 @@ init, nothing downloaded) is captured in a fresh process by ``dcsched profile --
 each published world size, with the HBM bandwidth of the run's H100 (2.4 TB/s, published; its tensor-core
 peak is unpublished, "between SXM and NVL", so the SXM5's 989 TFLOP/s stays), and planned with ``fsdp`` (as
 FSDP2 runs it) and ``overlap-plan``. Predicted tokens/s per GPU = local tokens / (simulated forward +
-backward step + the AdamW step over the rank's fp32 shard at the achievable bandwidth).
+backward step + the AdamW step over the rank's fp32 shard at the achievable bandwidth). Predicted memory =
+the whole step's peak per rank (:func:`dcsched.sim.step_memory.step_memory` under each algorithm's plans,
+AdamW, with the shards counted as the run's fp32 master weights: :func:`with_fp32_master_shards`), costed by
+the CUDA caching-allocator model: its reserved bytes, a lower bound on ``reserved_bytes.all.peak``.
 
     python benchmarks/bench_published.py                          # capture (2-5 minutes here) and plan
     python benchmarks/bench_published.py --keep /tmp/llama8b.pt   # ... and keep the captured bundle
@@ -47,9 +50,6 @@ LOCAL_BATCH, SEQUENCE = 2, 8192
 #: AdamW's step reads the fp32 parameter, gradient and both moments and writes the parameter and the moments
 #: (7 x 4 bytes per parameter); gradient clipping (torchtitan's max_norm 1.0) reads the gradient once more.
 OPTIMIZER_BYTES_PER_PARAM = 8 * 4
-#: What a rank holds per parameter of its shard beyond the graph's tensors: the fp32 master weight, the fp32
-#: gradient and AdamW's two fp32 moments.
-STATE_BYTES_PER_PARAM = 4 * 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,23 +226,78 @@ def compute_by_kind(bundle) -> dict[str, float]:
     return kinds
 
 
-def predicted_peak_bytes(figures: dict) -> int:
-    """The peak memory the benchmark compares with the published one: today the simulator's peak of the graph
-    tensors (the larger of the forward's and the backward's), without optimizer states, fp32 master shards,
-    gradient shards waiting for the optimizer or the allocator's reserve. The one place to point at a
-    whole-step figure."""
-    return max(graph["peak_bytes"] for graph in figures["graphs"])
+def with_fp32_master_shards(bundle):
+    """A copy of ``bundle`` whose parameter shards and reduced gradient shards are recorded in fp32: the bytes
+    the published run holds where the captured bundle holds bf16.
+
+    The benchmark's script is bf16 throughout (``model.to(torch.bfloat16)``): ``dcsched profile`` captures no
+    mixed-precision policy, so the bundle's shards, and with them AdamW's states (``zeros_like`` the shard),
+    the reduced gradients and the update's temporaries, are bf16. Under FSDP2's ``MixedPrecisionPolicy(
+    param_dtype=bf16, reduce_dtype=fp32)`` the shards are the fp32 master weights and the reduced gradients
+    land in fp32 (:mod:`dcsched.train.mixed_precision`). So every parameter placeholder an all-gather reads
+    (the shard) and every reduce's output takes twice its ``tensor_size`` (bf16 -> fp32), as
+    :func:`dcsched.bundle.resharding.resharded` rewrites those figures for another world size, and
+    :func:`~dcsched.sim.step_memory.step_memory` derives the states, gradients and temporaries from them. Gathered
+    parameters and activations stay bf16 (``param_dtype``). Not counted: the fp32 copy of each gradient the
+    reduce-scatter reads (the bundle's reduce buffers are bf16), at most one block's gradients, 0.4 GiB more.
+    Times are untouched: only the memory figure uses this copy.
+    """
+    from dcsched.graph.nxview import copy_graph
+    from dcsched.graph.roles import Role, role_of
+
+    graphs = {}
+    for name, graph in bundle.graphs.items():
+        copy = copy_graph(graph)
+        widened: set = set()
+        shards = _param_placeholders(bundle, copy) if name == "forward" else []
+        for node in copy.nodes:
+            role = role_of(node)
+            targets = [node] if role is Role.REDUCE or node in shards else \
+                [node.args[0]] if role is Role.ALLGATHER and node.args else []
+            for target in targets:
+                size = target.meta.get("tensor_size") if hasattr(target, "meta") else None
+                if target not in widened and isinstance(size, (int, float)):
+                    target.meta["tensor_size"] = int(size) * FP32_PER_BF16
+                    widened.add(target)
+        graphs[name] = copy
+    result = bundle.with_graphs(**graphs)
+    result.plans = dict(bundle.plans)  # the same nodes (sizes alone change)
+    return result
 
 
-#: What :func:`predicted_peak_bytes` covers, printed beside its column.
-PEAK_LABEL = "graph tensors only"
+def _param_placeholders(bundle, forward) -> list:
+    """The parameter placeholders of ``forward`` (a copy of the bundle's forward graph), as the bundle lists
+    them."""
+    placeholders = [node for node in forward.nodes if node.op == "placeholder"]
+    return [node for node, entry in zip(placeholders, bundle.forward_placeholders) if entry.get("kind") == "param"]
 
 
-def plan(bundle, algorithms: tuple[str, ...], optimizer_ms: float) -> dict[str, dict]:
-    """Per algorithm: step ms (forward + backward + optimizer), its compute / communication split, the peak."""
+#: fp32 bytes per bf16 byte.
+FP32_PER_BF16 = 2
+
+
+def predicted_peak(bundle, plans: dict):
+    """The whole step's memory per rank that the benchmark compares with the published max-reserved figure:
+    :func:`~dcsched.sim.step_memory.step_memory` of the bundle with fp32 master shards
+    (:func:`with_fp32_master_shards`), run as ``plans`` say, AdamW's states, on a GPU (the CUDA caching
+    allocator model). Its ``cuda.reserved_bytes`` is the prediction: the segments the live tensors need packed
+    perfectly, a lower bound on ``reserved_bytes.all.peak``."""
+    from dcsched.sim.step_memory import step_memory
+
+    return step_memory(with_fp32_master_shards(bundle), "adamw", gpu=True, plans=plans)
+
+
+#: What the predicted peak is, printed beside its column.
+PEAK_LABEL = "whole step, fp32 master shards and AdamW states, CUDA allocator reserved (a lower bound)"
+
+
+def plan(bundle, algorithms: tuple[str, ...], optimizer_ms: float, *, memory: bool = True) -> dict[str, dict]:
+    """Per algorithm: step ms (forward + backward + optimizer), its compute / communication split, and (with
+    ``memory``) the whole step's predicted peak (reserved bytes) and its parts by kind."""
     from dcsched.report.compare import compare_bundle
 
-    report = compare_bundle(bundle, algorithms).to_dict()
+    comparison = compare_bundle(bundle, algorithms)
+    report = comparison.to_dict()
     out = {}
     for algo in algorithms:
         graphs = [graph["after"][algo] for graph in report["graphs"].values()]
@@ -251,7 +306,14 @@ def plan(bundle, algorithms: tuple[str, ...], optimizer_ms: float) -> dict[str, 
                      "comm_ms": sum(g["comm_ms"] for g in graphs),
                      "exposed_comm_ms": sum(g["exposed_comm_ms"] for g in graphs), "optimizer_ms": optimizer_ms,
                      "tokens_per_gpu": LOCAL_BATCH * SEQUENCE / (step / 1e3),
-                     "peak_bytes": predicted_peak_bytes({"graphs": graphs})}
+                     "graph_peak_bytes": max(g["peak_bytes"] for g in graphs)}
+        if memory:
+            plans = {name: cmp.plans[algo] for name, cmp in comparison.graphs.items() if algo in cmp.plans}
+            peak = predicted_peak(bundle, plans)
+            assert peak.cuda is not None  # gpu=True
+            out[algo].update(peak_bytes=peak.cuda.reserved_bytes, allocated_bytes=peak.cuda.allocated_bytes,
+                             live_bytes=peak.peak_bytes, peak_phase=peak.phase, peak_parts=dict(peak.parts),
+                             phases=dict(peak.phases))
     return out
 
 
@@ -278,13 +340,13 @@ def evaluate(bundle, algorithms=("fsdp", "overlap-plan")) -> list[dict]:
         table = priced(bundle, world_size, None)
         by_world[world_size] = {
             "run": plan(run, algorithms, optimizer_ms(bundle, world_size, RUN_HBM_BANDWIDTH)),
-            "sxm5": plan(table, ("fsdp",), optimizer_ms(bundle, world_size, GPUS["h100"].memory_bandwidth)),
+            "sxm5": plan(table, ("fsdp",), optimizer_ms(bundle, world_size, GPUS["h100"].memory_bandwidth),
+                         memory=False),
             "compute_by_kind": compute_by_kind(run)}
     rows = []
     for row in ROWS:
         figures = by_world[row.world_size]
         rows.append({"row": row.label, "table": row.table, "world_size": row.world_size,
-                     "states_gib": STATE_BYTES_PER_PARAM * -(-parameters(bundle) // row.world_size) / 2**30,
                      "published_tokens_per_gpu": row.tokens_per_gpu, "published_memory_gib": row.memory_gib,
                      "published_step_ms": LOCAL_BATCH * SEQUENCE / row.tokens_per_gpu * 1e3, **figures})
     return rows
@@ -294,35 +356,56 @@ def error(predicted: float, published: float) -> str:
     return f"{(predicted - published) / published:+.1%}"
 
 
+#: The memory kinds the breakdown prints, with their short headers (:data:`dcsched.sim.step_memory.KINDS`).
+KIND_HEADERS = (("parameter_shards", "param shards"), ("gradient_shards", "grad shards"),
+                ("optimizer_states", "AdamW states"), ("optimizer_temporaries", "update temps"),
+                ("mixed_precision_copies", "mp copies"), ("gathered_parameters", "gathered params"),
+                ("activations", "activations"), ("collective_buffers", "coll. buffers"))
+
+
+def gib(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.1f}"
+
+
 def render(rows: list[dict]) -> str:
     lines = [f"Llama 3.1 8B, local batch {LOCAL_BATCH}, sequence {SEQUENCE}, bf16, selective op AC, AdamW; "
              f"source: {TORCHTITAN}",
              f"predicted peak memory: {PEAK_LABEL}; published memory: max reserved (torch.cuda.memory_stats "
              "reserved_bytes.all.peak)", "",
-             "| row | W | predicted tok/s/GPU (fsdp) | published | error | predicted peak GiB "
-             f"({PEAK_LABEL}) | published GiB | error | overlap-plan tok/s/GPU | overlap-plan peak GiB "
-             "| fsdp tok/s/GPU, SXM5 table |",
+             "| row | W | predicted tok/s/GPU (fsdp) | published | error | predicted peak GiB (fsdp) "
+             "| published GiB | error | overlap-plan tok/s/GPU | overlap-plan peak GiB | fsdp tok/s/GPU, SXM5 table |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         fsdp, ours, sxm5 = r["run"]["fsdp"], r["run"]["overlap-plan"], r["sxm5"]["fsdp"]
         lines.append(
             f"| {r['row']} | {r['world_size']} | {fsdp['tokens_per_gpu']:,.0f} | {r['published_tokens_per_gpu']:,.0f} "
-            f"| {error(fsdp['tokens_per_gpu'], r['published_tokens_per_gpu'])} | {fsdp['peak_bytes'] / 2**30:.1f} "
+            f"| {error(fsdp['tokens_per_gpu'], r['published_tokens_per_gpu'])} | {gib(fsdp['peak_bytes'])} "
             f"| {r['published_memory_gib']} | {error(fsdp['peak_bytes'] / 2**30, r['published_memory_gib'])} "
-            f"| {ours['tokens_per_gpu']:,.0f} | {ours['peak_bytes'] / 2**30:.1f} | {sxm5['tokens_per_gpu']:,.0f} |")
+            f"| {ours['tokens_per_gpu']:,.0f} | {gib(ours['peak_bytes'])} | {sxm5['tokens_per_gpu']:,.0f} |")
     lines += ["", "Where each row's step goes (fsdp, ms; implied compute = published step - predicted exposed "
-              "communication - optimizer; states = fp32 master shard, fp32 gradient shard and AdamW's two fp32 "
-              "moments, 16 bytes per parameter / W, not in the graph's peak):", "",
+              "communication - optimizer):", "",
               "| row | published step | predicted step | compute | matmul | attention | memory-bound | implied compute "
-              "| compute error | comm | exposed comm | optimizer | states GiB |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "| compute error | comm | exposed comm | optimizer |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         fsdp, kinds = r["run"]["fsdp"], r["compute_by_kind"]
         implied = r["published_step_ms"] - fsdp["exposed_comm_ms"] - fsdp["optimizer_ms"]
         lines.append(f"| {r['row']} | {r['published_step_ms']:.0f} | {fsdp['step_ms']:.0f} | {fsdp['compute_ms']:.0f} "
                      f"| {kinds['matmul']:.0f} | {kinds['attention']:.0f} | {kinds['memory-bound']:.0f} "
                      f"| {implied:.0f} | {error(fsdp['compute_ms'], implied)} | {fsdp['comm_ms']:.0f} "
-                     f"| {fsdp['exposed_comm_ms']:.0f} | {fsdp['optimizer_ms']:.0f} | {r['states_gib']:.1f} |")
+                     f"| {fsdp['exposed_comm_ms']:.0f} | {fsdp['optimizer_ms']:.0f} |")
+    lines += ["", "The predicted peak by kind (GiB; per algorithm, at the step's largest phase; live = the kinds' "
+              "sum, allocated = in 512-byte blocks, reserved = in the allocator's segments, the prediction):", "",
+              "| row | algorithm | phase | " + " | ".join(header for _, header in KIND_HEADERS)
+              + " | live | allocated | reserved | published |",
+              "|---|---|---|" + "---:|" * (len(KIND_HEADERS) + 4)]
+    for r in rows:
+        for algo in ("fsdp", "overlap-plan"):
+            figures = r["run"][algo]
+            parts = " | ".join(gib(figures["peak_parts"][kind]) for kind, _ in KIND_HEADERS)
+            lines.append(f"| {r['row']} | {algo} | {figures['peak_phase']} | {parts} | {gib(figures['live_bytes'])} "
+                         f"| {gib(figures['allocated_bytes'])} | {gib(figures['peak_bytes'])} "
+                         f"| {r['published_memory_gib']} |")
     return "\n".join(lines)
 
 
