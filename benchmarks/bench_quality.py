@@ -94,7 +94,8 @@ from dcsched.units import format_bytes  # noqa: E402
 AHEAD = (1, 2, 4, 8)
 BASELINES = ("none", "list", "simple-prefetch", "fast-free")
 EPS = 1e-9
-#: DeepCompile's pipeline at its three budgets: (suffix, order row, plan row, overlap-plan row).
+#: DeepCompile's pipeline at its three budgets (label suffixes): its order without buckets (``ORDERS``), its plan
+#: with them (``PLANS``), and overlap-plan at that plan's step peak (``STEP_PLANS``).
 PIPELINE_BUDGETS = ("", " @B", " @ff")
 ORDERS = tuple(f"deepcompile order{s}" for s in PIPELINE_BUDGETS)
 PLANS = tuple(f"deepcompile plan{s}" for s in PIPELINE_BUDGETS)
