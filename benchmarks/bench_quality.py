@@ -1,22 +1,62 @@
-"""Schedule quality: every algorithm's memory and simulated step time per graph, and issue 5's targets.
+"""Schedule quality: every algorithm's memory and simulated step time per graph, checked against fixed targets.
 
-For each graph (the sample bundles, and captured GPT, Llama and ConvNet stacks
-of 8, 32 and 80 layers profiled with the analytic H100 cost model, forward and
-backward) one table row per algorithm: all-tensor peak, gathered peak, step
-time, overlap, and the step time over both lower bounds (``simple`` =
-max(compute, communication); ``tight`` = :func:`dcsched.sim.bounds.tight_bound`, the
-largest of the simulator's tight bound, :func:`dcsched.sim.bounds.through_comm_bound`
-and :func:`dcsched.sim.bounds.ends_bound`). Algorithms:
-``none``, ``list``, ``simple-prefetch``, ``fast-free``, ``prefetch-ahead`` for
-k = 1, 2, 4, 8, and ``overlap`` at B = max(fast-free's gathered peak, 2 x the
-largest all-gather), at exactly fast-free's gathered peak, and unlimited.
-Below each graph: PASS/FAIL per target of issue 5 (see docs/overlap.md); a
-missed target that no order can meet within the budget (``budget_bound``) is
-OUT OF REACH instead of FAIL, and the graph's verdict PASS*.
+Two comparisons, each like for like.
+
+**Orders** (no buckets: one collective per all-gather and per reduce). For each
+graph (the sample bundles, and captured GPT, Llama, ConvNet, Mixtral and ViT
+stacks profiled with the analytic H100 cost model, forward and backward) one
+table row per algorithm: all-tensor peak, gathered peak, step time, overlap,
+collectives issued, and the step time over both lower bounds (``simple`` =
+max(compute, communication); ``tight`` = :func:`dcsched.sim.bounds.tight_bound`,
+the largest of the simulator's tight bound, :func:`dcsched.sim.bounds.through_comm_bound`
+and :func:`dcsched.sim.bounds.ends_bound`). Both are bounds for unbucketed
+orders: a plan whose buckets fuse collectives pays fewer latencies and can
+go under them. Order rows: ``none``, ``list``, ``simple-prefetch``,
+``fast-free``, ``prefetch-ahead`` for k = 1, 2, 4, 8, ``deepcompile order``
+(DeepCompile's pipeline, ``deepcompile``, its order run without its fused
+groups) at three all-tensor budgets (unlimited, ``@B``, ``@ff``), and
+``overlap`` at B = max(fast-free's gathered peak, 2 x the largest
+all-gather), at exactly fast-free's gathered peak, and unlimited. Below each
+graph: PASS/FAIL per order target; a missed target that no order can meet
+within the budget (``budget_bound``) is OUT OF REACH instead of FAIL, and the
+graph's verdict PASS*.
+
+**Plans** (order, buckets and residency, over the step). ``deepcompile plan``
+rows are the same pipeline runs with their fused groups as buckets, each
+bucket one collective paying one latency, as ``dcsched schedule`` simulates
+them (:func:`dcsched.sim.plans.simulate_plan`). dcsched's bucketing planner,
+``overlap-plan``, is a step scheduler: it plans forward and backward together
+(a parameter kept gathered costs forward memory and saves a backward
+all-gather), so it is compared on the step, forward plus backward step time,
+within one all-tensor budget: the pipeline's step peak (the larger of its
+forward and backward peaks) at each of the pipeline's three budgets.
+``overlap-plan @dc``, ``@dc@B`` and ``@dc@ff`` rows in each graph's table are
+its plans at those step budgets; per graph they are not comparable (a kept
+parameter moves time and memory between the graphs), the step is.
+
+The targets, per graph (orders), with their tolerance ``tol`` = 3% at 8 to 31
+layers and 1% at 32 and more (n/a on the 2-layer samples, where only the fits
+checks apply):
+
+1. At B: gathered peak <= B, all-tensor peak <= fast-free's + (B - fast-free's
+   gathered peak), step within ``tol`` of ``overlap`` unlimited.
+2. At fast-free's gathered peak: step and all-tensor peak no higher than fast-free's.
+3. Unlimited: step within 5% (8-31 layers) / 2% (32+) of the tight bound.
+4. At fast-free's, simple-prefetch's and each prefetch-ahead(k)'s gathered
+   peak: no slower than it; at B no slower than any prefetch-ahead(k) fitting B.
+5. ``overlap --budget-scope all`` at each ``deepcompile order``'s all-tensor
+   peak: fits, and no slower than that order by more than ``tol``.
+
+Per step (plans):
+
+6. ``overlap-plan`` at each ``deepcompile plan``'s step peak (scope all): both
+   graphs' peaks fit, and its step (forward + backward) no slower than the
+   pipeline's by more than ``tol``.
 
 Everything is measured with dcsched's simulator. ``sched s`` is the CPU time
-(``time.process_time``) of computing the order (for ``overlap``: setup plus one
-budget), so a busy machine does not inflate it. Captured bundles are cached in
+(``time.process_time``) of computing the order or plan (for ``overlap``: setup
+plus one budget; for ``overlap-plan``: the step, shown on both graphs), so a
+busy machine does not inflate it. Captured bundles are cached in
 ``benchmarks/.cache/`` (see ``quality_graphs.py``; a missing one is captured
 first, which takes minutes on 2 cores).
 
@@ -39,19 +79,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from quality_graphs import CONFIGS, STRESS, captured, depths, samples  # noqa: E402
 
-from dcsched.sim.bounds import budget_bound, tight_bound  # noqa: E402
-from dcsched.sim.plans import simulate_plan  # noqa: E402
-from dcsched.graph.nxview import to_networkx  # noqa: E402
-from dcsched.schedulers import run  # noqa: E402
+from dcsched.budget import Budget  # noqa: E402
+from dcsched.errors import BudgetError  # noqa: E402
 from dcsched.graph.form import GraphForm, paused_gc  # noqa: E402
-from dcsched.schedulers.deepcompile import DeepCompile  # noqa: E402
+from dcsched.graph.nxview import to_networkx  # noqa: E402
+from dcsched.schedulers import run, run_step  # noqa: E402
 from dcsched.schedulers.overlap.scheduler import UNLIMITED, Overlap  # noqa: E402
+from dcsched.sim.bounds import budget_bound, tight_bound  # noqa: E402
+from dcsched.sim.collectives import latency_from_provenance  # noqa: E402
+from dcsched.sim.plans import simulate_plan  # noqa: E402
+from dcsched.sim.simulate import CompiledGraph, compile_view  # noqa: E402
 from dcsched.units import format_bytes  # noqa: E402
 
 AHEAD = (1, 2, 4, 8)
 BASELINES = ("none", "list", "simple-prefetch", "fast-free")
 EPS = 1e-9
-PIPELINES = ("deepcompile", "deepcompile @B", "deepcompile @ff")
+#: DeepCompile's pipeline at its three budgets (label suffixes): its order without buckets (``ORDERS``), its plan
+#: with them (``PLANS``), and overlap-plan at that plan's step peak (``STEP_PLANS``).
+PIPELINE_BUDGETS = ("", " @B", " @ff")
+ORDERS = tuple(f"deepcompile order{s}" for s in PIPELINE_BUDGETS)
+PLANS = tuple(f"deepcompile plan{s}" for s in PIPELINE_BUDGETS)
+STEP_PLANS = tuple(f"overlap-plan @dc{s.strip()}" for s in PIPELINE_BUDGETS)
+STEP_SCHEDULER = "overlap-plan"
 
 
 def _tolerance(layers: int | None, at_32: float, at_8: float) -> float | None:
@@ -62,69 +111,85 @@ def _tolerance(layers: int | None, at_32: float, at_8: float) -> float | None:
 
 @dataclasses.dataclass
 class Runs:
-    """One graph's orders by every algorithm at its budgets, simulated: what the targets are checked on."""
+    """One graph's orders and plans by every algorithm at its budgets, simulated: what the targets are checked on.
 
+    ``compiled`` (the graph compiled with the bundle's collective latency) simulates plans with their
+    buckets; ``scheduler.compiled`` orders (no buckets: the latency does not enter).
+    """
+
+    part: str
+    form: GraphForm
     scheduler: Overlap
+    compiled: CompiledGraph
     tight: float
-    budget_b: float
-    bound_b: float
+    budget_b: float = 0.0
+    bound_b: float = 0.0
     rows: list = dataclasses.field(default_factory=list)
     results: dict = dataclasses.field(default_factory=dict)
-    #: DeepCompile pipeline label -> (its step, overlap's at its all-tensor peak), as check_targets found them.
+    #: DeepCompile order label -> (its step, overlap's at its all-tensor peak), as check_targets found them.
     vs_pipeline: dict = dataclasses.field(default_factory=dict)
 
-    def add(self, label: str, order_indices=None, names=None, seconds=None, budget=None, plan=None):
-        """Simulate an order (node numbers or names), or a plan with its buckets as ``dcsched schedule`` does."""
-        compiled = self.scheduler.compiled
+    def add(self, label: str, order=None, seconds=None, budget=None, plan=None):
+        """Simulate an order (node numbers or names), or a plan with its buckets and residency as
+        ``dcsched schedule`` does (:func:`simulate_plan`)."""
         if plan is not None:
-            result = simulate_plan(compiled, plan, "forward", detail=False)
+            result = simulate_plan(self.compiled, plan, self.part, detail=False)
         else:
-            result = compiled.simulate(names if names is not None else order_indices, detail=False)
+            result = self.scheduler.compiled.simulate(order, detail=False)
         self.results[label] = result
+        bounds = self.scheduler.compiled.bounds
         self.rows.append(dict(algo=label, peak=result.peak_bytes, gathered=result.gathered_peak_bytes,
-                              step=result.step_ms, overlap=result.overlap_pct,
-                              vs_simple=result.step_ms / compiled.bounds.simple, vs_tight=result.step_ms / self.tight,
+                              step=result.step_ms, overlap=result.overlap_pct, collectives=result.collectives,
+                              vs_simple=result.step_ms / bounds.simple, vs_tight=result.step_ms / self.tight,
                               seconds=seconds, budget=budget))
         return result
 
 
-def run_algorithms(name: str, graph) -> Runs:
-    """Every baseline, DeepCompile's pipeline at three budgets, prefetch-ahead(k) and overlap at B, ff and unlimited."""
+def _timed(func, *args, **kwargs):
+    started = time.process_time()
+    value = func(*args, **kwargs)
+    return value, time.process_time() - started
+
+
+def run_algorithms(name: str, part: str, graph, latency_ms: float) -> Runs:
+    """Every baseline, DeepCompile's pipeline at three budgets (order and plan), prefetch-ahead(k) and
+    overlap at B, ff and unlimited, on graph ``part`` of a step."""
     view = to_networkx(graph)
+    form = GraphForm(view)
     started = time.process_time()
     with paused_gc():  # as the registered scheduler runs
         scheduler = Overlap(view, name=name)
     setup_s = time.process_time() - started
-    compiled = scheduler.compiled
-    runs = Runs(scheduler, tight_bound(compiled), 0.0, 0.0)
+    runs = Runs(part, form, scheduler, compile_view(form, assume_zero=True, name=name, comm_latency_ms=latency_ms),
+                tight_bound(scheduler.compiled))
     for algo in BASELINES:
-        t = time.process_time()
-        order = list(run(algo, GraphForm(view)).order)
-        runs.add(algo, names=order, seconds=time.process_time() - t)
+        plan, seconds = _timed(run, algo, GraphForm(form))
+        runs.add(algo, list(plan.order), seconds=seconds)
     ff = runs.results["fast-free"]
     runs.budget_b = budget_b = max(ff.gathered_peak_bytes, 2 * scheduler.largest_gather)
     # DeepCompile's pipeline: with DeepSpeed's budget (the device, unlimited for these graphs: only its
     # 4e9-byte buffer cap holds prefetches back), at fast-free's all-tensor peak plus what B adds over
-    # fast-free's gathered peak, and at fast-free's all-tensor peak.
-    t = time.process_time()
-    pipeline = DeepCompile(view)
-    setup = time.process_time() - t
-    for label, budget in (("deepcompile", None), ("deepcompile @B", ff.peak_bytes + budget_b - ff.gathered_peak_bytes),
-                          ("deepcompile @ff", ff.peak_bytes)):
-        t = time.process_time()
-        runs.add(label, plan=pipeline.scheduled(math.inf if budget is None else budget),
-                 seconds=time.process_time() - t + setup, budget=budget)
-    planner = scheduler.planners[0]
+    # fast-free's gathered peak, and at fast-free's all-tensor peak; its order alone, then its plan.
+    pipeline_budgets = (math.inf, ff.peak_bytes + budget_b - ff.gathered_peak_bytes, ff.peak_bytes)
+    plans = {}
+    for order_label, plan_label, budget in zip(ORDERS, PLANS, pipeline_budgets):
+        plan, seconds = _timed(run, "deepcompile", GraphForm(form), budget=Budget(budget, "all"))
+        runs.add(order_label, list(plan.order), seconds=seconds, budget=None if math.isinf(budget) else budget)
+        plans[plan_label] = (plan, seconds, budget)
+    for plan_label, (plan, seconds, budget) in plans.items():
+        runs.add(plan_label, plan=plan, seconds=seconds, budget=None if math.isinf(budget) else budget)
     for k in AHEAD:
-        runs.add(f"prefetch-ahead k={k}", order_indices=planner.assemble(planner.ahead_slots(k)))
-    runs.bound_b = max(runs.tight, budget_bound(compiled, budget_b))
+        plan, seconds = _timed(run, "prefetch-ahead", GraphForm(form), k=k)
+        runs.add(f"prefetch-ahead k={k}", list(plan.order), seconds=seconds)
+    runs.bound_b = max(runs.tight, budget_bound(scheduler.compiled, budget_b))
+    # overlap at several budgets from one setup (the registered scheduler sets up once per call).
     for label, budget in (("overlap @B", budget_b), ("overlap @ff", ff.gathered_peak_bytes),
                           ("overlap unlimited", UNLIMITED)):
         t = time.process_time()
         if budget >= scheduler.min_budget():
             with paused_gc():
                 order, _ = scheduler.plan(budget)
-            runs.add(label, order_indices=order, seconds=time.process_time() - t + setup_s, budget=budget)
+            runs.add(label, order, seconds=time.process_time() - t + setup_s, budget=budget)
         else:
             runs.rows.append(dict(algo=label, budget=budget, infeasible=True))
     return runs
@@ -183,10 +248,10 @@ def check_targets(runs: Runs, layers: int | None) -> list[tuple[str, str, str]]:
         _, mine = scheduler.plan(budget)
         verdict(f"<= {other} at its gathered peak", mine.step_ms <= theirs.step_ms + EPS,
                 f"{mine.step_ms:.3f} vs {theirs.step_ms:.3f} ms at {format_bytes(budget)}")
-    # 5. At the all-tensor peak of DeepCompile's pipeline (scope all): within it, no slower than it.
+    # 5. At the all-tensor peak of DeepCompile's pipeline's order (scope all): within it, no slower than it.
     tol = _tolerance(layers, 0.01, 0.03)
     vs_pipeline = runs.vs_pipeline
-    for other in PIPELINES:
+    for other in ORDERS:
         theirs = results[other]
         budget = theirs.peak_bytes
         target = f"all-tensor scope at {other}'s peak: fits" + ("" if tol is None else f", <= {other} + {tol:.0%}")
@@ -230,33 +295,77 @@ def summary(name: str, runs: Runs, verdicts) -> dict:
     return header
 
 
-def evaluate(name: str, graph, layers: int | None) -> tuple[list[dict], list[tuple[str, str, str]]]:
-    """Rows (one per algorithm, after the graph's header) and target verdicts (target, status, detail) for one graph."""
-    runs = run_algorithms(name, graph)
-    verdicts = check_targets(runs, layers)
-    return [summary(name, runs, verdicts)] + runs.rows, verdicts
+def compare_step(name: str, runs: dict[str, Runs], layers: int | None,
+                 latency_ms: float) -> tuple[list[dict], list[tuple[str, str, str]]]:
+    """Target 6 on one step: ``overlap-plan`` at each ``deepcompile plan``'s step peak against that plan.
+
+    The pipeline plans each graph alone; the step's memory is the larger of its graphs' all-tensor peaks, the
+    one budget ``overlap-plan`` (a step scheduler: kept parameters trade forward memory for backward
+    all-gathers) gets for both graphs. Its plans are added to each graph's rows (``STEP_PLANS``).
+
+    Returns
+    -------
+    rows : list of dict
+        One per pipeline budget: the step budget, both plans' graph steps and peaks, the ratio of the steps.
+    verdicts : list of (target, status, detail)
+    """
+    forms = {part: GraphForm(r.form) for part, r in runs.items()}
+    tol = _tolerance(layers, 0.01, 0.03)
+    rows, verdicts = [], []
+    for theirs_label, mine_label in zip(PLANS, STEP_PLANS):
+        theirs = {part: r.results[theirs_label] for part, r in runs.items()}
+        budget = max(result.peak_bytes for result in theirs.values())
+        target = (f"{STEP_SCHEDULER} at {theirs_label}'s step peak: fits"
+                  + ("" if tol is None else f", step <= {theirs_label} + {tol:.0%}"))
+        theirs_step = sum(result.step_ms for result in theirs.values())
+        try:
+            plans, seconds = _timed(run_step, STEP_SCHEDULER, forms, budget=Budget(budget, "all"),
+                                    comm_latency_ms=latency_ms)
+        except BudgetError as exc:
+            verdicts.append((target, "FAIL", f"step peak {format_bytes(budget)}: {exc}"))
+            rows.append(dict(graph=name, pipeline=theirs_label, budget=budget, theirs=theirs, mine=None))
+            continue
+        mine = {part: r.add(mine_label, plan=plans[part], seconds=seconds, budget=budget) for part, r in runs.items()}
+        mine_step = sum(result.step_ms for result in mine.values())
+        ratio = mine_step / theirs_step
+        mine_peak = max(result.peak_bytes for result in mine.values())
+        ok = mine_peak <= budget and (tol is None or ratio <= 1 + tol + EPS)
+        verdicts.append((target, "PASS" if ok else "FAIL",
+                         f"{mine_step:.3f} vs {theirs_step:.3f} ms ({ratio:.4f}x), peak {format_bytes(mine_peak)}"
+                         f" <= {format_bytes(budget)}"))
+        rows.append(dict(graph=name, pipeline=theirs_label, budget=budget, theirs=theirs, mine=mine, ratio=ratio,
+                         verdict=verdicts[-1][1]))
+    return rows, verdicts
 
 
 def render(rows: list[dict], verdicts) -> str:
     head = rows[0]
-    lines = [f"\n## {head['graph']}: {head['nodes']} nodes, {head['gathers']} all-gathers; lower bounds: "
-             f"simple {head['simple']:.3f} ms, tight {head['tight']:.3f} ms (simulator's {head['sim_tight']:.3f}); "
-             f"B = {format_bytes(head['budget_b'])}, overlap's minimum = {format_bytes(head['min_budget'])}",
+    lines = [f"\n## {head['graph']}: {head['nodes']} nodes, {head['gathers']} all-gathers; lower bounds for "
+             f"unbucketed orders: simple {head['simple']:.3f} ms, tight {head['tight']:.3f} ms (simulator's "
+             f"{head['sim_tight']:.3f}); B = {format_bytes(head['budget_b'])}, overlap's minimum = "
+             f"{format_bytes(head['min_budget'])}",
              f"| {'algorithm':22s} | {'peak':>11s} | {'gathered':>11s} | {'step ms':>9s} | {'overlap':>7s} "
-             f"| {'/simple':>7s} | {'/tight':>7s} | {'sched s':>7s} |",
-             "|" + "|".join("-" * w for w in (24, 13, 13, 11, 9, 9, 9, 9)) + "|"]
+             f"| {'coll':>5s} | {'/simple':>7s} | {'/tight':>7s} | {'sched s':>7s} |",
+             "|" + "|".join("-" * w for w in (24, 13, 13, 11, 9, 7, 9, 9, 9)) + "|"]
     for r in rows[1:]:
         if r.get("infeasible"):
             lines.append(f"| {r['algo']:22s} | budget {format_bytes(r['budget'])} below overlap's minimum |")
             continue
         secs = "" if r["seconds"] is None else f"{r['seconds']:.3f}"
         lines.append(f"| {r['algo']:22s} | {format_bytes(r['peak']):>11s} | {format_bytes(r['gathered']):>11s} "
-                     f"| {r['step']:9.3f} | {r['overlap']:6.1f}% | {r['vs_simple']:7.3f} | {r['vs_tight']:7.3f} "
-                     f"| {secs:>7s} |")
+                     f"| {r['step']:9.3f} | {r['overlap']:6.1f}% | {r['collectives']:5d} | {r['vs_simple']:7.3f} "
+                     f"| {r['vs_tight']:7.3f} | {secs:>7s} |")
+    lines.append("(`coll`: collectives issued; /simple and /tight bound unbucketed orders: the plan rows, "
+                 f"`deepcompile plan*` and `{STEP_SCHEDULER}*`, fuse collectives and can go under them)")
     lines.append("")
     for target, status, detail in verdicts:
         lines.append(f"- {status:4s} {target}: {detail}")
     return "\n".join(lines)
+
+
+def render_step(name: str, verdicts) -> str:
+    return "\n".join([f"\n### {name} step (forward + backward): plans"]
+                     + [f"- {status:4s} {target}: {detail}" for target, status, detail in verdicts])
 
 
 def graphs(selection: list[str], quick: bool, stress: bool = False):
@@ -274,25 +383,7 @@ def graphs(selection: list[str], quick: bool, stress: bool = False):
                 yield key, captured(arch, n), n
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("graphs", nargs="*", help="sample:<name> or <arch>-<layers> (default: all)")
-    parser.add_argument("--quick", action="store_true", help="samples and each architecture's shallowest stack only")
-    parser.add_argument("--stress", action="store_true", help="also the stress configurations (quality_graphs.STRESS)")
-    args = parser.parse_args(argv)
-    totals: dict[str, int] = {}
-    failures = []
-    compact = []
-    for name, bundle, layers in graphs(args.graphs, args.quick, args.stress):
-        for part, graph in bundle.graphs.items():
-            label = f"{name} {part}"
-            rows, verdicts = evaluate(label, graph, layers)
-            compact.append(rows[0]["compact"])
-            print(render(rows, verdicts), flush=True)
-            for target, status, detail in verdicts:
-                totals[status] = totals.get(status, 0) + 1
-                if status in ("FAIL", "OUT OF REACH"):
-                    failures.append(f"{status} {label}: {target} ({detail})")
+def print_order_tables(compact: list[dict]) -> None:
     print("\n## Step time (ms) per graph; overlap's over the tight bound in brackets\n")
     print("| graph | tight bound | fast-free | simple-prefetch | best ahead(k) fitting B | B | bound within B "
           "| overlap @B | overlap @ff peak | overlap unlimited | overlap s (CPU) | targets |")
@@ -303,15 +394,72 @@ def main(argv=None) -> int:
               f"| {c['at_ff']:.3f} ({c['at_ff'] / c['tight']:.3f}) "
               f"| {c['unlimited']:.3f} ({c['unlimited'] / c['tight']:.3f}) "
               f"| {c['seconds']:.2f} | {c['verdict']} |")
-    print("\n## DeepCompile's pipeline against overlap (scope all) at the pipeline's all-tensor peak, step ms\n")
-    print("| graph | " + " | ".join(f"{p} | overlap at its peak | ratio" for p in PIPELINES) + " |")
-    print("|---|" + "---|---|---|" * len(PIPELINES))
+    print("\n## DeepCompile's pipeline's order (no buckets) against overlap (scope all) at the order's all-tensor "
+          "peak, step ms\n")
+    print("| graph | " + " | ".join(f"{p} | overlap at its peak | ratio" for p in ORDERS) + " |")
+    print("|---|" + "---|---|---|" * len(ORDERS))
     for c in compact:
         cells = []
-        for other in PIPELINES:
+        for other in ORDERS:
             theirs, mine = c["vs_pipeline"].get(other, (math.nan, math.nan))
             cells.append(f"{theirs:.3f} | {mine:.3f} | {mine / theirs:.4f}")
         print(f"| {c['graph']} | " + " | ".join(cells) + " |")
+
+
+def print_plan_table(step_rows: list[dict]) -> None:
+    print(f"\n## DeepCompile's plan (fused groups as buckets) against {STEP_SCHEDULER} at the plan's step peak "
+          "(all tensors), step ms (forward + backward)\n")
+    print(f"| step | pipeline | step peak | deepcompile fwd + bwd | {STEP_SCHEDULER} fwd + bwd | ratio "
+          f"| {STEP_SCHEDULER} peak | target |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in step_rows:
+        theirs = r["theirs"]
+        cell = " + ".join(f"{result.step_ms:.3f}" for result in theirs.values())
+        total = sum(result.step_ms for result in theirs.values())
+        if r["mine"] is None:
+            print(f"| {r['graph']} | {r['pipeline']} | {format_bytes(r['budget'])} | {cell} = {total:.3f} "
+                  "| does not fit | | | FAIL |")
+            continue
+        mine = r["mine"]
+        mine_cell = " + ".join(f"{result.step_ms:.3f}" for result in mine.values())
+        mine_total = sum(result.step_ms for result in mine.values())
+        peak = max(result.peak_bytes for result in mine.values())
+        print(f"| {r['graph']} | {r['pipeline']} | {format_bytes(r['budget'])} | {cell} = {total:.3f} "
+              f"| {mine_cell} = {mine_total:.3f} | {r['ratio']:.4f} | {format_bytes(peak)} | {r['verdict']} |")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("graphs", nargs="*", help="sample:<name> or <arch>-<layers> (default: all)")
+    parser.add_argument("--quick", action="store_true", help="samples and each architecture's shallowest stack only")
+    parser.add_argument("--stress", action="store_true", help="also the stress configurations (quality_graphs.STRESS)")
+    args = parser.parse_args(argv)
+    totals: dict[str, int] = {}
+    failures = []
+    compact, step_rows = [], []
+
+    def tally(label: str, verdicts) -> None:
+        for target, status, detail in verdicts:
+            totals[status] = totals.get(status, 0) + 1
+            if status in ("FAIL", "OUT OF REACH"):
+                failures.append(f"{status} {label}: {target} ({detail})")
+    for name, bundle, layers in graphs(args.graphs, args.quick, args.stress):
+        latency_ms = latency_from_provenance(bundle.provenance)
+        runs = {part: run_algorithms(f"{name} {part}", part, graph, latency_ms)
+                for part, graph in bundle.graphs.items()}
+        order_verdicts = {part: check_targets(r, layers) for part, r in runs.items()}
+        rows, step_verdicts = compare_step(name, runs, layers, latency_ms)
+        step_rows += rows
+        for part, r in runs.items():
+            label = f"{name} {part}"
+            head = summary(label, r, order_verdicts[part])
+            compact.append(head["compact"])
+            print(render([head] + r.rows, order_verdicts[part]), flush=True)
+            tally(label, order_verdicts[part])
+        print(render_step(name, step_verdicts), flush=True)
+        tally(f"{name} step", step_verdicts)
+    print_order_tables(compact)
+    print_plan_table(step_rows)
     print("\n## Summary: " + ", ".join(f"{k} {v}" for k, v in sorted(totals.items())))
     for line in failures:
         print(f"- {line}")
