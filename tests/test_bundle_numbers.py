@@ -232,6 +232,13 @@ def test_schedule_and_replay_refuse_an_unrunnable_plan_in_the_same_words(tmp_pat
     assert run(["show", str(path)]) == 0  # showing it runs nothing
 
 
+@pytest.mark.parametrize("algo", ["deepcompile", "overlap"])
+def test_a_scheduler_taking_the_default_budget_refuses_an_unrunnable_plan_in_one_line(tmp_path, capsys, algo):
+    path = _unrunnable_plan(tmp_path)
+    said = _refused_in_one_line(tmp_path, path, ["schedule", "--algo", algo], capsys)
+    assert said == f"dcsched: error: {WORDS}"
+
+
 def test_replay_orders_refuses_an_unrunnable_plan_of_either_bundle(tmp_path):
     crafted = dcsched.load(_unrunnable_plan(tmp_path))
     plain = replay.example_bundle()

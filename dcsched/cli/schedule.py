@@ -133,10 +133,10 @@ def schedule(
         scheduled: dict = {}
     else:
         budget = budget_for(selection.budget, bundle, scope=selection.scope)  # the default rule, where none given
-        if selection.budget is None:
-            note_default_budget(bundle, selection, budget)
         comparison = run_comparison(bundle, selection, assume_zero=options.assume_zero, budget=budget,
                                     skip_failing=algo == "all")
+        if selection.budget is None:  # after the run: a refusal stays the one line on stderr
+            note_default_budget(bundle, selection, budget)
         scheduled = {a: p for a, p in outputs.items() if a in comparison.algorithms}
         report = formats.ScheduleReport(path, comparison, files=report_files, params=params,
                                         param_names={p.ds_id: p.name for p in bundle.params}, outputs=scheduled,
