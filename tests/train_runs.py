@@ -81,7 +81,8 @@ def mean_over_ranks(value: torch.Tensor) -> float:
 def train_dcsched(name: str, algo: str, steps: int, batch: int, rank: int = 0, world_size: int = 1,
                   memory_budget=None, budget_scope=None, save: tuple | None = None, resume: str | None = None,
                   device: str = "cpu", compute: str = "eager", cost_model: str = "analytic", replicate_below: int = 0,
-                  clip: float | None = None, full_state: bool = False, **overrides) -> dict:
+                  clip: float | None = None, full_state: bool = False, plan_file: str | None = None,
+                  **overrides) -> dict:
     """Losses per step and, for the last step, each graph's measured peak bytes beside the simulator's.
 
     ``cost_model``: ``analytic`` (h100: the same figures on every rank) or ``measured`` (dcsched's default:
@@ -92,7 +93,8 @@ def train_dcsched(name: str, algo: str, steps: int, batch: int, rank: int = 0, w
 
     ``replicate_below``: ``dcsched.shard``'s; ``clip``: clip the gradient norm to it every step (``norms``: the
     norms ``clip_grad_norm_`` returned); ``full_state``: the model's ``state_dict()`` after the last step
-    (``state``).
+    (``state``). ``plan_file``: ``dcsched.backend(plan=...)`` (``reused_plan``: whether the plan came from it;
+    ``plan_digest``: per graph, a digest of its order, buckets and residency).
     """
     import dcsched
     from dcsched.plan import Plan
@@ -106,7 +108,7 @@ def train_dcsched(name: str, algo: str, steps: int, batch: int, rank: int = 0, w
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     backend = dcsched.backend(algo=algo, memory_budget=memory_budget, budget_scope=budget_scope,
                               cost_model=cost_model, gpu="h100" if cost_model == "analytic" else None,
-                              compute=compute)
+                              compute=compute, plan=plan_file)
     compiled = torch.compile(model, backend=backend, dynamic=False)
     start = int(dcsched.load_checkpoint(resume, model, optimizer)["step"]) if resume else 0
     losses, norms = [], []
@@ -145,7 +147,8 @@ def train_dcsched(name: str, algo: str, steps: int, batch: int, rank: int = 0, w
                    "planned_all_reduces": planned_all_reduces(program.bundle.graphs, program.runtime.plan),
                    "replicated": len(program.runtime.plan.replicated),
                    "async_reduce": getattr(program.runtime, "issue", SIMULATOR).async_reduce}
-    result = {"losses": losses, "memory": memory, "plan": plan, "collectives": collectives, "norms": norms}
+    result = {"losses": losses, "memory": memory, "plan": plan, "collectives": collectives, "norms": norms,
+              "plan_digest": plan_digest(program.bundle), "reused_plan": program.reused_plan}
     if full_state:
         result["state"] = {key: value.clone() for key, value in model.state_dict().items()}
     return result
@@ -160,6 +163,17 @@ def planned_all_reduces(graphs, plan) -> int:
     fused = sum(len(bucket) - 1 for comm in plan.graphs.values() for bucket in comm.reduce
                 if bucket[0] in plan.replicated)
     return reduces - fused
+
+
+def plan_digest(bundle) -> dict[str, str]:
+    """Per graph of a scheduled bundle, a digest of what its plan decides: the node order, the buckets and the
+    residency (figures left out)."""
+    import hashlib
+    import json
+    from dcsched.runtime.consensus import _plan_data
+    return {name: hashlib.sha256(json.dumps([[node.name for node in graph.nodes], _plan_data(bundle.plans.get(name))],
+                                            sort_keys=True).encode()).hexdigest()[:16]
+            for name, graph in bundle.graphs.items()}
 
 
 def order_digest(graph) -> str:

@@ -1,0 +1,117 @@
+"""One plan per job: steady figures make fresh runs plan alike; ``--plan FILE`` stores a plan and reuses it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import dcsched
+from dcsched.cli import run
+from dcsched.train import stored_plan
+from dcsched.train.options import TrainOptions
+from gloo import on_gloo_ranks
+
+ROOT = Path(__file__).resolve().parent.parent
+GPT = ROOT / "examples" / "gpt.py"
+TINY = ["--layers", "1", "--d-model", "32", "--heads", "2", "--vocab", "64", "--seq", "8", "--batch", "2",
+        "--steps", "3", "--lr", "1e-2"]
+#: The job the stability test runs five times afresh: small, but with two blocks for the planner to bucket.
+STEADY_JOB = {"n_layers": 2, "d_model": 64, "n_heads": 2, "vocab": 128, "seq": 16}
+
+
+def test_the_default_scheduler_is_the_step_planner():
+    assert TrainOptions().algo == "overlap-plan" and dcsched.backend().options.algo == "overlap-plan"
+    assert TrainOptions().scheduler.step  # planned within FSDP2's peak on the CPU (TrainOptions.budget)
+
+
+def _train(capsys, *options: str, args=TINY) -> tuple[int, dict | None, str]:
+    code = run(["train", str(GPT), *options, "--json", "--no-progress", "--", *args])
+    out, err = capsys.readouterr()
+    return code, (json.loads(out) if code == 0 else None), err
+
+
+def test_a_plan_file_is_stored_then_reused_without_profiling_bit_for_bit(tmp_path, capsys, monkeypatch):
+    path = tmp_path / "plan.pt"
+    code, first, err = _train(capsys, "--plan", str(path))
+    assert code == 0, err
+    assert first["plan_file"] == {"path": str(path), "reused": False} and first["algo"] == "overlap-plan"
+    stored = dcsched.load(path)  # the safe loader reads it: a bundle with its plans and its key
+    assert set(stored.plans) == {"forward", "backward"} and stored.provenance[stored_plan.KEY]["world_size"] == 1
+    written = path.read_bytes()
+
+    import dcsched.train.backend as train_backend
+
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("a reused plan profiles and plans nothing")
+
+    monkeypatch.setattr(train_backend, "profile_bundle", refuse)
+    monkeypatch.setattr(train_backend, "run_step", refuse)
+    code, again, err = _train(capsys, "--plan", str(path))
+    assert code == 0, err
+    assert again["plan_file"]["reused"] is True
+    assert again["losses"] == first["losses"]  # bit for bit
+    assert path.read_bytes() == written
+
+
+@pytest.mark.parametrize("options, args, words", [
+    ([], [*TINY, "--d-model", "48"], "the captured parameter table differs: the model, its inputs or the dtypes "
+                                     "changed"),
+    ([], [*TINY, "--batch", "4"], "the captured input table differs"),
+    (["--algo", "fsdp"], TINY, "the scheduler differs (the file: 'overlap-plan', this run: 'fsdp')"),
+    (["--memory-budget", "unlimited"], TINY, "the option memory_budget differs (the file: None, this run: "
+                                             "'unlimited')"),
+])
+def test_a_plan_file_of_another_job_is_refused_in_one_line(tmp_path, capsys, options, args, words):
+    path = tmp_path / "plan.pt"
+    code, _, err = _train(capsys, "--plan", str(path), "--cost-model", "analytic", "--gpu", "h100")
+    assert code == 0, err
+    written = path.read_bytes()
+    code, _, err = _train(capsys, "--plan", str(path), "--cost-model", "analytic", "--gpu", "h100", *options,
+                          args=args)
+    assert code == 2
+    assert err.startswith(f"dcsched: error: --plan {path} holds the plan of another job: ") and words in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert path.read_bytes() == written  # left as it was
+
+
+@pytest.mark.parametrize("content", [b"not a bundle", b"PK\x03\x04" + b"\0" * 64])
+def test_a_plan_file_that_is_no_bundle_is_one_line(tmp_path, capsys, content):
+    path = tmp_path / "plan.pt"
+    path.write_bytes(content)
+    before = sorted(tmp_path.iterdir())
+    code, _, err = _train(capsys, "--plan", str(path), "--cost-model", "analytic", "--gpu", "h100")
+    assert code == 2 and err.startswith("dcsched: error: ") and str(path) in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert path.read_bytes() == content and sorted(tmp_path.iterdir()) == before
+
+
+@pytest.mark.slow
+@on_gloo_ranks
+def test_fresh_two_rank_runs_plan_alike_and_a_stored_plan_trains_bit_for_bit(tmp_path, capsys):
+    """Five fresh 2-rank runs of one GPT job with the default scheduler and cost model (each rank timing its own
+    nodes on a shared machine) choose one plan: the same order, buckets and residency. The first stores it in a
+    plan file; a sixth run reuses it with the first run's losses bit for bit, and one process is refused it."""
+    import train_runs as runs
+    path = tmp_path / "plan.pt"
+    job = dict(cost_model="measured", **STEADY_JOB)
+    fresh = [runs.spawn(tmp_path / f"run{k}", 2, [("gpt", "gpt", "overlap-plan", 3, 4,
+                                                    {**job, "plan_file": str(path)} if k == 0 else job)])
+             for k in range(5)]
+    digests = [ranks[rank]["gpt"]["plan_digest"] for ranks in fresh for rank in (0, 1)]
+    assert all(digest == digests[0] for digest in digests), digests
+    reused = runs.spawn(tmp_path / "reused", 2, [("gpt", "gpt", "overlap-plan", 3, 4, {**job, "plan_file": str(path)})])
+    for rank in (0, 1):
+        assert reused[rank]["gpt"]["reused_plan"] and not fresh[0][rank]["gpt"]["reused_plan"]
+        assert reused[rank]["gpt"]["losses"] == fresh[0][rank]["gpt"]["losses"]
+        assert reused[rank]["gpt"]["plan_digest"] == digests[0]
+    stored_plan.forget_claims()
+    with pytest.raises(Exception) as raised:
+        runs.train_dcsched("gpt", "overlap-plan", 1, 4, plan_file=str(path), **job)
+    from dcsched.profile.scripts import unwrap_dynamo_error
+    assert str(unwrap_dynamo_error(raised.value)) == (
+        f"plan {path} holds the plan of another job: the world size differs (the file: 2 ranks, this run: 1); "
+        "remove it or pass another file")
+    torch._dynamo.reset()
