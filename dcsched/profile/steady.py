@@ -30,6 +30,8 @@ simulator's step time by less than the jitter itself does, and put 9 nodes in
 from __future__ import annotations
 
 import math
+import statistics
+from typing import Sequence
 
 from dcsched.bundle.core import Bundle
 
@@ -52,6 +54,37 @@ def quantise_ms(ms: float, steps_per_doubling: int = STEPS_PER_DOUBLING) -> floa
     return 2.0 ** (round(math.log2(ms) * steps_per_doubling) / steps_per_doubling)
 
 
+def collective_fit(points: Sequence[tuple[float, float]]) -> float:
+    """Milliseconds per byte of the collectives ``points`` (``(bytes, ms)``), by the Theil-Sen estimator: the
+    median of the slopes between every two points of different sizes (0 where all have one size, never
+    negative); a few collectives slowed down by a busy machine do not move it.
+
+    >>> round(collective_fit([(100, 2.0), (200, 3.0), (300, 4.0), (400, 5.0), (500, 60.0)]), 6)
+    0.01
+    """
+    slopes = [(y2 - y1) / (x2 - x1) for k, (x1, y1) in enumerate(points) for x2, y2 in points[k + 1:] if x2 != x1]
+    return max(0.0, statistics.median(slopes)) if slopes else 0.0
+
+
+def _steady_collectives(bundle: Bundle) -> None:
+    """Every measured all-gather's and reduce-scatter's time made ``latency + bytes * slope``: the latency
+    measured on its own (``provenance['comm_latency_ms']``, the median of many runs of a one-float all-gather:
+    steadier than any one collective's few runs), the slope its kind's :func:`collective_fit` over the step's
+    collectives, at the node's bytes (``tensor_size``)."""
+    from dcsched.graph.roles import Role, role_of
+    latency = bundle.provenance.get("comm_latency_ms")
+    if not str(bundle.provenance.get("comm_time", "")).startswith("measured") or not isinstance(latency, float):
+        return
+    for role in (Role.ALLGATHER, Role.REDUCE):
+        nodes = [node for graph in bundle.graphs.values() for node in graph.nodes if role_of(node) is role
+                 and node.meta.get("time_source") == "measured" and isinstance(node.meta.get("device_time"), float)
+                 and isinstance(node.meta.get("tensor_size"), int)]
+        points = [(float(node.meta["tensor_size"]), node.meta["device_time"]) for node in nodes]
+        slope = collective_fit(points)
+        for node, (size, _) in zip(nodes, points):
+            node.meta["device_time"] = latency + slope * size
+
+
 def steady_figures(bundle: Bundle, steps_per_doubling: int = STEPS_PER_DOUBLING) -> None:
     """Round ``bundle``'s measured figures in place (:func:`quantise_ms`): every node's ``device_time`` whose
     ``time_source`` is ``measured``, and ``provenance['comm_latency_ms']`` where the collectives were measured.
@@ -66,14 +99,15 @@ def steady_figures(bundle: Bundle, steps_per_doubling: int = STEPS_PER_DOUBLING)
     >>> node.meta["device_time"], bundle.provenance["figures"].startswith("measured times rounded")
     (0.25, True)
     """
+    latency = bundle.provenance.get("comm_latency_ms")
+    if str(bundle.provenance.get("comm_time", "")).startswith("measured") and isinstance(latency, (int, float)):
+        bundle.provenance["comm_latency_ms"] = quantise_ms(float(latency), steps_per_doubling)
+    _steady_collectives(bundle)
     rounded = False
     for graph in bundle.graphs.values():
         for node in graph.nodes:
             if node.meta.get("time_source") == "measured" and "device_time" in node.meta:
                 node.meta["device_time"] = quantise_ms(float(node.meta["device_time"]), steps_per_doubling)
                 rounded = True
-    latency = bundle.provenance.get("comm_latency_ms")
-    if str(bundle.provenance.get("comm_time", "")).startswith("measured") and isinstance(latency, (int, float)):
-        bundle.provenance["comm_latency_ms"] = quantise_ms(float(latency), steps_per_doubling)
     if rounded:
         bundle.provenance["figures"] = STEADY

@@ -81,7 +81,8 @@ class TrainOptions(CostOptions):
     gpu : str or None
         Target GPU (``h100``, ``a100``, ``h200``): needed by the analytic cost model.
     iters, warmup : int
-        Timed and untimed runs per node of the compile-time profile (measured cost model): 1 and 1.
+        Timed and untimed runs per node of the compile-time profile (measured cost model): 5 and 1; the
+        figures are then made steady (:func:`dcsched.profile.steady.steady_figures`) before any plan.
     bandwidth_gbps, latency_us : float or None
         Collective bus bandwidth (GB/s) and latency (us) of the compile-time profile's modelled
         collectives (one process; under a process group they are measured); None: the interconnect
@@ -108,10 +109,10 @@ class TrainOptions(CostOptions):
     dcsched.errors.OptionError: algo_options has 'k', which scheduler 'none' does not take (taken by: prefetch-ahead)
     """
 
-    # A compile-time profile runs on every compile of a training run, before its first step: one timed run after
-    # one untimed per node, where ``dcsched profile`` (5 after 2) runs once, ahead of time, for figures steady
-    # enough to compare schedules on.
-    iters: int = with_default(CostOptions, "iters", 1)
+    # A compile-time profile runs on every compile of a training run, before its first step: the median of 5 timed
+    # runs after one untimed per node (a node slowed once by a busy machine does not move it; the runs cost well
+    # under a second of a step's compile), where ``dcsched profile`` (5 after 2) runs once, ahead of time.
+    iters: int = with_default(CostOptions, "iters", 5)
     warmup: int = with_default(CostOptions, "warmup", 1)
     algo: str = help_field(DEFAULT_ALGO, "Scheduler for every compiled graph (an unknown name lists them all); "
                                         "default overlap-plan, the step planner, within the default budget.")
