@@ -1,27 +1,31 @@
-"""Steady figures: measured times put on a coarse logarithmic grid before a plan is made from them.
+"""Steady figures: measured times made robust and put on a coarse grid before training plans from them.
 
-A measured profile times each node once or a few times, and on a shared
-machine those times move from run to run by tens of percent (measured below);
-a plan made from them would follow the noise (one run bucketing a block
-differently from the next). Training plans from figures rounded to the nearest
-point of a grid of :data:`STEPS_PER_DOUBLING` points per factor of two
-(:func:`quantise_ms`): each point stands for a band of about
-+-``2**(1/(2*STEPS_PER_DOUBLING)) - 1`` around it, wider than the jitter
-of most nodes, so most nodes fall on the same point in every run, and a plan
-depends on the graph, the budget and the real costs, not on one
-measurement's noise. Only measured figures are rounded (analytic and modelled
-ones are the same in every run), and the measured per-collective latency with
-them.
+A measured profile times each node a few times, and on a shared machine those
+times move from run to run by a few percent typically and by 10-1000x where a
+process was descheduled (a collective waits for the slower rank, so both see
+it); a plan made from them would follow the noise. :func:`steady_figures`
+makes a profiled bundle's measured figures steady, in place:
 
-Why this grid (``STEPS_PER_DOUBLING = 1``: powers of two): over 5 fresh
-2-rank runs of the example GPT on this project's shared 2-core machine
-(load 10-14), a node's measured time was within a factor
-``2**0.17`` (12%) of its median over the runs for half the nodes, ``2**0.6``
-for 9 in 10 (``docs/train.md``, One plan per job). A grid finer than the
-jitter rounds noise into different points run to run; powers of two keep each
-node's figure within a factor 1.41 of what was measured, which moves the
-simulator's step time by less than the jitter itself does, and put 9 nodes in
-10 on the same point in every run.
+1. each measured all-gather and reduce-scatter costs the latency measured on
+   its own (``provenance['comm_latency_ms']``: the median of many one-float
+   all-gathers, the steadiest figure of the profile) plus its bytes times its
+   kind's Theil-Sen slope over the step's collectives (:func:`collective_fit`:
+   a few spiking collectives move nothing), on a grid relative to the latency
+   (a collective within a grid step of the latency costs the latency);
+2. every other measured figure, and the latency, is rounded to the nearest
+   point of a grid of :data:`STEPS_PER_DOUBLING` points per factor of two
+   (:func:`quantise_ms`).
+
+Why powers of two (``STEPS_PER_DOUBLING = 1``): over 5 fresh 2-rank runs of
+a small GPT on the project's shared 2-core machine, after the median of 5
+timed runs per node, a node's time lay within ``2**0.03``-``2**0.05`` of its
+median over the runs for half the nodes and within ``2**0.27``-``2**0.50`` for
+9 in 10 (``docs/train.md``, One plan per job). A finer grid puts those nodes on
+different points run to run; powers of two keep each figure within a factor
+1.41 of its measurement. Analytic and modelled figures do not move and are
+left alone. A figure near the midpoint of two grid points can still round
+either way: a stored plan (``dcsched train --plan FILE``) is what makes a
+job's plan one for good.
 
 >>> quantise_ms(0.3), quantise_ms(0.36), quantise_ms(0.0)
 (0.25, 0.5, 0.0)
@@ -34,6 +38,7 @@ import statistics
 from typing import Sequence
 
 from dcsched.bundle.core import Bundle
+from dcsched.graph.roles import Role, role_of
 
 #: Grid points per factor of two of a steady figure (:func:`quantise_ms`): 1, powers of two (module docstring).
 STEPS_PER_DOUBLING = 1
@@ -66,15 +71,16 @@ def collective_fit(points: Sequence[tuple[float, float]]) -> float:
     return max(0.0, statistics.median(slopes)) if slopes else 0.0
 
 
-def _steady_collectives(bundle: Bundle) -> None:
-    """Every measured all-gather's and reduce-scatter's time made ``latency + bytes * slope``: the latency
+def _steady_collectives(bundle: Bundle, steps_per_doubling: int) -> bool:
+    """Every measured all-gather's and reduce-scatter's time made ``latency + bytes * slope`` on the grid relative
+    to the latency (whether any was: the steady latency, ``provenance['comm_latency_ms']``, given): the latency
     measured on its own (``provenance['comm_latency_ms']``, the median of many runs of a one-float all-gather:
     steadier than any one collective's few runs), the slope its kind's :func:`collective_fit` over the step's
     collectives, at the node's bytes (``tensor_size``)."""
-    from dcsched.graph.roles import Role, role_of
     latency = bundle.provenance.get("comm_latency_ms")
-    if not str(bundle.provenance.get("comm_time", "")).startswith("measured") or not isinstance(latency, float):
-        return
+    if not str(bundle.provenance.get("comm_time", "")).startswith("measured") or not isinstance(latency, float) \
+            or not latency > 0:
+        return False
     for role in (Role.ALLGATHER, Role.REDUCE):
         nodes = [node for graph in bundle.graphs.values() for node in graph.nodes if role_of(node) is role
                  and node.meta.get("time_source") == "measured" and isinstance(node.meta.get("device_time"), float)
@@ -82,7 +88,9 @@ def _steady_collectives(bundle: Bundle) -> None:
         points = [(float(node.meta["tensor_size"]), node.meta["device_time"]) for node in nodes]
         slope = collective_fit(points)
         for node, (size, _) in zip(nodes, points):
-            node.meta["device_time"] = latency + slope * size
+            # on the grid relative to the latency: a collective within a grid step of it costs the latency
+            node.meta["device_time"] = latency * quantise_ms((latency + slope * size) / latency, steps_per_doubling)
+    return True
 
 
 def steady_figures(bundle: Bundle, steps_per_doubling: int = STEPS_PER_DOUBLING) -> None:
@@ -102,11 +110,12 @@ def steady_figures(bundle: Bundle, steps_per_doubling: int = STEPS_PER_DOUBLING)
     latency = bundle.provenance.get("comm_latency_ms")
     if str(bundle.provenance.get("comm_time", "")).startswith("measured") and isinstance(latency, (int, float)):
         bundle.provenance["comm_latency_ms"] = quantise_ms(float(latency), steps_per_doubling)
-    _steady_collectives(bundle)
+    steady_comm = _steady_collectives(bundle, steps_per_doubling)
     rounded = False
     for graph in bundle.graphs.values():
         for node in graph.nodes:
-            if node.meta.get("time_source") == "measured" and "device_time" in node.meta:
+            if node.meta.get("time_source") == "measured" and "device_time" in node.meta and not (
+                    steady_comm and role_of(node) in (Role.ALLGATHER, Role.REDUCE)):
                 node.meta["device_time"] = quantise_ms(float(node.meta["device_time"]), steps_per_doubling)
                 rounded = True
     if rounded:

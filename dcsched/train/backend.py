@@ -234,8 +234,9 @@ def compile_program(gm: torch.fx.GraphModule, example_inputs, sharding, options:
         agreement.mark_compiled_alone(decision != "planned")
         if decision != "planned":
             return _as_captured(sharding, captured, captured_digest, options, decision)
-        key = _plan_key(captured.bundle, sharding, options) if options.plan is not None else None
-        stored = None if key is None else stored_plan.read(options.plan, key, group=sharding.group)
+        plan_file = options.plan
+        key = _plan_key(captured.bundle, sharding, options) if plan_file is not None else None
+        stored = None if plan_file is None or key is None else stored_plan.read(plan_file, key, group=sharding.group)
         if stored is not None:  # the stored plan of this very step: nothing to profile or plan
             scheduled, ways = stored_plan.reused(captured.bundle, stored, sharding.world_size, fastest)
         else:
@@ -244,8 +245,8 @@ def compile_program(gm: torch.fx.GraphModule, example_inputs, sharding, options:
     # differed would pair one rank's gathers with another's parameters.
     fingerprints = plan_fingerprints(scheduled)
     check_same(fingerprints, "scheduled", group=sharding.group)
-    if key is not None and stored is None and stored_plan.may_write(options.plan):
-        stored_plan.write(options.plan, scheduled, key, ways, rank=_rank(sharding))
+    if plan_file is not None and key is not None and stored is None and stored_plan.may_write(plan_file):
+        stored_plan.write(plan_file, scheduled, key, ways, rank=_rank(sharding))
     # the reduce-scatters are the backward's: its way is the figures' (as the per-rank memory tracker sees it,
     # without gloo's copies; nothing in flight without a peer) and the default of any other graph
     issue = ways.get("backward", fastest)

@@ -68,16 +68,21 @@ def changed(stored: Any, current: Mapping[str, Any]) -> str | None:
                 f"{_ranks(current['world_size'])})")
     if stored.get("algo") != current["algo"]:
         return f"the scheduler differs (the file: {stored.get('algo')!r}, this run: {current['algo']!r})"
-    options = stored.get("options") if isinstance(stored.get("options"), dict) else {}
+    options: dict = _table(stored.get("options"))
     for name in sorted(set(options) | set(current["options"])):
         if options.get(name) != current["options"].get(name):
             return (f"the option {name} differs (the file: {options.get(name)!r}, this run: "
                     f"{current['options'].get(name)!r})")
-    graphs = stored.get("graphs") if isinstance(stored.get("graphs"), dict) else {}
+    graphs: dict = _table(stored.get("graphs"))
     for part in list(current["graphs"]) + sorted(set(graphs) - set(current["graphs"])):
         if graphs.get(part) != current["graphs"].get(part):
             return f"the captured {part} differs: the model, its inputs or the dtypes changed"
     return None
+
+
+def _table(value: Any) -> dict:
+    """``value`` where it is a table (read from a file: anything else counts as empty)."""
+    return value if isinstance(value, dict) else {}
 
 
 def _ranks(count: Any) -> str:
@@ -171,7 +176,7 @@ def reused(captured: Bundle, stored: Bundle, world_size: int,
     plans: dict[str, Plan] = dict(stored.plans)
     scheduled = bundle.reordered({name: [node.name for node in stored.graphs[name].nodes]
                                   for name in stored.graph_names}, plans=plans)
-    stored_ways = stored.provenance.get(WAYS) if isinstance(stored.provenance.get(WAYS), dict) else {}
+    stored_ways: dict = _table(stored.provenance.get(WAYS))
     ways = {}
     for name in scheduled.graph_names:
         flags = stored_ways.get(name)
