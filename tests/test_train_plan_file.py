@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, strategies as st
 
 import dcsched
 from dcsched.cli import run
+from dcsched.graph.nxview import copy_graph
+from dcsched.profile.steady import quantise_ms, steady_figures
 from dcsched.train import stored_plan
 from dcsched.train.options import TrainOptions
 from gloo import on_gloo_ranks
@@ -25,6 +29,39 @@ STEADY_JOB = {"n_layers": 2}
 def test_the_default_scheduler_is_the_step_planner():
     assert TrainOptions().algo == "overlap-plan" and dcsched.backend().options.algo == "overlap-plan"
     assert TrainOptions().scheduler.step  # planned within FSDP2's peak on the CPU (TrainOptions.budget)
+
+
+@given(st.floats(min_value=1e-9, max_value=1e9), st.floats(min_value=1e-9, max_value=1e9))
+def test_steady_figures_lie_on_powers_of_two_near_the_measurement_and_keep_the_order(a, b):
+    qa, qb = quantise_ms(a), quantise_ms(b)
+    assert math.log2(qa) == round(math.log2(qa)) and quantise_ms(qa) == qa  # a grid point, fixed
+    assert 2 ** -0.5 - 1e-12 <= qa / a <= 2 ** 0.5 + 1e-12  # within a factor 1.41 of what was measured
+    assert (qa <= qb) if a <= b else (qa >= qb)  # never reorders two figures
+
+
+def test_a_few_spiking_collectives_move_no_steady_figure():
+    """Collectives slowed 10-1000x by a busy machine (as measured on gloo) leave every steady figure as it was."""
+    from dcsched.graph.roles import Role, role_of
+    profiled = dcsched.load(ROOT / "sample_graphs" / "gpt.pt")  # a captured GPT step, tensor sizes recorded
+
+    def measured(spikes: dict[str, float]):
+        bundle = profiled.with_graphs(**{name: copy_graph(graph) for name, graph in profiled.graphs.items()})
+        bundle.provenance.update(comm_time="measured (measured cost model): ...", comm_latency_ms=0.26)
+        for graph in bundle.graphs.values():
+            for node in graph.nodes:
+                if node.op == "call_function":
+                    collective = role_of(node) in (Role.ALLGATHER, Role.REDUCE)
+                    node.meta.update(time_source="measured", device_time=(0.3 if collective else 0.05)
+                                     * spikes.get(node.name, 1.0))
+        steady_figures(bundle)
+        return {node.name: node.meta["device_time"] for graph in bundle.graphs.values() for node in graph.nodes}
+
+    collectives = [node.name for graph in profiled.graphs.values() for node in graph.nodes
+                   if role_of(node) in (Role.ALLGATHER, Role.REDUCE)]
+    assert len(collectives) >= 20
+    quiet = measured({})
+    assert measured({collectives[0]: 1000.0}) == quiet and measured({collectives[-1]: 10.0}) == quiet
+    assert {quiet[name] for name in collectives} == {0.25}  # the latency's grid point: within a step of it
 
 
 def _train(capsys, *options: str, args=TINY) -> tuple[int, dict | None, str]:
@@ -101,7 +138,8 @@ def test_fresh_two_rank_runs_plan_alike_and_a_stored_plan_trains_bit_for_bit(tmp
                                                     {**job, "plan_file": str(path)} if k == 0 else job)])
              for k in range(5)]
     digests = [ranks[rank]["gpt"]["plan_digest"] for ranks in fresh for rank in (0, 1)]
-    assert all(digest == digests[0] for digest in digests), digests
+    latencies = [ranks[0]["gpt"]["latency_ms"] for ranks in fresh]
+    assert all(digest == digests[0] for digest in digests), (digests, latencies)
     reused = runs.spawn(tmp_path / "reused", 2, [("gpt", "gpt", "overlap-plan", 3, 4, {**job, "plan_file": str(path)})])
     for rank in (0, 1):
         assert reused[rank]["gpt"]["reused_plan"] and not fresh[0][rank]["gpt"]["reused_plan"]

@@ -148,7 +148,8 @@ def train_dcsched(name: str, algo: str, steps: int, batch: int, rank: int = 0, w
                    "replicated": len(program.runtime.plan.replicated),
                    "async_reduce": getattr(program.runtime, "issue", SIMULATOR).async_reduce}
     result = {"losses": losses, "memory": memory, "plan": plan, "collectives": collectives, "norms": norms,
-              "plan_digest": plan_digest(program.bundle), "reused_plan": program.reused_plan}
+              "plan_digest": plan_digest(program.bundle), "reused_plan": program.reused_plan,
+              "latency_ms": program.bundle.provenance.get("comm_latency_ms")}
     if full_state:
         result["state"] = {key: value.clone() for key, value in model.state_dict().items()}
     return result

@@ -8,10 +8,12 @@ makes a profiled bundle's measured figures steady, in place:
 
 1. each measured all-gather and reduce-scatter costs the latency measured on
    its own (``provenance['comm_latency_ms']``: the median of many one-float
-   all-gathers, the steadiest figure of the profile) plus its bytes times its
-   kind's Theil-Sen slope over the step's collectives (:func:`collective_fit`:
-   a few spiking collectives move nothing), on a grid relative to the latency
-   (a collective within a grid step of the latency costs the latency);
+   all-gathers, the steadiest figure of the profile) plus the bandwidth term
+   of the run's link (the interconnect table's, the same in every run; without
+   a topology its kind's Theil-Sen slope over the step's collectives,
+   :func:`collective_fit`), on a grid relative to the latency (a collective
+   within a grid step of the latency costs the latency): the spikes and noise of
+   single collectives move nothing;
 2. every other measured figure, and the latency, is rounded to the nearest
    point of a grid of :data:`STEPS_PER_DOUBLING` points per factor of two
    (:func:`quantise_ms`).
@@ -38,6 +40,7 @@ import statistics
 from typing import Sequence
 
 from dcsched.bundle.core import Bundle
+from dcsched.costmodels.topology import Topology
 from dcsched.graph.roles import Role, role_of
 
 #: Grid points per factor of two of a steady figure (:func:`quantise_ms`): 1, powers of two (module docstring).
@@ -71,12 +74,15 @@ def collective_fit(points: Sequence[tuple[float, float]]) -> float:
     return max(0.0, statistics.median(slopes)) if slopes else 0.0
 
 
-def _steady_collectives(bundle: Bundle, steps_per_doubling: int) -> bool:
-    """Every measured all-gather's and reduce-scatter's time made ``latency + bytes * slope`` on the grid relative
-    to the latency (whether any was: the steady latency, ``provenance['comm_latency_ms']``, given): the latency
-    measured on its own (``provenance['comm_latency_ms']``, the median of many runs of a one-float all-gather:
-    steadier than any one collective's few runs), the slope its kind's :func:`collective_fit` over the step's
-    collectives, at the node's bytes (``tensor_size``)."""
+def _steady_collectives(bundle: Bundle, steps_per_doubling: int, topology: Topology | None) -> bool:
+    """Every measured all-gather's and reduce-scatter's time made ``latency + bandwidth term`` on the grid
+    relative to the latency (whether any was: the steady latency, ``provenance['comm_latency_ms']``, given).
+
+    The latency is the one measured on its own (the median of many runs of a one-float all-gather: steadier than
+    any one collective's few runs). The bandwidth term is ``topology``'s link's (the interconnect table's, as a
+    modelled collective's: the same in every run), else its kind's :func:`collective_fit` over the step's
+    collectives times the node's bytes (``tensor_size``)."""
+    from dcsched.costmodels.base import modelled_comm_time
     latency = bundle.provenance.get("comm_latency_ms")
     if not str(bundle.provenance.get("comm_time", "")).startswith("measured") or not isinstance(latency, float) \
             or not latency > 0:
@@ -85,17 +91,23 @@ def _steady_collectives(bundle: Bundle, steps_per_doubling: int) -> bool:
         nodes = [node for graph in bundle.graphs.values() for node in graph.nodes if role_of(node) is role
                  and node.meta.get("time_source") == "measured" and isinstance(node.meta.get("device_time"), float)
                  and isinstance(node.meta.get("tensor_size"), int)]
-        points = [(float(node.meta["tensor_size"]), node.meta["device_time"]) for node in nodes]
-        slope = collective_fit(points)
-        for node, (size, _) in zip(nodes, points):
+        if topology is not None:
+            link_latency = topology.link.latency_us / 1000
+            terms = [max(0.0, modelled_comm_time(node, topology) - link_latency) for node in nodes]
+        else:
+            slope = collective_fit([(float(node.meta["tensor_size"]), node.meta["device_time"]) for node in nodes])
+            terms = [slope * node.meta["tensor_size"] for node in nodes]
+        for node, term in zip(nodes, terms):
             # on the grid relative to the latency: a collective within a grid step of it costs the latency
-            node.meta["device_time"] = latency * quantise_ms((latency + slope * size) / latency, steps_per_doubling)
+            node.meta["device_time"] = latency * quantise_ms((latency + term) / latency, steps_per_doubling)
     return True
 
 
-def steady_figures(bundle: Bundle, steps_per_doubling: int = STEPS_PER_DOUBLING) -> None:
-    """Round ``bundle``'s measured figures in place (:func:`quantise_ms`): every node's ``device_time`` whose
-    ``time_source`` is ``measured``, and ``provenance['comm_latency_ms']`` where the collectives were measured.
+def steady_figures(bundle: Bundle, steps_per_doubling: int = STEPS_PER_DOUBLING, *,
+                   topology: Topology | None = None) -> None:
+    """Make ``bundle``'s measured figures steady in place (see the module docstring): the measured latency
+    (``provenance['comm_latency_ms']``) and every measured node's ``device_time`` rounded (:func:`quantise_ms`),
+    the measured collectives as the latency plus ``topology``'s bandwidth term (where given, else a fit).
 
     Examples
     --------
@@ -110,7 +122,7 @@ def steady_figures(bundle: Bundle, steps_per_doubling: int = STEPS_PER_DOUBLING)
     latency = bundle.provenance.get("comm_latency_ms")
     if str(bundle.provenance.get("comm_time", "")).startswith("measured") and isinstance(latency, (int, float)):
         bundle.provenance["comm_latency_ms"] = quantise_ms(float(latency), steps_per_doubling)
-    steady_comm = _steady_collectives(bundle, steps_per_doubling)
+    steady_comm = _steady_collectives(bundle, steps_per_doubling, topology)
     rounded = False
     for graph in bundle.graphs.values():
         for node in graph.nodes:

@@ -267,9 +267,10 @@ def _profile_and_plan(captured, sharding, options: TrainOptions,
     scheduled with ``options.algo``, and how each graph issues its collectives (:func:`asynchrony`)."""
     # The world size is the sharding's (its group cut the shards), alone too: the topology is resolved from it.
     profile_options = options.profile_options(sharding.world_size)
-    profiled = profile_bundle(captured.bundle, profile_options, inputs=captured.inputs,
-                              topology=profile_topology(profile_options, group_size=sharding.world_size))
-    steady_figures(profiled)  # the same on every rank already (the maximum over them); now steady run to run
+    topology = profile_topology(profile_options, group_size=sharding.world_size)
+    profiled = profile_bundle(captured.bundle, profile_options, inputs=captured.inputs, topology=topology)
+    # the same on every rank already (the maximum over them); now steady from run to run
+    steady_figures(profiled, topology=topology)
     budget = options.budget(profiled, issue=fastest)
     # Both graphs at once: a step scheduler plans them together (what it keeps gathered spans the two).
     plans = run_step(options.scheduler, {name: profiled.form(name) for name in profiled.graph_names}, budget=budget,
