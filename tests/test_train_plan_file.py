@@ -150,6 +150,6 @@ def test_fresh_two_rank_runs_plan_alike_and_a_stored_plan_trains_bit_for_bit(tmp
         runs.train_dcsched("gpt", "overlap-plan", 1, 4, plan_file=str(path), **job)
     from dcsched.profile.scripts import unwrap_dynamo_error
     assert str(unwrap_dynamo_error(raised.value)) == (
-        f"plan {path} holds the plan of another job: the world size differs (the file: 2 ranks, this run: 1); "
+        f"plan {path} holds the plan of another job: the world size differs (the file: 2 ranks, this run: 1 rank); "
         "remove it or pass another file")
     torch._dynamo.reset()

@@ -16,7 +16,7 @@ break, other input shapes) is profiled and planned as without ``--plan``.
 
 >>> key = {"world_size": 2, "algo": "overlap-plan", "options": {}, "graphs": {"forward graph": "ab"}}
 >>> changed(key, {**key, "world_size": 1})
-'the world size differs (the file: 2 ranks, this run: 1)'
+'the world size differs (the file: 2 ranks, this run: 1 rank)'
 >>> changed(key, {**key, "graphs": {"forward graph": "cd"}})
 'the captured forward graph differs: the model, its inputs or the dtypes changed'
 >>> changed(key, dict(key)) is None
