@@ -237,8 +237,8 @@ def compile_program(gm: torch.fx.GraphModule, example_inputs, sharding, options:
         plan_file = options.plan
         key = _plan_key(captured.bundle, sharding, options) if plan_file is not None else None
         stored = None if plan_file is None or key is None else stored_plan.read(plan_file, key, group=sharding.group)
-        if stored is not None:  # the stored plan of this very step: nothing to profile or plan
-            scheduled, ways = stored_plan.reused(captured.bundle, stored, sharding.world_size, fastest)
+        if stored is not None and plan_file is not None:  # this very step's stored plan: nothing to profile or plan
+            scheduled, ways = stored_plan.reused(captured.bundle, stored, sharding.world_size, fastest, plan_file)
         else:
             scheduled, ways = _profile_and_plan(captured, sharding, options, fastest)
     # Agreed figures make equal plans; checked anyway before the first step's collectives, since a plan that

@@ -160,12 +160,23 @@ def write(path: str | os.PathLike, scheduled: Bundle, key: Mapping[str, Any],
     save(stored, path)
 
 
-def reused(captured: Bundle, stored: Bundle, world_size: int,
-           fastest: CollectiveIssue) -> tuple[Bundle, dict[str, CollectiveIssue]]:
+def reused(captured: Bundle, stored: Bundle, world_size: int, fastest: CollectiveIssue,
+           path: str | os.PathLike = "") -> tuple[Bundle, dict[str, CollectiveIssue]]:
     """``captured`` (this run's graphs, equal to the stored ones node for node) with the stored figures, order
-    and plans, and the way each graph issues its collectives as stored (:func:`write`)."""
+    and plans, and the way each graph issues its collectives as stored (:func:`write`).
+
+    Raises
+    ------
+    PlanFileMismatch
+        A file whose key matches but whose graphs, order or plans do not fit the captured step (a file not
+        written by :func:`write`).
+    """
     from dcsched.profile.measure import with_sizes
     bundle = with_sizes(captured, world_size)
+    for name in set(bundle.graph_names) | set(stored.graph_names):
+        if name not in stored.graph_names or name not in bundle.graph_names or \
+                sorted(n.name for n in bundle.graphs[name].nodes) != sorted(n.name for n in stored.graphs[name].nodes):
+            raise PlanFileMismatch(path, f"its {name} graph does not match its key (not written by dcsched train)")
     for name, graph in bundle.graphs.items():
         figures = {node.name: node.meta for node in stored.graphs[name].nodes}
         for node in graph.nodes:
@@ -174,8 +185,13 @@ def reused(captured: Bundle, stored: Bundle, world_size: int,
                     node.meta[field] = figures[node.name][field]
     bundle.provenance = {name: value for name, value in stored.provenance.items() if name not in (KEY, WAYS)}
     plans: dict[str, Plan] = dict(stored.plans)
-    scheduled = bundle.reordered({name: [node.name for node in stored.graphs[name].nodes]
-                                  for name in stored.graph_names}, plans=plans)
+    try:
+        scheduled = bundle.reordered({name: [node.name for node in stored.graphs[name].nodes]
+                                      for name in stored.graph_names}, plans=plans)
+        from dcsched.runtime.commplan import comm_plan
+        comm_plan(scheduled.plans, scheduled.graph_ids)  # the buckets and residency name this step's collectives
+    except (ValueError, KeyError) as exc:
+        raise PlanFileMismatch(path, f"its order or plans do not fit the step ({exc})") from None
     stored_ways: dict = _table(stored.provenance.get(WAYS))
     ways = {}
     for name in scheduled.graph_names:
