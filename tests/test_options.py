@@ -58,9 +58,9 @@ def test_the_cost_models_options_are_declared_once_for_profile_and_train():
         assert help_of(ProfileOptions, name) == help_of(TrainOptions, name) == help_of(CostOptions, name), name
     # Each command's documented defaults: the same, but for the compile-time profile's runs per node.
     differ = [name for name in shared if default_of(ProfileOptions, name) != default_of(TrainOptions, name)]
-    assert differ == ["iters", "warmup"]
+    assert differ == ["warmup"]
     assert (ProfileOptions().iters, ProfileOptions().warmup) == (5, 2)
-    assert (TrainOptions().iters, TrainOptions().warmup) == (1, 1)
+    assert (TrainOptions().iters, TrainOptions().warmup) == (5, 1)
     # What training gives is what its profile runs with.
     given = TrainOptions(cost_model="analytic", gpu="h100", iters=3, warmup=0, bandwidth_gbps=50.0, latency_us=2.0)
     profile = given.profile_options(world_size=2)

@@ -82,6 +82,7 @@ def train_dcsched(name: str, algo: str, steps: int, batch: int, rank: int = 0, w
                   memory_budget=None, budget_scope=None, save: tuple | None = None, resume: str | None = None,
                   device: str = "cpu", compute: str = "eager", cost_model: str = "analytic", replicate_below: int = 0,
                   clip: float | None = None, full_state: bool = False, activation_memory_budget: float | None = None,
+                  plan_file: str | None = None,
                   **overrides) -> dict:
     """Losses per step and, for the last step, each graph's measured peak bytes beside the simulator's.
 
@@ -95,7 +96,8 @@ def train_dcsched(name: str, algo: str, steps: int, batch: int, rank: int = 0, w
     norms ``clip_grad_norm_`` returned); ``full_state``: the model's ``state_dict()`` after the last step
     (``state``). ``activation_memory_budget``: ``torch._functorch.config``'s, while the run compiles and trains.
     ``saved``: the bytes the step saves for its backward, and would without checkpointing (None: it does not
-    checkpoint).
+    checkpoint). ``plan_file``: ``dcsched.backend(plan=...)`` (``reused_plan``: whether the plan came from it;
+    ``plan_digest``: per graph, a digest of its order, buckets and residency).
     """
     import dcsched
     from dcsched.plan import Plan
@@ -107,14 +109,15 @@ def train_dcsched(name: str, algo: str, steps: int, batch: int, rank: int = 0, w
         from torch._functorch import config as functorch_config
         with functorch_config.patch(activation_memory_budget=activation_memory_budget):
             return train_dcsched(name, algo, steps, batch, rank, world_size, memory_budget, budget_scope, save, resume,
-                                 device, compute, cost_model, replicate_below, clip, full_state, **overrides)
+                                 device, compute, cost_model, replicate_below, clip, full_state, plan_file=plan_file,
+                                 **overrides)
     torch._dynamo.reset()
     model, _ = model_of(name, device, **overrides)
     dcsched.shard(model, replicate_below=replicate_below)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     backend = dcsched.backend(algo=algo, memory_budget=memory_budget, budget_scope=budget_scope,
                               cost_model=cost_model, gpu="h100" if cost_model == "analytic" else None,
-                              compute=compute)
+                              compute=compute, plan=plan_file)
     compiled = torch.compile(model, backend=backend, dynamic=False)
     start = int(dcsched.load_checkpoint(resume, model, optimizer)["step"]) if resume else 0
     losses, norms = [], []
@@ -156,7 +159,9 @@ def train_dcsched(name: str, algo: str, steps: int, batch: int, rank: int = 0, w
     provenance = program.bundle.provenance
     result = {"losses": losses, "memory": memory, "plan": plan, "collectives": collectives, "norms": norms,
               "saved": (provenance.get("saved_for_backward_bytes"),
-                        provenance.get("saved_for_backward_bytes_without_checkpointing"))}
+                        provenance.get("saved_for_backward_bytes_without_checkpointing")),
+              "plan_digest": plan_digest(program.bundle), "reused_plan": program.reused_plan,
+              "latency_ms": provenance.get("comm_latency_ms")}
     if full_state:
         result["state"] = {key: value.clone() for key, value in model.state_dict().items()}
     return result
@@ -171,6 +176,17 @@ def planned_all_reduces(graphs, plan) -> int:
     fused = sum(len(bucket) - 1 for comm in plan.graphs.values() for bucket in comm.reduce
                 if bucket[0] in plan.replicated)
     return reduces - fused
+
+
+def plan_digest(bundle) -> dict[str, str]:
+    """Per graph of a scheduled bundle, a digest of what its plan decides: the node order, the buckets and the
+    residency (figures left out)."""
+    import hashlib
+    import json
+    from dcsched.runtime.consensus import _plan_data
+    return {name: hashlib.sha256(json.dumps([[node.name for node in graph.nodes], _plan_data(bundle.plans.get(name))],
+                                            sort_keys=True).encode()).hexdigest()[:16]
+            for name, graph in bundle.graphs.items()}
 
 
 def order_digest(graph) -> str:

@@ -34,7 +34,9 @@ def _with_error(text: str, simulated: float | None, measured: float | None) -> s
 def render(result: TrainResult) -> None:
     """Per compiled graph: measured median step time and peak memory beside the simulator's, for the schedule."""
     ranks = "1 process" if result.world_size == 1 else f"{result.world_size} ranks (rank 0 shown)"
-    console.print(f"[bold]dcsched train[/] {safe_text(result.script)}: algo {safe_text(result.algo)}, {ranks}",
+    plan = "" if result.plan_file is None else (
+        f", plan {'reused from' if result.plan_file['reused'] else 'stored in'} {safe_text(result.plan_file['path'])}")
+    console.print(f"[bold]dcsched train[/] {safe_text(result.script)}: algo {safe_text(result.algo)}, {ranks}{plan}",
                   highlight=False)
     table = Table(title_justify="left")
     for column in ("graph", "steps", "time", "simulated", "peak memory", "simulated"):
@@ -100,6 +102,7 @@ def train(
     bandwidth_gbps: Optional[float] = option(TrainOptions, "bandwidth_gbps", "--bandwidth"),
     latency_us: Optional[float] = option(TrainOptions, "latency_us", "--latency"),
     compute: str = option(TrainOptions, "compute", "--compute"),
+    plan: Optional[Path] = option(TrainOptions, "plan", "--plan", metavar="FILE"),
     timeout_s: float = option(ScriptOptions, "timeout_s", "--timeout"),
     replicate_below: int = option(ScriptOptions, "replicate_below", "--replicate-below"),
     param_dtype: Optional[str] = option(ScriptOptions, "param_dtype", "--param-dtype"),
@@ -123,7 +126,8 @@ def train(
     memory_budget, budget_scope, extra = named_from_options(memory_budget, budget_scope, algo_options)
     options = ScriptOptions(TrainOptions(algo=algo, memory_budget=memory_budget, budget_scope=budget_scope,
                                          algo_options=parse_options(extra), cost_model=cost_model, gpu=gpu,
-                                         bandwidth_gbps=bandwidth_gbps, latency_us=latency_us, compute=compute),
+                                         bandwidth_gbps=bandwidth_gbps, latency_us=latency_us, compute=compute,
+                                         plan=plan),
                             measure=report or as_json, timeout_s=timeout_s, replicate_below=replicate_below,
                             param_dtype=param_dtype, reduce_dtype=reduce_dtype, output_dtype=output_dtype)
     options.check()

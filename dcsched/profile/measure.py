@@ -76,7 +76,7 @@ PLANNED = "none: planned from shapes on the meta device, not measured (no weight
 # The profiler
 # ---------------------------------------------------------------------------
 
-def _with_sizes(bundle: Bundle, world_size: int) -> Bundle:
+def with_sizes(bundle: Bundle, world_size: int) -> Bundle:
     """A copy of ``bundle`` (graphs copied) whose nodes carry ``tensor_size`` for ``world_size`` ranks."""
     bundle = bundle.with_graphs(**{name: copy_graph(g) for name, g in bundle.graphs.items()})
     sizes = tensor_sizes(bundle, world_size)
@@ -207,7 +207,7 @@ def profile_bundle(bundle: Bundle, options: ProfileOptions = ProfileOptions(), *
     options.check()
     model = build_cost_model(options)
     run = ProfileRun(topology, params, inputs)
-    bundle = _with_sizes(bundle, topology.world_size)
+    bundle = with_sizes(bundle, topology.world_size)
     # Under a process group: the same step on every rank before the profile's collectives pair up, and the
     # same figures after (each rank timed its own nodes), so every rank's scheduler makes the same plan.
     consensus.check_same(consensus.step_fingerprints(bundle), "compiled")

@@ -17,9 +17,10 @@ stand-ins :func:`dcsched.shard` installed) and calls the backend, which:
    (:func:`dcsched.profile.capture.capture_compiled`) and inserts the ZeRO-3 ops;
 2. profiles them (``cost_model``: ``measured`` runs each node once here,
    ``analytic`` estimates them for ``gpu``) so the schedulers have costs;
-3. reorders both graphs with ``algo`` (``memory_budget`` for the schedulers
-   that take one; by default the target device's memory less 10%, unlimited
-   where none is known); the parameters ``dcsched.shard(...,
+3. reorders both graphs with ``algo`` (default ``overlap-plan``;
+   ``memory_budget`` for the schedulers that take one: by default the target
+   device's memory less 10%, where none is known FSDP2's peak for a step
+   planner and unlimited for the others); the parameters ``dcsched.shard(...,
    replicate_below=N)`` left whole become ``'replicated'`` in every plan,
    whatever the scheduler said of them;
 4. returns a :class:`~dcsched.train.program.ScheduledProgram`, which runs
@@ -50,7 +51,10 @@ from dcsched.train import agreement
 from dcsched.train.program import ScheduledProgram
 from dcsched.train.full_state import any_sharded
 from dcsched.train.mixed_precision import carry_dtypes
-from dcsched.train.options import TrainOptions
+from dcsched.train.options import DEFAULT_ALGO, TrainOptions
+from dcsched.train import stored_plan
+from dcsched.profile.steady import steady_figures
+from dcsched.bundle.core import Bundle
 from dcsched.train.sharding import ShardingError, sharding_for_inputs
 
 
@@ -107,16 +111,18 @@ def _refuse_unsharded(sharding, example_inputs) -> None:
                                 "freeze it (requires_grad=False)")
 
 
-def backend(algo: str = "none", memory_budget: float | int | str | None = None, **options) -> Backend:
+def backend(algo: str = DEFAULT_ALGO, memory_budget: float | int | str | None = None, **options) -> Backend:
     """A TorchDynamo backend training a :func:`dcsched.shard`-ed module with scheduler ``algo``.
 
     Parameters
     ----------
     algo : str
-        The scheduler for both graphs of every compile, a name from :func:`dcsched.schedulers.available`.
+        The scheduler for both graphs of every compile, a name from :func:`dcsched.schedulers.available`;
+        default ``overlap-plan``, the step planner.
     memory_budget : float or int or str, optional
-        For the schedulers that take one: bytes, a size (``'40GiB'``) or ``'unlimited'``; by default the
-        target device's memory less 10%.
+        For the schedulers that take one: bytes, a size (``'40GiB'``), ``'unlimited'`` or ``'fsdp'``; by
+        default the target device's memory less 10%, where none is known (the CPU) ``'fsdp'`` for
+        ``overlap-plan``.
     **options
         The rest of :class:`~dcsched.train.options.TrainOptions`: ``budget_scope``, ``algo_options``
         (``{"k": 2}``), ``cost_model``, ``gpu``, ``iters``, ``warmup``, ``bandwidth_gbps``, ``latency_us``
@@ -211,9 +217,12 @@ def _traced_stand_ins(sharding, example_inputs) -> list[tuple[str, torch.Tensor]
 
 
 def compile_program(gm: torch.fx.GraphModule, example_inputs, sharding, options: TrainOptions) -> ScheduledProgram:
-    """Capture, profile and schedule ``gm`` (a TorchDynamo graph of the sharded module) into a program."""
+    """Capture, profile and schedule ``gm`` (a TorchDynamo graph of the sharded module) into a program; with
+    ``options.plan``, reuse the plan stored there for this step, or store the one made here
+    (:mod:`dcsched.train.stored_plan`)."""
     from dcsched.sim.bundle_figures import simulated_figures
 
+    fastest = fastest_issue(sharding)
     with torch.random.fork_rng(devices=_rng_devices(sharding)):
         captured = capture_compiled(gm, example_inputs, sharding.module,
                                     _traced_stand_ins(sharding, example_inputs))
@@ -225,11 +234,43 @@ def compile_program(gm: torch.fx.GraphModule, example_inputs, sharding, options:
         agreement.mark_compiled_alone(decision != "planned")
         if decision != "planned":
             return _as_captured(sharding, captured, captured_digest, options, decision)
-        # The world size is the sharding's (its group cut the shards), alone too: the topology is resolved from it.
-        profile_options = options.profile_options(sharding.world_size)
-        profiled = profile_bundle(captured.bundle, profile_options, inputs=captured.inputs,
-                                  topology=profile_topology(profile_options, group_size=sharding.world_size))
-    fastest = fastest_issue(sharding)
+        plan_file = options.plan
+        key = _plan_key(captured.bundle, sharding, options) if plan_file is not None else None
+        stored = None if plan_file is None or key is None else stored_plan.read(plan_file, key, group=sharding.group)
+        if stored is not None and plan_file is not None:  # this very step's stored plan: nothing to profile or plan
+            scheduled, ways = stored_plan.reused(captured.bundle, stored, sharding.world_size, fastest, plan_file)
+        else:
+            scheduled, ways = _profile_and_plan(captured, sharding, options, fastest)
+    # Agreed figures make equal plans; checked anyway before the first step's collectives, since a plan that
+    # differed would pair one rank's gathers with another's parameters.
+    fingerprints = plan_fingerprints(scheduled)
+    check_same(fingerprints, "scheduled", group=sharding.group)
+    if plan_file is not None and key is not None and stored is None and stored_plan.may_write(plan_file):
+        stored_plan.write(plan_file, scheduled, key, ways, rank=_rank(sharding))
+    # the reduce-scatters are the backward's: its way is the figures' (as the per-rank memory tracker sees it,
+    # without gloo's copies; nothing in flight without a peer) and the default of any other graph
+    issue = ways.get("backward", fastest)
+    figures, _note = simulated_figures(scheduled, issue=issue.without_staging() if sharding.world_size > 1
+                                       else SIMULATOR)
+    program = ScheduledProgram(sharding, scheduled, captured.bundle, captured.mutated_inputs, options.algo, figures,
+                               compute=options.compute, issue=issue, issues=ways)
+    program.plan_digest = agreement.digest(b"".join(name.encode() + b"\0" + value
+                                                    for name, value in sorted(fingerprints.items())))
+    program.captured_digest, program.pending = captured_digest, decision
+    program.reused_plan = stored is not None
+    return program
+
+
+def _profile_and_plan(captured, sharding, options: TrainOptions,
+                      fastest: CollectiveIssue) -> tuple[Bundle, dict[str, CollectiveIssue]]:
+    """The captured step profiled (its figures made steady: :func:`dcsched.profile.steady.steady_figures`) and
+    scheduled with ``options.algo``, and how each graph issues its collectives (:func:`asynchrony`)."""
+    # The world size is the sharding's (its group cut the shards), alone too: the topology is resolved from it.
+    profile_options = options.profile_options(sharding.world_size)
+    topology = profile_topology(profile_options, group_size=sharding.world_size)
+    profiled = profile_bundle(captured.bundle, profile_options, inputs=captured.inputs, topology=topology)
+    # the same on every rank already (the maximum over them); now steady from run to run
+    steady_figures(profiled, topology=topology)
     budget = options.budget(profiled, issue=fastest)
     # Both graphs at once: a step scheduler plans them together (what it keeps gathered spans the two).
     plans = run_step(options.scheduler, {name: profiled.form(name) for name in profiled.graph_names}, budget=budget,
@@ -239,22 +280,28 @@ def compile_program(gm: torch.fx.GraphModule, example_inputs, sharding, options:
         plans = {name: plan.replicating(sharding.replicated) for name, plan in plans.items()}
     scheduled = profiled.reordered({name: list(plan.order) for name, plan in plans.items()}, plans=plans)
     scheduled.provenance["algo"] = options.algo
-    # Agreed figures make equal plans; checked anyway before the first step's collectives, since a plan that
-    # differed would pair one rank's gathers with another's parameters.
-    fingerprints = plan_fingerprints(scheduled)
-    check_same(fingerprints, "scheduled", group=sharding.group)
-    ways = asynchrony(budget, scheduled, fastest=fastest)
-    # the reduce-scatters are the backward's: its way is the figures' (as the per-rank memory tracker sees it,
-    # without gloo's copies; nothing in flight without a peer) and the default of any other graph
-    issue = ways.get("backward", fastest)
-    figures, _note = simulated_figures(scheduled, issue=issue.without_staging() if sharding.world_size > 1
-                                       else SIMULATOR)
-    program = ScheduledProgram(sharding, scheduled, profiled, captured.mutated_inputs, options.algo, figures,
-                               compute=options.compute, issue=issue, issues=ways)
-    program.plan_digest = agreement.digest(b"".join(name.encode() + b"\0" + value
-                                                    for name, value in sorted(fingerprints.items())))
-    program.captured_digest, program.pending = captured_digest, decision
-    return program
+    return scheduled, asynchrony(budget, scheduled, fastest=fastest)
+
+
+def _plan_key(captured: Bundle, sharding, options: TrainOptions) -> dict:
+    """What a stored plan must have been made for to be reused here (:func:`dcsched.train.stored_plan.plan_key`):
+    the step, the world size, the scheduler and every option that changes its plan."""
+    budget = options.memory_budget
+    return stored_plan.plan_key(captured, world_size=sharding.world_size, algo=options.algo, options={
+        "memory_budget": budget if budget is None or isinstance(budget, (int, float)) else str(budget),
+        "budget_scope": options.budget_scope,
+        "algo_options": {name: options.algo_options[name] for name in sorted(options.algo_options)},
+        "cost_model": options.cost_model, "gpu": options.gpu, "bandwidth_gbps": options.bandwidth_gbps,
+        "latency_us": options.latency_us, "replicated": sorted(sharding.replicated)})
+
+
+def _rank(sharding) -> int:
+    """This process's rank in the sharding's group; 0 alone."""
+    if sharding.world_size < 2:
+        return 0
+    import torch.distributed as dist
+
+    return dist.get_rank(sharding.group)
 
 
 def _as_captured(sharding, captured, captured_digest: int, options: TrainOptions, decision: str) -> ScheduledProgram:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from typing import TYPE_CHECKING, Any, Mapping
 
 from dcsched.budget import BUDGET_SCOPE_HELP
@@ -21,6 +22,9 @@ if TYPE_CHECKING:
     from dcsched.budget import Budget
     from dcsched.schedulers.registry import SchedulerInfo
 
+#: The scheduler training runs when none is named: the step planner, within the default budget (on the CPU FSDP2's
+#: peak, :meth:`TrainOptions.budget`), so a user gets the plan without asking for it.
+DEFAULT_ALGO = "overlap-plan"
 #: The process-group timeout when none is given, in seconds.
 DEFAULT_TIMEOUT_S = 120.0
 #: The range a timeout must lie in (seconds): a heartbeat takes a few milliseconds; c10d keeps its timeouts in
@@ -60,7 +64,8 @@ class TrainOptions(CostOptions):
     Parameters
     ----------
     algo : str
-        The scheduler, a name from :func:`dcsched.schedulers.available`.
+        The scheduler, a name from :func:`dcsched.schedulers.available`; default :data:`DEFAULT_ALGO`
+        (``overlap-plan``).
     memory_budget : float or int or str or None
         Memory budget for the schedulers that take one: bytes, a size such as ``'40GiB'``, ``'unlimited'``,
         or ``'fsdp'`` (the peak FSDP2's policy takes on the step, by the simulator); by default the target
@@ -76,13 +81,17 @@ class TrainOptions(CostOptions):
     gpu : str or None
         Target GPU (``h100``, ``a100``, ``h200``): needed by the analytic cost model.
     iters, warmup : int
-        Timed and untimed runs per node of the compile-time profile (measured cost model): 1 and 1.
+        Timed and untimed runs per node of the compile-time profile (measured cost model): 5 and 1; the
+        figures are then made steady (:func:`dcsched.profile.steady.steady_figures`) before any plan.
     bandwidth_gbps, latency_us : float or None
         Collective bus bandwidth (GB/s) and latency (us) of the compile-time profile's modelled
         collectives (one process; under a process group they are measured); None: the interconnect
         table's (:func:`dcsched.costmodels.interconnect`).
     compute : str
         How the scheduled graphs run: ``eager`` or ``inductor``.
+    plan : str or os.PathLike or None
+        A plan file (:mod:`dcsched.train.stored_plan`): the first compile stores its plan there where the file
+        is absent, and reuses the stored one (no profile, no scheduler) where it was made for the same step.
 
     Raises
     ------
@@ -100,17 +109,22 @@ class TrainOptions(CostOptions):
     dcsched.errors.OptionError: algo_options has 'k', which scheduler 'none' does not take (taken by: prefetch-ahead)
     """
 
-    # A compile-time profile runs on every compile of a training run, before its first step: one timed run after
-    # one untimed per node, where ``dcsched profile`` (5 after 2) runs once, ahead of time, for figures steady
-    # enough to compare schedules on.
-    iters: int = with_default(CostOptions, "iters", 1)
+    # A compile-time profile runs on every compile of a training run, before its first step: the median of 5 timed
+    # runs after one untimed per node (a node slowed once by a busy machine does not move it; the runs cost well
+    # under a second of a step's compile), where ``dcsched profile`` (5 after 2) runs once, ahead of time.
+    iters: int = with_default(CostOptions, "iters", 5)
     warmup: int = with_default(CostOptions, "warmup", 1)
-    algo: str = help_field("none", "Scheduler for every compiled graph (an unknown name lists them all).")
+    algo: str = help_field(DEFAULT_ALGO, "Scheduler for every compiled graph (an unknown name lists them all); "
+                                        "default overlap-plan, the step planner, within the default budget.")
     memory_budget: float | int | str | None = help_field(None, TRAIN_BUDGET_HELP)
     budget_scope: str | None = help_field(None, BUDGET_SCOPE_HELP)
     algo_options: Mapping[str, Any] = dataclasses.field(
         default_factory=dict,
         metadata={"help": "Further options of the scheduler by name (e.g. k=3 for prefetch-ahead)."})
+    plan: str | os.PathLike | None = help_field(
+        None, "A plan file: where absent, the first compile's plan (a bundle with its plans) is stored there; where "
+              "it holds the plan of the same step (graphs, world size, scheduler and its options), that plan is run "
+              "without profiling or planning; a file made for another job is refused, naming what changed.")
     compute: str = help_field("eager", "How the scheduled graphs run: eager (aten ops one by one in the schedule's "
                                    "order; measured memory matches the simulator's) or inductor (compiled by "
                                    "inductor, the ZeRO-3 ops kept in their scheduled places: plain torch.compile's "

@@ -116,6 +116,8 @@ class ScheduledProgram:
         self._as_captured: ScheduledProgram | None = None
         #: The calls that ran the step as captured rather than planned.
         self.captured_steps = 0
+        #: Whether the plan came from a stored plan file (``--plan FILE``) rather than this compile's own planning.
+        self.reused_plan = False
         #: Set True to time every graph run and track its peak memory (for --report); stats go to ``stats``.
         self.measure = False
         #: With ``measure``: track memory too (the tracker slows the run; False: time alone, ``peak_bytes`` None).

@@ -34,7 +34,7 @@ from dcsched.bundle import saved_memory
 from dcsched.errors import DcschedError
 from dcsched.profile.checkpointing import tracing_checkpoints
 from dcsched.profile.scripts import compile_interceptor, describe_exception, run_script
-from dcsched.train import agreement, hf_trainer
+from dcsched.train import agreement, hf_trainer, stored_plan
 from dcsched.train.backend import Backend
 from dcsched.train.mixed_precision import from_names
 from dcsched.train.options import ScriptOptions, TrainOptions
@@ -90,6 +90,8 @@ class TrainResult:
     #: Per compiled module (its label in ``graphs``): what its step saves for the backward, with and without
     #: its checkpointing (:meth:`dcsched.bundle.saved_memory.SavedActivations.to_json`).
     activation_memory: dict[str, dict] = dataclasses.field(default_factory=dict)
+    #: With ``--plan FILE``: ``{"path": FILE, "reused": bool}``, whether the plan came from FILE or was stored there.
+    plan_file: dict | None = None
 
     def to_json(self) -> dict:
         out = {"script": self.script, "algo": self.algo, "compute": self.compute, "world_size": self.world_size,
@@ -101,6 +103,8 @@ class TrainResult:
             out["losses"] = self.losses
         if self.activation_memory:
             out["activation_memory"] = self.activation_memory
+        if self.plan_file is not None:
+            out["plan_file"] = self.plan_file
         return out
 
 
@@ -221,6 +225,7 @@ def train_script(path: str | os.PathLike, argv: Sequence[str] = (), options: Scr
     if watch is not None:
         compiling = _meeting_after(compiling, watch)
     interceptor = _Interceptor(options, torch.compile, compiling)
+    stored_plan.forget_claims()  # a run's first compile claims its --plan file anew
     from torch.optim.optimizer import register_optimizer_step_pre_hook
     hook = register_optimizer_step_pre_hook(interceptor.before_optimizer_step)
     try:
@@ -309,9 +314,11 @@ def _result(path: Path, options: ScriptOptions, backends: list[_RecordingBackend
     if programs and options.train.cost_model != "measured":
         caveat = (f"simulated step times are the {options.train.cost_model} cost model's for "
                   f"{options.train.gpu or 'the target'}, measured ones are on {programs[0].device}")
+    plan_file = None if options.train.plan is None else {
+        "path": str(options.train.plan), "reused": any(getattr(p, "reused_plan", False) for p in programs)}
     return TrainResult(str(path), options.train.algo, rank, world_size, exit_code,
                        [b.name for b in backends], graphs, losses, caveat, options.train.compute,
-                       activation_memory)
+                       activation_memory, plan_file)
 
 
 def _figures(label: str, program) -> list[GraphFigures]:
