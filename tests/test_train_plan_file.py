@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -137,9 +138,10 @@ def _fresh_runs(tmp_path, count: int, plan_file=None) -> list[list[dict]]:
 
 @pytest.mark.slow
 @on_gloo_ranks
-@pytest.mark.xfail(strict=False, reason="steady figures make fresh runs mostly, not always, plan alike: a figure "
-                                        "measured near a rounding midpoint can fall either way (docs/train.md, One "
-                                        "plan per job: this test passed 3 times in 5 on a loaded 2-core machine)")
+@pytest.mark.skipif(not os.environ.get("DCSCHED_PLAN_STABILITY"),
+                    reason="a measurement, not yet a guarantee: steady figures make fresh runs mostly, not always, "
+                           "plan alike (a figure measured near a rounding midpoint can fall either way; docs/train.md, "
+                           "One plan per job); set DCSCHED_PLAN_STABILITY=1 to run it")
 def test_five_fresh_two_rank_runs_choose_one_plan(tmp_path):
     """Five fresh 2-rank runs of one GPT job with the default scheduler and cost model (each rank timing its own
     nodes on a shared machine) choose one plan: the same order, buckets and residency."""
