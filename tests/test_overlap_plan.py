@@ -352,3 +352,29 @@ def test_where_neither_root_mode_keeps_within_fsdps_count_fsdps_own_units_do():
     assert fsdp_peak <= budget.bytes
     step, peak, collectives = _measure(forms, DEFAULT_LATENCY_MS, "overlap-plan", budget)
     assert collectives <= fsdp_collectives and step <= fsdp_step + EPS and peak <= budget.bytes
+
+
+def _gather_read_directly():
+    """A graph from a file, not a capture: an all-gather read by another all-gather and by a compute node (the
+    case hypothesis found overlap-plan simulating an order that ran a node before its input)."""
+    import torch
+    import torch.fx
+    ops, aten = torch.ops.dcsched, torch.ops.aten
+    graph = torch.fx.Graph()
+    p0 = graph.placeholder("p0")
+    ag0 = graph.call_function(ops.allgather_param.default, (p0, 0, 0))
+    ag4 = graph.call_function(ops.allgather_param.default, (ag0, 0, 0))
+    w6 = graph.call_function(ops.wait_allgather.default, (ag4, 0, 0))
+    graph.call_function(aten.add.Tensor, (p0, ag4))
+    graph.output((w6,))
+    for node in graph.nodes:
+        node.meta.update(device_time=0.0 if node.op in ("placeholder", "output") else 0.1, tensor_size=16)
+    return graph
+
+
+@pytest.mark.parametrize("budget", [None, Budget.unlimited()])
+def test_a_step_reading_a_gather_directly_keeps_its_input_order(budget):
+    form = GraphForm(_gather_read_directly())
+    plan = run("overlap-plan", form, budget=budget)
+    assert list(plan.order) == [form.names[v] for v in form.topo] and not plan.buckets
+    assert plan == run("fsdp", form)

@@ -83,7 +83,7 @@ from dcsched.collective_issue import FSDP2_ON_GLOO, SIMULATOR
 from dcsched.graph.form import GraphForm
 from dcsched.errors import BudgetError, OptionError
 from dcsched.plan import MERGED_OVERLAP_OPTION, REPLICATE_OPTION, STAGING_OPTION, Plan
-from dcsched.schedulers.fsdp.scheduler import bucketed, kept_root, step_blocks
+from dcsched.schedulers.fsdp.scheduler import bucketed, kept_root, plan_of, reads_gathers_directly, step_blocks
 from dcsched.schedulers.overlap.planner import UNLIMITED, check_scope
 from dcsched.schedulers.overlap_plan.candidates import Candidate, GraphOrders, GraphPlanner, doubling_counts
 from dcsched.schedulers.overlap_plan.coalesce import coalesced
@@ -91,6 +91,7 @@ from dcsched.schedulers.overlap_plan.refine import refine
 from dcsched.schedulers.overlap_plan.replicate import REPLICATE_MAX_BYTES, replicated_head
 from dcsched.schedulers.registry import register
 from dcsched.sim.collectives import DEFAULT_LATENCY_MS
+from dcsched.units import format_bytes
 
 
 @register("overlap-plan", step=True,
@@ -155,11 +156,13 @@ def overlap_plan(forms: Mapping[str, GraphForm], *, budget_bytes: float = UNLIMI
     for name, value in ((MERGED_OVERLAP_OPTION, merged_overlap), (STAGING_OPTION, staging)):
         if not isinstance(value, bool):
             raise OptionError(name, f"must be true or false, not {value!r}")
+    issue = FSDP2_ON_GLOO if staging else SIMULATOR
+    orders = {name: GraphOrders(form, comm_latency_ms, budget_scope, issue) for name, form in forms.items()}
+    if any(reads_gathers_directly(form) for form in forms.values()):
+        return _input_orders(orders, budget_bytes, budget_scope)
     fsdp_units = step_blocks(forms)
     root = kept_root(forms, fsdp_units)
     best: tuple | None = None
-    issue = FSDP2_ON_GLOO if staging else SIMULATOR
-    orders = {name: GraphOrders(form, comm_latency_ms, budget_scope, issue) for name, form in forms.items()}
     fsdp_planners = {name: GraphPlanner(orders[name], fsdp_units[name], budget_bytes, name) for name in forms}
     cap = _fsdp_cap(fsdp_planners, root)
     # The root's parameters travel with the blocks beside them; in the forward, alone or with them: the
@@ -252,6 +255,23 @@ def _coalesced_if_better(planners: dict[str, GraphPlanner], planned: tuple[float
         return None
     figures_merged = (sum(c.step_ms for c in merged.values()), sum(c.collectives for c in merged.values()))
     return merged if figures_merged < planned else None
+
+
+def _input_orders(orders: Mapping[str, GraphOrders], budget: float, scope: str) -> dict[str, Plan]:
+    """A step that is not a captured one (a node other than a wait reads an all-gather: only a graph from a file),
+    where blocks moved as FSDP2 moves them would not keep the order topological: each graph's input order,
+    every collective alone, as ``fsdp`` plans it; BudgetError where that order's peak exceeds ``budget``."""
+    plans = {}
+    for name, graph_orders in orders.items():
+        form, order = graph_orders.form, list(graph_orders.form.topo)
+        peak = graph_orders.compiled.simulate(order, detail=False, check=False, issue=graph_orders.issue).peak_in(scope)
+        if peak > budget:
+            raise BudgetError(f"`memory_budget` {format_bytes(budget)} ({int(budget)} bytes) is too small for graph "
+                              f"'{name}': a node reads an all-gather other than through its wait, so overlap-plan "
+                              f"keeps its input order, which needs {format_bytes(peak)} ({peak} bytes) "
+                              f"(`budget_scope='{scope}'`); pass `memory_budget={peak}` or more")
+        plans[name] = plan_of(form, order, [], frozenset(), frozenset())
+    return plans
 
 
 def _fsdp_cap(planners: dict[str, GraphPlanner], root: frozenset) -> tuple[int, bool]:
