@@ -59,7 +59,6 @@ import importlib.util
 import json
 import os
 import socket
-import statistics
 import sys
 import tempfile
 import time
@@ -67,6 +66,9 @@ import traceback
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # peer_recipes, peer_table, beside this file
+from peer_table import COMPILED_PEERS, add_ratios, round_order, row_figures, table  # noqa: E402
 
 #: ``dcsched.examples.CHECKPOINTING``: the Llama's activation checkpointing forms (not imported here: the
 #: parent spawns the ranks before it needs dcsched).
@@ -76,8 +78,12 @@ CHECKPOINTING = ("none", "full", "reentrant", "selective")
 FORMS_OF = {"gpt": ("none",), "llama": CHECKPOINTING, "hf-llama": ("none", "full", "reentrant")}
 #: The models' size (``dcsched.examples.build``), overridable with ``--set KEY=N``.
 SIZE = {"n_layers": 4, "d_model": 256, "n_heads": 4, "vocab": 512, "seq": 128}
-DEFAULT_ALGOS = ("none", "fast-free", "overlap", "overlap-plan")
-PEERS = ("fsdp2", "fsdp2-compile", "ddp", "deepspeed-zero3")
+#: dcsched's rows in a default run: the planner with eager compute and with inductor's (each against its kind
+#: of peer), and FSDP2's policy on dcsched's runtime.
+DEFAULT_DCSCHED = ("dcsched-overlap-plan", "dcsched-overlap-plan-inductor", "dcsched-fsdp")
+#: Algorithms ``--config dcsched-ALGO[-inductor]`` names without ``--algo``.
+KNOWN_ALGOS = ("none", "fast-free", "overlap", "overlap-plan", "fsdp")
+PEERS = ("fsdp2", "fsdp2-prefetch", "fsdp2-compile", "fsdp2-compile-block", "simplefsdp", "ddp", "deepspeed-zero3")
 LR = 1e-4
 #: Distinct batches each rank cycles through (step k of every configuration takes batch k mod this).
 BATCHES = 16
@@ -115,15 +121,18 @@ def arguments(argv=None) -> argparse.Namespace:
                         help="repeatable; default gpt (the full comparison: --model gpt --model llama); hf-llama: "
                              "transformers' LlamaForCausalLM of the same size, built from its config")
     parser.add_argument("--algo", action="append", default=[],
-                        help=f"a further dcsched algorithm (repeatable) beside {', '.join(DEFAULT_ALGOS)}")
+                        help=f"a further dcsched algorithm (repeatable) beside {', '.join(DEFAULT_DCSCHED)}, "
+                             "its rows under each --compute")
     parser.add_argument("--compute", action="append", choices=("eager", "inductor"),
-                        help="dcsched's --compute (repeatable; default eager); inductor rows are "
+                        help="dcsched's --compute for the --algo rows (repeatable; default eager); inductor rows are "
                              "dcsched-ALGO-inductor")
     parser.add_argument("--config", action="append",
                         help="run only these configurations (repeatable), e.g. dcsched-none, fsdp2, ddp")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per round (default 3)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps per round before them (default 1)")
-    parser.add_argument("--runs", type=int, default=5, help="interleaved rounds (default 5)")
+    parser.add_argument("--runs", type=int, default=5, help="interleaved rounds (default 5), each in its own "
+                        "shuffled order of the configurations")
+    parser.add_argument("--seed", type=int, default=0, help="the rounds' shuffles' seed (default 0)")
     parser.add_argument("--batch", type=int, default=8, help="global batch, split over the ranks (default 8)")
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=N",
@@ -152,28 +161,38 @@ def arguments(argv=None) -> argparse.Namespace:
     args.models = args.model or ["gpt"]
     args.forms = checkpointing_forms(parser, args.checkpointing, args.models)
     args.form = args.forms[0]
-    computes = args.compute or ["eager"]
-    algos = list(dict.fromkeys([*DEFAULT_ALGOS, *args.algo]))
-    names = [f"dcsched-{a}" + ("" if c == "eager" else f"-{c}") for c in computes for a in algos] + list(PEERS)
+    names, candidates = configuration_names(args.algo, args.compute or ["eager"])
     if args.config:
-        unknown = [c for c in args.config if c not in names]
+        unknown = [c for c in args.config if c not in candidates]
         if unknown:
-            parser.error(f"--config {unknown[0]}: choose from {', '.join(names)} (add algorithms with --algo)")
-        names = [n for n in names if n in args.config]
+            parser.error(f"--config {unknown[0]}: choose from {', '.join(candidates)} (add algorithms with --algo)")
+        names = list(dict.fromkeys(args.config))
     if "ddp" not in names:  # the losses are compared with DDP's
         names.append("ddp")
     args.configs = names
     return args
 
 
+def configuration_names(algos: list[str], computes: list[str]) -> tuple[list[str], list[str]]:
+    """The configurations a run trains by default, and every name ``--config`` may pick: dcsched's default rows,
+    each of ``algos`` under each of ``computes``, then :data:`PEERS`; ``--config`` also takes every
+    :data:`KNOWN_ALGOS` algorithm under either compute.
+
+    >>> names, candidates = configuration_names(["none"], ["eager"])
+    >>> names[:4], names[4:] == list(PEERS)
+    (['dcsched-overlap-plan', 'dcsched-overlap-plan-inductor', 'dcsched-fsdp', 'dcsched-none'], True)
+    >>> "dcsched-fast-free-inductor" in candidates
+    True
+    """
+    def row(algo: str, compute: str) -> str:
+        return f"dcsched-{algo}" + ("" if compute == "eager" else f"-{compute}")
+    own = [row(algo, compute) for algo in algos for compute in computes]
+    names = list(dict.fromkeys([*DEFAULT_DCSCHED, *own, *PEERS]))
+    every = [row(algo, compute) for algo in dict.fromkeys([*KNOWN_ALGOS, *algos]) for compute in ("eager", "inductor")]
+    return names, list(dict.fromkeys([*names, *every]))
+
+
 # --------------------------------------------------------------------------- configurations (in a rank)
-
-
-def _blocks(model):
-    if hasattr(model, "blocks"):
-        return list(model.blocks)  # the example GPT's and Llama's transformer blocks
-    return list(model.model.layers)  # Hugging Face's Llama
-
 
 
 class Config:
@@ -207,13 +226,19 @@ class Config:
             self.backend = dcsched.backend(algo=algo, compute=compute, **options)
             self.run = torch.compile(model, backend=self.backend, dynamic=False)
         elif name.startswith("fsdp2"):
-            from torch.distributed.fsdp import fully_shard
-            policy = mixed_precision(self.args.mp_policy, fsdp2=True)
-            for block in _blocks(model):
-                fully_shard(block, **policy)
-            fully_shard(model, **policy)
+            from peer_recipes import compile_blocks, fsdp2
+            if name == "fsdp2-compile-block":
+                compile_blocks(model)  # torchtitan: compile each block, then shard
+            fsdp2(model, mixed_precision(self.args.mp_policy, fsdp2=True), prefetch=name == "fsdp2-prefetch")
             self.optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
             self.run = torch.compile(model, dynamic=False) if name == "fsdp2-compile" else model
+        elif name == "simplefsdp":
+            if self.args.mp_policy != "none":
+                raise ValueError("--mp-policy: the SimpleFSDP row is set up in fp32 only")
+            from peer_recipes import simple_fsdp, simplefsdp_compile_options
+            simple_fsdp(model, torch.distributed.get_world_size())
+            self.optimizer = torch.optim.AdamW(model.parameters(), lr=LR)  # steps the DTensor shards
+            self.run = torch.compile(model, fullgraph=True, dynamic=False, options=simplefsdp_compile_options())
         elif name == "ddp":
             from torch.nn.parallel import DistributedDataParallel
             self.run = DistributedDataParallel(model)
@@ -251,6 +276,9 @@ class Config:
             self.run.step()
         else:
             loss.backward()
+            if self.name == "simplefsdp" and self.count == 1:  # the optimizer steps the shards: check, once
+                from peer_recipes import check_sharded_gradients
+                check_sharded_gradients(self.model, torch.distributed.get_world_size())
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         return float(loss.detach())
@@ -414,7 +442,7 @@ def worker(rank: int, world_size: int, port: int, family: str, args, out_dir: st
     distributed.init("cpu", timeout=datetime.timedelta(seconds=args.timeout))  # gloo, from the environment above
     torch._dynamo.config.cache_size_limit = 64
     torch._dynamo.config.recompile_limit = 64
-    _warm_compilers(any(name == "fsdp2-compile" or name.endswith("-inductor") for name in args.configs))
+    _warm_compilers(any(name in COMPILED_PEERS or name.endswith("-inductor") for name in args.configs))
     per_rank = args.batch // world_size
     batches = _batches(rank, per_rank, args.size)
     results: dict[str, dict] = {}
@@ -435,8 +463,8 @@ def worker(rank: int, world_size: int, port: int, family: str, args, out_dir: st
 
     try:
         for round_ in range(args.runs):
-            for name, config in configs.items():
-                result = results[name]
+            for name in round_order(list(configs), round_, args.seed):  # the same order on every rank
+                config, result = configs[name], results[name]
                 if "error" in result:
                     continue
                 if rank == 0:
@@ -454,15 +482,15 @@ def worker(rank: int, world_size: int, port: int, family: str, args, out_dir: st
                         profiled = _profiled_step(config, batches[config.count % BATCHES])
                         result["losses"].append(profiled.pop("loss"))
                         result.update(profiled)
-                    dist.barrier()
                     wall, cpu = [], []
                     for _ in range(args.steps):
+                        dist.barrier()  # every rank starts the step together: the slowest rank's time is the step's
                         start, start_cpu = time.perf_counter(), time.process_time()
                         train(config)
                         wall.append((time.perf_counter() - start) * 1e3)
                         cpu.append((time.process_time() - start_cpu) * 1e3)
-                    result["step_ms"].append(statistics.median(wall))
-                    result["cpu_ms"].append(statistics.median(cpu))
+                    result["step_ms"].append(wall)  # each step's, the parent takes the maximum over ranks
+                    result["cpu_ms"].append(cpu)
                 except Exception as exc:  # noqa: BLE001 (a failed configuration is a row, the rest go on)
                     traceback.print_exc()
                     while exc.__cause__ is not None:  # torch.compile wraps the backend's own error
@@ -496,16 +524,8 @@ def _spawn(family: str, args) -> list[dict]:
         return [json.loads(Path(out_dir, f"rank{r}.json").read_text()) for r in range(args.world_size)]
 
 
-def _median(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None
-
-
-def ranks_of(per_rank: list[dict], key: str, scale: float = 1.0, digits: int = 1) -> list:
-    return [None if r.get(key) is None else round(r[key] * scale, digits) for r in per_rank]
-
-
 def rows_for(family: str, ranks: list[dict], args, load: float) -> list[dict]:
-    """One row per configuration from the ranks' results."""
+    """One row per configuration from the ranks' results (``peer_table.row_figures``)."""
     label = f"{family} {args.size['n_layers']}x{args.size['d_model']} seq {args.size['seq']} batch {args.batch}"
     if args.forms != ["none"]:
         label += f" ckpt {args.form}"
@@ -521,58 +541,12 @@ def rows_for(family: str, ranks: list[dict], args, load: float) -> list[dict]:
             error = "no timed steps"
         if error is not None:
             row["error"] = error
-            rows.append(row)
-            continue
-
-        diffs = [abs(a - b) for own, theirs in zip((r["losses"] for r in per_rank), ddp) for a, b in zip(own, theirs)]
-        row.update({
-            "step_ms": [round(_median(r["step_ms"]), 1) for r in per_rank],
-            "cpu_ms": [round(_median(r["cpu_ms"]), 1) for r in per_rank],
-            "peak_mib": ranks_of(per_rank, "peak_bytes", 2 ** -20),
-            "collectives": per_rank[0]["collectives"],
-            "asynchronous": per_rank[0]["asynchronous"],
-            "first_step_s": ranks_of(per_rank, "first_step_s", digits=2),
-            "loss_diff_vs_ddp": max(diffs) if diffs else None,
-            "steps_compared": len(diffs),
-            "held_mib": ranks_of(per_rank, "held_bytes", 2 ** -20),
-            "step_rise_mib": ranks_of(per_rank, "step_rise_bytes", 2 ** -20),
-            "collectives_by_kind": per_rank[0]["collectives_by_kind"],
-            "dcsched_collectives": per_rank[0]["dcsched_collectives"],
-            "round_step_ms": [[round(x, 1) for x in r["step_ms"]] for r in per_rank],
-            "losses": [r["losses"] for r in per_rank],
-            "runs": args.runs, "steps": args.steps, "warmup": args.warmup, "load": load,
-            "checkpointing": args.form, "mp_policy": args.mp_policy,
-        })
+        else:
+            row.update(row_figures(per_rank, ddp))
+            row.update({"runs": args.runs, "steps": args.steps, "warmup": args.warmup, "load": load,
+                        "checkpointing": args.form, "mp_policy": args.mp_policy})
         rows.append(row)
-    return rows
-
-
-def _cell(value) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, list):
-        return "/".join(_cell(v) for v in value)
-    if isinstance(value, float) and value < 1e-2:
-        return f"{value:.1e}"
-    return str(value)
-
-
-COLUMNS = (("config", "config"), ("model", "model"), ("step_ms", "step ms (r0/r1)"), ("cpu_ms", "CPU ms/step"),
-           ("peak_mib", "peak MiB"), ("collectives", "collectives/step"), ("asynchronous", "async"),
-           ("first_step_s", "first step s"),
-           ("loss_diff_vs_ddp", "max |loss-ddp|"))
-
-
-def table(rows: list[dict]) -> str:
-    heads = [title for _, title in COLUMNS]
-    cells = [[_cell(row.get(key)) for key, _ in COLUMNS] for row in rows]
-    widths = [max(len(h), *(len(c[i]) for c, row in zip(cells, rows) if "error" not in row or i < 2))
-              for i, h in enumerate(heads)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(heads, widths)).rstrip()]
-    for row, cell in zip(rows, cells):
-        shown = cell[:2] + [row["error"]] if "error" in row else cell
-        lines.append("  ".join(c.ljust(w) for c, w in zip(shown, widths)).rstrip())
-    return "\n".join(lines)
+    return add_ratios(rows)
 
 
 def main(argv=None) -> list[dict]:
