@@ -1,18 +1,26 @@
-"""dcsched against its peers on 2 gloo ranks: FSDP2 (eager and compiled), DDP and DeepSpeed ZeRO-3.
+"""dcsched against its peers on 2 gloo ranks: FSDP2 (eager, with asynchronous prefetch, compiled whole and per
+block), a SimpleFSDP-style compiled model, DDP and DeepSpeed ZeRO-3.
 
 One command spawns the ranks (``torch.multiprocessing``, gloo, one torch thread each) once per model
 (``dcsched.examples`` GPT and Llama, 4 layers, d_model 256, 128 tokens by default; the same seeded weights in
 every configuration), builds every configuration on every rank and trains them in turn: each of ``--runs``
-rounds gives each configuration ``--warmup`` untimed steps, then ``--steps`` timed ones. A step is forward,
-backward, the optimizer's step (AdamW, lr 1e-4) and ``zero_grad`` (DeepSpeed: its engine's ``backward`` and
-``step``, ZeRO-3 with the Hugging Face integration's "auto" bucket sizes for the model's width); each rank
-trains on its own seeded batches (``--batch`` is the global batch, split over the ranks), the same batches for
-every configuration.
+rounds (default 5) takes the configurations in its own shuffled order (seeded by ``--seed`` and the round,
+the same on every rank) and gives each ``--warmup`` untimed steps, then ``--steps`` timed ones, each after a
+barrier. A step is forward, backward, the optimizer's step (AdamW, lr 1e-4) and ``zero_grad`` (DeepSpeed: its
+engine's ``backward`` and ``step``, ZeRO-3 with the Hugging Face integration's "auto" bucket sizes for the
+model's width); each rank trains on its own seeded batches (``--batch`` is the global batch, split over the
+ranks), the same batches for every configuration. The peers' setups are in ``benchmarks/peer_recipes.py``,
+the rows' arithmetic and the table in ``benchmarks/peer_table.py``.
 
-Per configuration and rank:
+Per configuration:
 
-* step ms: median over the rounds of the round's median step wall time (``time.perf_counter``);
-* CPU ms: the same for the process's CPU time per step (``time.process_time``: every thread of the rank);
+* step ms: each timed step's wall time (``time.perf_counter``) is the maximum over the ranks (the steps start
+  together, from a barrier), a round's figure the median of its steps, the row's the median of the rounds;
+  ``vs ddp``: that against DDP's; ``vs best zero3`` (dcsched's rows): against the fastest ZeRO-3 peer of the
+  same kind (eager rows against ``fsdp2``, ``fsdp2-prefetch``, ``deepspeed-zero3``; ``-inductor`` rows
+  against ``fsdp2-compile``, ``fsdp2-compile-block``, ``simplefsdp``), named in the cell;
+* CPU ms (per rank): the median over every timed step of the process's CPU time (``time.process_time``: every
+  thread of the rank);
 * peak MiB: the bytes the configuration holds when a step starts (its parameters, buffers, gradients and
   optimizer state as this rank stores them, shards where sharded, each storage once; DDP's gradient buckets;
   DeepSpeed's partitions) plus the highest the step's own CPU allocations rise above that, from the torch
@@ -24,15 +32,15 @@ Per configuration and rank:
 * async: which of a dcsched configuration's collectives run asynchronously in the forward / the backward
   (``gathers+reduces``, ``gathers``, ``reduces``, ``none``), as its backend chose for each graph's budget
   (``dcsched.train.backend.asynchrony``);
-* first step s: construction (build, shard or wrap, optimizer) + compile + the first step, from a barrier
-  (each rank has compiled a tiny module first, with inductor where a configuration uses it, so no
-  configuration pays for the compiler's imports; inductor has a fresh cache directory, so compiles are cold;
-  DeepSpeed's import is not counted either, its JIT-built ops are when they are first built);
+* first step s (the slower rank's): construction (build, shard or wrap, optimizer) + compile + the first step,
+  from a barrier (each rank has compiled a tiny module first, with inductor where a configuration uses it, so
+  no configuration pays for the compiler's imports; inductor has a fresh cache directory, so compiles are
+  cold; DeepSpeed's import is not counted either, its JIT-built ops are when they are first built);
 * max |loss - ddp|: the largest difference of this configuration's losses from DDP's at the same steps, over
   every step it trained (warm-up, profiled and timed steps, all rounds) and both ranks.
 
-    python benchmarks/bench_train.py --peers                     # GPT, every configuration (~3 min)
-    python benchmarks/bench_train.py --peers --model gpt --model llama --steps 10   # the comparison in docs/train.md
+    python benchmarks/bench_train.py --peers             # GPT: dcsched overlap-plan (eager, inductor), fsdp, every peer
+    python benchmarks/bench_train.py --peers --model gpt --model llama --model hf-llama   # the table in docs/train.md
     python benchmarks/bench_train.py --peers --model gpt --config dcsched-none --config ddp --json
     python benchmarks/bench_train.py --peers --model llama --checkpointing none,full,selective \
         --algo fsdp --config dcsched-fsdp --config dcsched-overlap-plan --config fsdp2   # the recipes' table
