@@ -438,6 +438,16 @@ def _warm_compilers(inductor: bool) -> None:
     torch._dynamo.reset()
 
 
+def _fresh_inductor_cache(root: str, name: str) -> None:
+    """Give configuration ``name`` an Inductor cache of its own (a directory under ``root``, and the in-memory
+    code caches emptied; compiled code already in use keeps its kernels), so its first step compiles cold
+    whichever configurations compiled before it in this process: kernels another configuration built are not
+    reused."""
+    from torch._inductor.utils import clear_caches
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(root, name))
+    clear_caches()
+
+
 def worker(rank: int, world_size: int, port: int, family: str, args, out_dir: str) -> None:
     """mp.spawn target: train every configuration of ``family`` in rounds; results to ``out_dir/rank<r>.json``."""
     import torch.distributed as dist
@@ -451,6 +461,7 @@ def worker(rank: int, world_size: int, port: int, family: str, args, out_dir: st
     torch._dynamo.config.cache_size_limit = 64
     torch._dynamo.config.recompile_limit = 64
     _warm_compilers(any(name in COMPILED_PEERS or name.endswith("-inductor") for name in args.configs))
+    inductor_root = os.environ.get("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="dcsched-peers-inductor-"))
     per_rank = args.batch // world_size
     batches = _batches(rank, per_rank, args.size)
     results: dict[str, dict] = {}
@@ -480,6 +491,7 @@ def worker(rank: int, world_size: int, port: int, family: str, args, out_dir: st
                 try:
                     dist.barrier()
                     if round_ == 0:  # construction, compile and the first step
+                        _fresh_inductor_cache(inductor_root, name)
                         start = time.perf_counter()
                         config.setup()
                         train(config)
