@@ -244,7 +244,8 @@ def step_memory(bundle, optimizer: Any = None, *, world_size: int | None = None,
     for name in ("forward", "backward"):
         graph = bundle.graphs.get(name)
         if graph is not None:
-            peaks[name] = graph_peak(compile_view(graph, comm_latency_ms=latency), plans.get(name) or Plan(()),
+            view = _storage_view(bundle, graph) if name == "backward" else graph
+            peaks[name] = graph_peak(compile_view(view, comm_latency_ms=latency), plans.get(name) or Plan(()),
                                      name, issue=issue, casts=_gradient_casts(graph))
     shards = _param_shard_bytes(bundle)
     states = _optimizer_states(model, shards, gpu)
@@ -274,6 +275,24 @@ def step_memory(bundle, optimizer: Any = None, *, world_size: int | None = None,
         cuda = CudaFootprint(footprint.allocated_bytes + unsized, footprint.reserved_bytes + unsized)
     return StepMemory(totals[phase], parts, phase, node, totals, model.name if model else None,
                       bundle.provenance.get("world_size") if world_size is None else world_size, cuda)
+
+
+def _storage_view(bundle, graph):
+    """The backward graph's form with each saved tensor counted at its storage's bytes, a storage shared by
+    saved tensors once (:func:`dcsched.sim.saved_storage.saved_storage_bytes`); the graph itself where none
+    differs."""
+    from dcsched.graph.form import GraphForm
+    from dcsched.sim.saved_storage import saved_storage_bytes
+    counted = saved_storage_bytes(bundle)
+    if not counted:
+        return graph
+    form = GraphForm(graph)
+    sizes = list(form.tensor_size)
+    for name, nbytes in counted.items():
+        sizes[form.index[name]] = nbytes
+    form.tensor_size = sizes
+    form.size = [0 if s is None else s for s in sizes]
+    return form
 
 
 def _param_shard_bytes(bundle) -> list[int]:
@@ -316,6 +335,8 @@ def _held_across(bundle) -> tuple[int, int]:
     backward does not take, as :func:`~dcsched.sim.bundle_figures.simulated_figures` counts them): (parameter
     shards, the rest)."""
     from dcsched.graph.specs import flat_nodes, recorded_bytes
+    from dcsched.sim.saved_storage import saved_forward_roots
+    from dcsched.sim.simulate import compile_view
     if bundle.backward is None:
         return 0, 0
     output = next(node for node in bundle.forward.nodes if node.op == "output")
@@ -325,7 +346,10 @@ def _held_across(bundle) -> tuple[int, int]:
     placeholders = [node for node in bundle.forward.nodes if node.op == "placeholder"]
     params = {node for node, entry in zip(placeholders, bundle.forward_placeholders) if entry.get("kind") == "param"}
     inputs = [node for node in bundle.forward.nodes if node.op in ("placeholder", "get_attr")]
-    held = [n for n in dict.fromkeys(inputs + outputs[:bundle.num_user_outputs]) if n not in saved]
+    forward = compile_view(bundle.forward, assume_zero=True)
+    shared = saved_forward_roots(bundle)  # a user output viewing a saved tensor's storage is counted with it
+    held = [n for n in dict.fromkeys(inputs + outputs[:bundle.num_user_outputs])
+            if n not in saved and forward.root[forward.index[n.name]] not in shared]
     return (sum(recorded_bytes(n) for n in held if n in params),
             sum(recorded_bytes(n) for n in held if n not in params))
 
