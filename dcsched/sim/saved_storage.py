@@ -26,10 +26,15 @@ them in place) keep their recorded figures.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from dcsched.graph.form import COMPUTE, PLACEHOLDER
 
+if TYPE_CHECKING:
+    from dcsched.sim.simulate import CompiledGraph
 
-def _saved_roots(bundle) -> tuple[dict[int, list[int]], object, list]:
+
+def _saved_roots(bundle) -> tuple[dict[int, list[int]], CompiledGraph, list[Any]]:
     """The forward's storage roots of the saved outputs: {root: [backward placeholder positions]}, the forward's
     compiled view and the forward's output nodes."""
     from dcsched.graph.specs import flat_nodes
@@ -42,7 +47,7 @@ def _saved_roots(bundle) -> tuple[dict[int, list[int]], object, list]:
         if entry.get("kind") != "saved" or not 0 <= int(entry["index"]) < len(outputs):
             continue
         node = outputs[int(entry["index"])]
-        number = forward.index.get(getattr(node, "name", None))
+        number = forward.index.get(str(getattr(node, "name", "")))
         if number is not None:
             groups.setdefault(forward.root[number], []).append(position)
     return groups, forward, outputs
