@@ -18,7 +18,8 @@ FSDP2 runs it) and ``overlap-plan``. Predicted tokens/s per GPU = local tokens /
 backward step + the AdamW step over the rank's fp32 shard at the achievable bandwidth). Predicted memory =
 the whole step's peak per rank (:func:`dcsched.sim.step_memory.step_memory` under each algorithm's plans,
 AdamW, with the shards counted as the run's fp32 master weights: :func:`with_fp32_master_shards`), costed by
-the CUDA caching-allocator model: its reserved bytes, a lower bound on ``reserved_bytes.all.peak``.
+the CUDA caching allocator simulated over two steps' allocations and frees
+(:mod:`dcsched.sim.caching_allocator`): its reserved bytes, the model of ``reserved_bytes.all.peak``.
 
     python benchmarks/bench_published.py                          # capture (2-5 minutes here) and plan
     python benchmarks/bench_published.py --keep /tmp/llama8b.pt   # ... and keep the captured bundle
@@ -280,15 +281,16 @@ def predicted_peak(bundle, plans: dict):
     """The whole step's memory per rank that the benchmark compares with the published max-reserved figure:
     :func:`~dcsched.sim.step_memory.step_memory` of the bundle with fp32 master shards
     (:func:`with_fp32_master_shards`), run as ``plans`` say, AdamW's states, on a GPU (the CUDA caching
-    allocator model). Its ``cuda.reserved_bytes`` is the prediction: the segments the live tensors need packed
-    perfectly, a lower bound on ``reserved_bytes.all.peak``."""
+    allocator simulated over the step's allocations and frees). Its ``cuda.reserved_bytes`` is the prediction
+    of ``reserved_bytes.all.peak``; ``cuda.packed_reserved_bytes`` the peak's tensors packed perfectly into
+    segments (a lower bound)."""
     from dcsched.sim.step_memory import step_memory
 
     return step_memory(with_fp32_master_shards(bundle), "adamw", gpu=True, plans=plans)
 
 
 #: What the predicted peak is, printed beside its column.
-PEAK_LABEL = "whole step, fp32 master shards and AdamW states, CUDA allocator reserved (a lower bound)"
+PEAK_LABEL = "whole step, fp32 master shards and AdamW states, CUDA caching allocator simulated: reserved"
 
 
 def plan(bundle, algorithms: tuple[str, ...], optimizer_ms: float, *, memory: bool = True) -> dict[str, dict]:
@@ -312,6 +314,7 @@ def plan(bundle, algorithms: tuple[str, ...], optimizer_ms: float, *, memory: bo
             peak = predicted_peak(bundle, plans)
             assert peak.cuda is not None  # gpu=True
             out[algo].update(peak_bytes=peak.cuda.reserved_bytes, allocated_bytes=peak.cuda.allocated_bytes,
+                             packed_bytes=peak.cuda.packed_reserved_bytes,
                              live_bytes=peak.peak_bytes, peak_phase=peak.phase, peak_parts=dict(peak.parts),
                              phases=dict(peak.phases))
     return out
@@ -395,16 +398,18 @@ def render(rows: list[dict]) -> str:
                      f"| {implied:.0f} | {error(fsdp['compute_ms'], implied)} | {fsdp['comm_ms']:.0f} "
                      f"| {fsdp['exposed_comm_ms']:.0f} | {fsdp['optimizer_ms']:.0f} |")
     lines += ["", "The predicted peak by kind (GiB; per algorithm, at the step's largest phase; live = the kinds' "
-              "sum, allocated = in 512-byte blocks, reserved = in the allocator's segments, the prediction):", "",
+              "sum, allocated = in 512-byte blocks, packed = in segments packed perfectly (a lower bound), "
+              "reserved = the segments the simulated allocator holds, the prediction):", "",
               "| row | algorithm | phase | " + " | ".join(header for _, header in KIND_HEADERS)
-              + " | live | allocated | reserved | published |",
-              "|---|---|---|" + "---:|" * (len(KIND_HEADERS) + 4)]
+              + " | live | allocated | packed | reserved | published |",
+              "|---|---|---|" + "---:|" * (len(KIND_HEADERS) + 5)]
     for r in rows:
         for algo in ("fsdp", "overlap-plan"):
             figures = r["run"][algo]
             parts = " | ".join(gib(figures["peak_parts"][kind]) for kind, _ in KIND_HEADERS)
             lines.append(f"| {r['row']} | {algo} | {figures['peak_phase']} | {parts} | {gib(figures['live_bytes'])} "
-                         f"| {gib(figures['allocated_bytes'])} | {gib(figures['peak_bytes'])} "
+                         f"| {gib(figures['allocated_bytes'])} | {gib(figures['packed_bytes'])} "
+                         f"| {gib(figures['peak_bytes'])} "
                          f"| {r['published_memory_gib']} |")
     return "\n".join(lines)
 

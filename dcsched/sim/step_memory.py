@@ -270,11 +270,25 @@ def step_memory(bundle, optimizer: Any = None, *, world_size: int | None = None,
     parts, sizes, node = phases[phase]
     cuda = None
     if gpu:
-        footprint = cuda_footprint(sizes)
-        unsized = max(0, totals[phase] - sum(sizes))  # what the split leaves unattributed to one tensor
-        cuda = CudaFootprint(footprint.allocated_bytes + unsized, footprint.reserved_bytes + unsized)
+        cuda = _cuda(bundle, sizes, totals[phase], (shards, states, temporaries), plans, issue)
     return StepMemory(totals[phase], parts, phase, node, totals, model.name if model else None,
                       bundle.provenance.get("world_size") if world_size is None else world_size, cuda)
+
+
+def _cuda(bundle, sizes: tuple[int, ...], peak: int, step: tuple[list[int], list[int], list[int]], plans: Mapping,
+          issue: CollectiveIssue) -> CudaFootprint:
+    """The caching allocator's figures: the blocks of the tensors live at the peak (``allocated``), and the
+    segments the allocator simulated over two steps' allocations and frees reserves
+    (:mod:`dcsched.sim.caching_allocator`, :mod:`dcsched.sim.step_events`), never less than the peak's tensors
+    packed perfectly (which holds the collective buffers the events leave out)."""
+    from dcsched.sim.caching_allocator import replay
+    from dcsched.sim.step_events import step_events
+    footprint = cuda_footprint(sizes)
+    unsized = max(0, peak - sum(sizes))  # what the split leaves unattributed to one tensor
+    packed = footprint.reserved_bytes + unsized
+    simulated = replay(step_events(bundle, *step, plans=plans, issue=issue))
+    return CudaFootprint(footprint.allocated_bytes + unsized, max(simulated.reserved_bytes, packed),
+                         packed_reserved_bytes=packed)
 
 
 def _storage_view(bundle, graph):
