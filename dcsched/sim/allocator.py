@@ -14,7 +14,9 @@ Constants from ``c10/cuda/CUDACachingAllocator.cpp`` (PyTorch 2.x; the same in
 :func:`cuda_footprint` gives the allocated figure (exact for the tensors
 given) and the reserved figure the same tensors need with their segments
 packed perfectly: a lower bound on ``torch.cuda.max_memory_reserved`` at that
-moment (fragmentation and segments cached from earlier only add to it).
+moment (fragmentation and segments cached from earlier only add to it;
+:mod:`dcsched.sim.caching_allocator` simulates them over a step's allocations
+and frees).
 
 >>> fp = cuda_footprint([100, 3 * MiB, 50 * MiB])
 >>> fp.allocated_bytes == 512 + 3 * MiB + 50 * MiB, fp.reserved_bytes == 2 * MiB + 20 * MiB + 50 * MiB
