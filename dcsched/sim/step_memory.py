@@ -117,15 +117,31 @@ def graph_peak(compiled, plan, graph: str, *, issue: CollectiveIssue = SIMULATOR
     gather_flats, other_flats = _bucket_buffers_at(compiled, idx, p, fused)
     staged = staging_series(idx, kind, owned, size, compiled.preds, compiled.succs, fused)[p] \
         if fused is not None and fused.issue.staging else 0
+    # a replicated parameter's shard placeholder is its whole copy's (the gathered series counts the whole less
+    # the placeholder): gathered, not a shard
+    whole = _replicated_shard_bytes(compiled, plan)
     parts = dict.fromkeys(KINDS, 0)
-    parts.update(parameter_shards=int(sum(shards)), gradient_shards=int(sum(grads)),
+    parts.update(parameter_shards=int(sum(shards)) - whole, gradient_shards=int(sum(grads)),
                  mixed_precision_copies=int(sum(cast_bytes)),
-                 gathered_parameters=int(gathered[p] - gather_flats),
+                 gathered_parameters=int(gathered[p] - gather_flats) + whole,
                  collective_buffers=int(gather_flats + other_flats + staged))
     parts["activations"] = int(peak) - sum(parts.values())
     sizes = tuple(int(owned[r]) for r in live) + tuple(int(s) for s in shards) + \
         tuple(int(b) for b in (gather_flats, other_flats, staged) if b)
     return GraphPeak(graph, p, compiled.names[idx[p]], int(peak), parts, sizes)
+
+
+def _replicated_shard_bytes(compiled, plan) -> int:
+    """The bytes of the shard placeholders of ``plan``'s replicated parameters (what their gathers read)."""
+    from dcsched.graph.form import ALLGATHER
+    from dcsched.sim.plans import replicated_ids
+    replicated = replicated_ids(plan)
+    if not replicated:
+        return 0
+    kind, ds_id = compiled.kind, compiled.ds_id
+    shards = {q for i in range(len(kind)) if kind[i] == ALLGATHER and ds_id[i] in replicated
+              for q in compiled.preds[i] if kind[q] == PLACEHOLDER}
+    return int(sum(compiled.size[q] for q in shards))
 
 
 def _bucket_buffers_at(compiled, idx: list[int], p: int, fused: Fused | None) -> tuple[int, int]:
