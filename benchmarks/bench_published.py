@@ -17,8 +17,9 @@ peak is unpublished, "between SXM and NVL", so the SXM5's 989 TFLOP/s stays), an
 FSDP2 runs it) and ``overlap-plan``. Predicted tokens/s per GPU = local tokens / (simulated forward +
 backward step + the AdamW step over the rank's fp32 shard at the achievable bandwidth). Predicted memory =
 the whole step's peak per rank (:func:`dcsched.sim.step_memory.step_memory` under each algorithm's plans,
-AdamW, with the shards counted as the run's fp32 master weights: :func:`with_fp32_master_shards`), costed by
-the CUDA caching-allocator model: its reserved bytes, a lower bound on ``reserved_bytes.all.peak``.
+AdamW, with the run's fp32 master shards: :func:`under_the_runs_policy`), costed by
+the CUDA caching allocator simulated over two steps' allocations and frees
+(:mod:`dcsched.sim.caching_allocator`): its reserved bytes, the model of ``reserved_bytes.all.peak``.
 
     python benchmarks/bench_published.py                          # capture (2-5 minutes here) and plan
     python benchmarks/bench_published.py --keep /tmp/llama8b.pt   # ... and keep the captured bundle
@@ -181,7 +182,8 @@ def capture(layers: int, out: Path) -> float:
     start = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "dcsched", "profile", str(script), "-o", str(out), "--meta",
                            "--force", "--cost-model", "analytic", "--gpu", "h100", "--world-size", "8",
-                           "--no-progress"], capture_output=True, text=True,
+                           "--master-dtype", "fp32", "--reduce-dtype", "fp32", "--no-progress"],
+                          capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     if done.returncode != 0:
         lines = [line for line in done.stderr.splitlines() if line.strip()]
@@ -226,69 +228,38 @@ def compute_by_kind(bundle) -> dict[str, float]:
     return kinds
 
 
-def with_fp32_master_shards(bundle):
-    """A copy of ``bundle`` whose parameter shards and reduced gradient shards are recorded in fp32: the bytes
-    the published run holds where the captured bundle holds bf16.
+def under_the_runs_policy(bundle):
+    """``bundle`` as the published run holds it: FSDP2's ``MixedPrecisionPolicy(param_dtype=bf16,
+    reduce_dtype=fp32)`` over fp32 master weights (:func:`dcsched.train.mixed_precision.with_master_dtype`).
 
-    The benchmark's script is bf16 throughout (``model.to(torch.bfloat16)``): ``dcsched profile`` captures no
-    mixed-precision policy, so the bundle's shards, and with them AdamW's states (``zeros_like`` the shard),
-    the reduced gradients and the update's temporaries, are bf16. Under FSDP2's ``MixedPrecisionPolicy(
-    param_dtype=bf16, reduce_dtype=fp32)`` the shards are the fp32 master weights and the reduced gradients
-    land in fp32 (:mod:`dcsched.train.mixed_precision`). So every parameter placeholder an all-gather reads
-    (the shard) and every reduce's output takes twice its ``tensor_size`` (bf16 -> fp32), as
-    :func:`dcsched.bundle.resharding.resharded` rewrites those figures for another world size, and
-    :func:`~dcsched.sim.step_memory.step_memory` derives the states, gradients and temporaries from them. Gathered
-    parameters and activations stay bf16 (``param_dtype``). Not counted: the fp32 copy of each gradient the
-    reduce-scatter reads (the bundle's reduce buffers are bf16), at most one block's gradients, 0.4 GiB more.
-    Times are untouched: only the memory figure uses this copy.
+    The capture applies it (``dcsched profile --master-dtype fp32 --reduce-dtype fp32``): the script is bf16
+    throughout (``model.to(torch.bfloat16)``), so the shards, AdamW's states and the reduced gradients are fp32
+    only under the policy, and each bf16 gradient is cast to fp32 before its reduce-scatter. A kept capture that
+    records no policy (made without those options) gets it here, before it is priced again; one that does is
+    returned as it is.
     """
-    from dcsched.graph.nxview import copy_graph
-    from dcsched.graph.roles import Role, role_of
+    if "mixed_precision" not in bundle.provenance:
+        import torch
 
-    graphs = {}
-    for name, graph in bundle.graphs.items():
-        copy = copy_graph(graph)
-        widened: set = set()
-        shards = _param_placeholders(bundle, copy) if name == "forward" else []
-        for node in copy.nodes:
-            role = role_of(node)
-            targets = [node] if role is Role.REDUCE or node in shards else \
-                [node.args[0]] if role is Role.ALLGATHER and node.args else []
-            for target in targets:
-                size = target.meta.get("tensor_size") if hasattr(target, "meta") else None
-                if target not in widened and isinstance(size, (int, float)):
-                    target.meta["tensor_size"] = int(size) * FP32_PER_BF16
-                    widened.add(target)
-        graphs[name] = copy
-    result = bundle.with_graphs(**graphs)
-    result.plans = dict(bundle.plans)  # the same nodes (sizes alone change)
-    return result
-
-
-def _param_placeholders(bundle, forward) -> list:
-    """The parameter placeholders of ``forward`` (a copy of the bundle's forward graph), as the bundle lists
-    them."""
-    placeholders = [node for node in forward.nodes if node.op == "placeholder"]
-    return [node for node, entry in zip(placeholders, bundle.forward_placeholders) if entry.get("kind") == "param"]
-
-
-#: fp32 bytes per bf16 byte.
-FP32_PER_BF16 = 2
+        from dcsched.train.mixed_precision import with_master_dtype
+        with_master_dtype(bundle, torch.float32, torch.float32)
+    return bundle
 
 
 def predicted_peak(bundle, plans: dict):
     """The whole step's memory per rank that the benchmark compares with the published max-reserved figure:
     :func:`~dcsched.sim.step_memory.step_memory` of the bundle with fp32 master shards
-    (:func:`with_fp32_master_shards`), run as ``plans`` say, AdamW's states, on a GPU (the CUDA caching
-    allocator model). Its ``cuda.reserved_bytes`` is the prediction: the segments the live tensors need packed
-    perfectly, a lower bound on ``reserved_bytes.all.peak``."""
+    (:func:`under_the_runs_policy`), run as ``plans`` say, AdamW's states, on a GPU (the CUDA caching
+    allocator simulated over the step's allocations and frees). Its ``cuda.reserved_bytes`` is the prediction
+    of ``reserved_bytes.all.peak``; ``cuda.packed_reserved_bytes`` the peak's tensors packed perfectly into
+    segments (a lower bound)."""
     from dcsched.sim.step_memory import step_memory
 
-    return step_memory(with_fp32_master_shards(bundle), "adamw", gpu=True, plans=plans)
+    return step_memory(bundle, "adamw", gpu=True, plans=plans)
 
 
 #: What the predicted peak is, printed beside its column.
-PEAK_LABEL = "whole step, fp32 master shards and AdamW states, CUDA allocator reserved (a lower bound)"
+PEAK_LABEL = "whole step, fp32 master shards and AdamW states, CUDA caching allocator simulated: reserved"
 
 
 def plan(bundle, algorithms: tuple[str, ...], optimizer_ms: float, *, memory: bool = True) -> dict[str, dict]:
@@ -312,6 +283,7 @@ def plan(bundle, algorithms: tuple[str, ...], optimizer_ms: float, *, memory: bo
             peak = predicted_peak(bundle, plans)
             assert peak.cuda is not None  # gpu=True
             out[algo].update(peak_bytes=peak.cuda.reserved_bytes, allocated_bytes=peak.cuda.allocated_bytes,
+                             packed_bytes=peak.cuda.packed_reserved_bytes,
                              live_bytes=peak.peak_bytes, peak_phase=peak.phase, peak_parts=dict(peak.parts),
                              phases=dict(peak.phases))
     return out
@@ -395,16 +367,18 @@ def render(rows: list[dict]) -> str:
                      f"| {implied:.0f} | {error(fsdp['compute_ms'], implied)} | {fsdp['comm_ms']:.0f} "
                      f"| {fsdp['exposed_comm_ms']:.0f} | {fsdp['optimizer_ms']:.0f} |")
     lines += ["", "The predicted peak by kind (GiB; per algorithm, at the step's largest phase; live = the kinds' "
-              "sum, allocated = in 512-byte blocks, reserved = in the allocator's segments, the prediction):", "",
+              "sum, allocated = in 512-byte blocks, packed = in segments packed perfectly (a lower bound), "
+              "reserved = the segments the simulated allocator holds, the prediction):", "",
               "| row | algorithm | phase | " + " | ".join(header for _, header in KIND_HEADERS)
-              + " | live | allocated | reserved | published |",
-              "|---|---|---|" + "---:|" * (len(KIND_HEADERS) + 4)]
+              + " | live | allocated | packed | reserved | published |",
+              "|---|---|---|" + "---:|" * (len(KIND_HEADERS) + 5)]
     for r in rows:
         for algo in ("fsdp", "overlap-plan"):
             figures = r["run"][algo]
             parts = " | ".join(gib(figures["peak_parts"][kind]) for kind, _ in KIND_HEADERS)
             lines.append(f"| {r['row']} | {algo} | {figures['peak_phase']} | {parts} | {gib(figures['live_bytes'])} "
-                         f"| {gib(figures['allocated_bytes'])} | {gib(figures['peak_bytes'])} "
+                         f"| {gib(figures['allocated_bytes'])} | {gib(figures['packed_bytes'])} "
+                         f"| {gib(figures['peak_bytes'])} "
                          f"| {r['published_memory_gib']} |")
     return "\n".join(lines)
 
@@ -423,7 +397,7 @@ def main() -> None:
             path = args.keep or Path(tmp) / "llama8b.pt"
             seconds = capture(32, path)
             print(f"captured 32 layers in {seconds:.0f} s (load {os.getloadavg()[0]:.1f})", file=sys.stderr)
-        rows = evaluate(dcsched.load(path))
+        rows = evaluate(under_the_runs_policy(dcsched.load(path)))
     print(json.dumps(rows, indent=1) if args.json else render(rows))
 
 

@@ -136,7 +136,9 @@ def rotary_tables(seq: int, head_dim: int, base: float = 10000.0):
 def apply_rotary(x, cos, sin):
     x1, x2 = x[..., ::2], x[..., 1::2]
     rotated = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
-    return rotated.flatten(-2)
+    # the tables are fp32: under a bf16 param_dtype the rotation runs in fp32 and lands in x's dtype (as
+    # torchtitan's type_as); in fp32 the cast is no op of the graph
+    return rotated.flatten(-2).to(x.dtype)
 
 
 class LlamaAttention(nn.Module):

@@ -89,6 +89,12 @@ def test_json_holds_measured_and_simulated_figures(runs):
     assert "analytic" in report["caveat"]
     saved = report["activation_memory"]["GPT"]  # the example GPT checkpoints nothing
     assert saved["saved_bytes"] > 0 and saved["without_checkpointing_bytes"] is None and saved["reduction"] is None
+    memory = report["step_memory"]["GPT"]  # the whole step: the script's AdamW found, its states counted
+    parts = memory["parts"]
+    assert memory["optimizer"] == "adamw" and sum(parts.values()) == memory["peak_bytes"]
+    assert parts["optimizer_states"] >= 2 * parts["parameter_shards"] > 0  # two moments a shard (+ step scalars)
+    assert memory["peak_bytes"] >= max(g["simulated_peak_bytes"] for g in report["graphs"])
+    assert memory["peak_bytes"] == memory["phases"][memory["phase"]]
 
 
 def test_report_is_a_table_per_graph(runs):
@@ -97,6 +103,7 @@ def test_report_is_a_table_per_graph(runs):
     assert "dcsched train" in out and "algo overlap" in out
     assert "GPT forward" in out and "GPT backward" in out and "KiB" in out
     assert "step 0: loss" in out  # the script prints as usual
+    assert "Whole-step memory per rank" in out and "optimizer states" in out and "optimizer: adamw" in out
     assert "GPT: activation memory saved for backward:" in out and "(no checkpointing: no saving)" in " ".join(
         out.split())
 

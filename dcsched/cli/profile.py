@@ -50,6 +50,14 @@ def profile(
                                    "device (shapes, no storage), so a model of any size is captured in little "
                                    "memory; needs a cost model that runs nothing (--cost-model analytic --gpu ...). "
                                    "The bundle is planned, not measured: it can be scheduled, not replayed."),
+    master_dtype: Optional[str] = typer.Option(
+        None, "--master-dtype", help="Mixed precision (FSDP2's MixedPrecisionPolicy, param_dtype = the script's "
+                                     "dtype): the parameter shards (master weights, the optimizer's states) in this "
+                                     "dtype, e.g. fp32 for a bf16 script; gathers and compute stay as captured. "
+                                     "Needs a cost model that runs nothing (analytic, calibrated)."),
+    reduce_dtype: Optional[str] = typer.Option(
+        None, "--reduce-dtype", help="With --master-dtype: reduce the gradients in this dtype (a cast before each "
+                                     "reduce-scatter; default: the script's dtype)."),
     force: bool = typer.Option(False, "--force", help="Replace the output file if it exists (refused otherwise)."),
     progress: bool = option(ProfileOptions, "progress", "--progress/--no-progress"),
 ) -> None:
@@ -71,6 +79,7 @@ def profile(
     if meta and cost_model == "measured":
         raise DcschedError("--meta captures shapes without data, so nothing can be run and timed: use "
                            "--cost-model analytic --gpu h100 (or calibrated)")
+    policy = _policy(master_dtype, reduce_dtype, cost_model)
     _join_process_group()
     from dcsched.runtime.distributed import shutdown
     try:
@@ -78,6 +87,9 @@ def profile(
         if progress:
             err_console.print(f"capturing {safe_text(script)} ...", highlight=False)
         captured = capture_script_step(script, list(script_args or []), module, meta=meta)
+        if policy is not None:
+            from dcsched.train.mixed_precision import with_master_dtype
+            with_master_dtype(captured.bundle, *policy)
         bundle = profile_bundle(captured.bundle, options, params=captured.params, inputs=captured.inputs,
                                 topology=topology)
     except BaseException:
@@ -101,6 +113,22 @@ def profile(
                   f"backward {len(bw.nodes) if bw is not None else 0} nodes "
                   f"({format_ms(total.get('backward', 0.0))}); {bundle.provenance['device']}, "
                   f"world size {bundle.provenance['world_size']}{_comm_figures(bundle.provenance)}", highlight=False)
+
+
+def _policy(master_dtype: str | None, reduce_dtype: str | None, cost_model: str) -> tuple | None:
+    """``(master dtype, reduce dtype or None)`` from ``--master-dtype`` / ``--reduce-dtype``, or None; refuses a
+    reduce dtype alone, an unknown name, or the measured cost model (which would run the script's tensors, not the
+    policy's shards)."""
+    if master_dtype is None:
+        if reduce_dtype is not None:
+            raise DcschedError("--reduce-dtype needs --master-dtype (the mixed-precision policy's master weights)")
+        return None
+    from dcsched.train.mixed_precision import dtype_named
+    policy = dtype_named(master_dtype), dtype_named(reduce_dtype) if reduce_dtype is not None else None
+    if cost_model == "measured":
+        raise DcschedError("--master-dtype changes the shards' dtype after the capture, so nothing of it can be run "
+                           "and timed: use --cost-model analytic --gpu h100 (or calibrated)")
+    return policy
 
 
 def _comm_figures(provenance: dict) -> str:

@@ -51,6 +51,9 @@ def render(result: TrainResult) -> None:
     console.print("measured on this rank: median time of the steps after the first (perf_counter), peak live tensor "
                   "bytes of the first step (memory tracker); simulated: dcsched.simulate of the schedule (its error "
                   "against the measured figure)", highlight=False)
+    if result.step_memory:
+        from dcsched.report.formats.table import print_step_memory
+        print_step_memory(result.step_memory, console)
     for label, saved in result.activation_memory.items():
         line = SavedActivations(saved["saved_bytes"], saved["without_checkpointing_bytes"]).describe()
         console.print(f"{safe_text(label)}: {line}", highlight=False)

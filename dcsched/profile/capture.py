@@ -297,18 +297,24 @@ def _script_optimizer(record: Recorded) -> dict | None:
     """The provenance record (:mod:`dcsched.bundle.optimizer`) of the ``torch.optim`` optimizer the script built
     over the captured module's parameters, found among the live objects; None where it built none (yet) or one
     dcsched does not model."""
+    model = optimizer_over(p for _, p in record.trainable())
+    return model.provenance() if model is not None else None
+
+
+def optimizer_over(params) -> Any:
+    """The :class:`~dcsched.bundle.optimizer.OptimizerModel` of a live ``torch.optim`` optimizer over any of
+    ``params`` (found among the live objects), or None: none built (yet), or one dcsched does not model."""
     import gc
     import warnings
 
     from dcsched.bundle.optimizer import of_torch
-    wanted = {id(p) for _, p in record.trainable()}
+    wanted = {id(p) for p in params}
     with warnings.catch_warnings():  # isinstance on deprecated module proxies (torch.distributed.reduce_op) warns
         warnings.simplefilter("ignore")
         found = [value for value in gc.get_objects() if _is_optimizer(value)]
     for value in found:
         if any(id(p) in wanted for group in value.param_groups for p in group.get("params", ())):
-            model = of_torch(value)
-            return model.provenance() if model is not None else None
+            return of_torch(value)
     return None
 
 

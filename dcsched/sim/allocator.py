@@ -14,7 +14,9 @@ Constants from ``c10/cuda/CUDACachingAllocator.cpp`` (PyTorch 2.x; the same in
 :func:`cuda_footprint` gives the allocated figure (exact for the tensors
 given) and the reserved figure the same tensors need with their segments
 packed perfectly: a lower bound on ``torch.cuda.max_memory_reserved`` at that
-moment (fragmentation and segments cached from earlier only add to it).
+moment (fragmentation and segments cached from earlier only add to it;
+:mod:`dcsched.sim.caching_allocator` simulates them over a step's allocations
+and frees).
 
 >>> fp = cuda_footprint([100, 3 * MiB, 50 * MiB])
 >>> fp.allocated_bytes == 512 + 3 * MiB + 50 * MiB, fp.reserved_bytes == 2 * MiB + 20 * MiB + 50 * MiB
@@ -60,15 +62,19 @@ def round_size(nbytes: int) -> int:
 @dataclasses.dataclass(frozen=True)
 class CudaFootprint:
     """What a set of live tensors costs under the caching allocator: ``allocated_bytes`` (the rounded blocks,
-    ``max_memory_allocated``'s figure) and ``reserved_bytes`` (the segments holding them, packed perfectly: a
-    lower bound on ``max_memory_reserved``'s)."""
+    ``max_memory_allocated``'s figure) and ``reserved_bytes`` (the segments holding them: packed perfectly by
+    :func:`cuda_footprint`, a lower bound on ``max_memory_reserved``'s; in a step's figure the allocator
+    simulated over the step, :mod:`dcsched.sim.caching_allocator`). ``packed_reserved_bytes``: in a step's
+    figure, the perfectly packed segments (the lower bound), else None."""
 
     allocated_bytes: int
     reserved_bytes: int
     source: str = SOURCE
+    packed_reserved_bytes: int | None = None
 
     def to_json(self) -> dict:
-        return {"allocated_bytes": self.allocated_bytes, "reserved_bytes": self.reserved_bytes, "source": self.source}
+        return {"allocated_bytes": self.allocated_bytes, "reserved_bytes": self.reserved_bytes,
+                "packed_reserved_bytes": self.packed_reserved_bytes, "source": self.source}
 
 
 def cuda_footprint(sizes: Iterable[int]) -> CudaFootprint:

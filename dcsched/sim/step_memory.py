@@ -117,15 +117,31 @@ def graph_peak(compiled, plan, graph: str, *, issue: CollectiveIssue = SIMULATOR
     gather_flats, other_flats = _bucket_buffers_at(compiled, idx, p, fused)
     staged = staging_series(idx, kind, owned, size, compiled.preds, compiled.succs, fused)[p] \
         if fused is not None and fused.issue.staging else 0
+    # a replicated parameter's shard placeholder is its whole copy's (the gathered series counts the whole less
+    # the placeholder): gathered, not a shard
+    whole = _replicated_shard_bytes(compiled, plan)
     parts = dict.fromkeys(KINDS, 0)
-    parts.update(parameter_shards=int(sum(shards)), gradient_shards=int(sum(grads)),
+    parts.update(parameter_shards=int(sum(shards)) - whole, gradient_shards=int(sum(grads)),
                  mixed_precision_copies=int(sum(cast_bytes)),
-                 gathered_parameters=int(gathered[p] - gather_flats),
+                 gathered_parameters=int(gathered[p] - gather_flats) + whole,
                  collective_buffers=int(gather_flats + other_flats + staged))
     parts["activations"] = int(peak) - sum(parts.values())
     sizes = tuple(int(owned[r]) for r in live) + tuple(int(s) for s in shards) + \
         tuple(int(b) for b in (gather_flats, other_flats, staged) if b)
     return GraphPeak(graph, p, compiled.names[idx[p]], int(peak), parts, sizes)
+
+
+def _replicated_shard_bytes(compiled, plan) -> int:
+    """The bytes of the shard placeholders of ``plan``'s replicated parameters (what their gathers read)."""
+    from dcsched.graph.form import ALLGATHER
+    from dcsched.sim.plans import replicated_ids
+    replicated = replicated_ids(plan)
+    if not replicated:
+        return 0
+    kind, ds_id = compiled.kind, compiled.ds_id
+    shards = {q for i in range(len(kind)) if kind[i] == ALLGATHER and ds_id[i] in replicated
+              for q in compiled.preds[i] if kind[q] == PLACEHOLDER}
+    return int(sum(compiled.size[q] for q in shards))
 
 
 def _bucket_buffers_at(compiled, idx: list[int], p: int, fused: Fused | None) -> tuple[int, int]:
@@ -244,7 +260,8 @@ def step_memory(bundle, optimizer: Any = None, *, world_size: int | None = None,
     for name in ("forward", "backward"):
         graph = bundle.graphs.get(name)
         if graph is not None:
-            peaks[name] = graph_peak(compile_view(graph, comm_latency_ms=latency), plans.get(name) or Plan(()),
+            view = _storage_view(bundle, graph) if name == "backward" else graph
+            peaks[name] = graph_peak(compile_view(view, comm_latency_ms=latency), plans.get(name) or Plan(()),
                                      name, issue=issue, casts=_gradient_casts(graph))
     shards = _param_shard_bytes(bundle)
     states = _optimizer_states(model, shards, gpu)
@@ -269,11 +286,43 @@ def step_memory(bundle, optimizer: Any = None, *, world_size: int | None = None,
     parts, sizes, node = phases[phase]
     cuda = None
     if gpu:
-        footprint = cuda_footprint(sizes)
-        unsized = max(0, totals[phase] - sum(sizes))  # what the split leaves unattributed to one tensor
-        cuda = CudaFootprint(footprint.allocated_bytes + unsized, footprint.reserved_bytes + unsized)
+        cuda = _cuda(bundle, sizes, totals[phase], (shards, states, temporaries), plans, issue)
     return StepMemory(totals[phase], parts, phase, node, totals, model.name if model else None,
                       bundle.provenance.get("world_size") if world_size is None else world_size, cuda)
+
+
+def _cuda(bundle, sizes: tuple[int, ...], peak: int, step: tuple[list[int], list[int], list[int]], plans: Mapping,
+          issue: CollectiveIssue) -> CudaFootprint:
+    """The caching allocator's figures: the blocks of the tensors live at the peak (``allocated``), and the
+    segments the allocator simulated over two steps' allocations and frees reserves
+    (:mod:`dcsched.sim.caching_allocator`, :mod:`dcsched.sim.step_events`), never less than the peak's tensors
+    packed perfectly (which holds the collective buffers the events leave out)."""
+    from dcsched.sim.caching_allocator import replay
+    from dcsched.sim.step_events import step_events
+    footprint = cuda_footprint(sizes)
+    unsized = max(0, peak - sum(sizes))  # what the split leaves unattributed to one tensor
+    packed = footprint.reserved_bytes + unsized
+    simulated = replay(step_events(bundle, *step, plans=plans, issue=issue))
+    return CudaFootprint(footprint.allocated_bytes + unsized, max(simulated.reserved_bytes, packed),
+                         packed_reserved_bytes=packed)
+
+
+def _storage_view(bundle, graph):
+    """The backward graph's form with each saved tensor counted at its storage's bytes, a storage shared by
+    saved tensors once (:func:`dcsched.sim.saved_storage.saved_storage_bytes`); the graph itself where none
+    differs."""
+    from dcsched.graph.form import GraphForm
+    from dcsched.sim.saved_storage import saved_storage_bytes
+    counted = saved_storage_bytes(bundle)
+    if not counted:
+        return graph
+    form = GraphForm(graph)
+    sizes = list(form.tensor_size)
+    for name, nbytes in counted.items():
+        sizes[form.index[name]] = nbytes
+    form.tensor_size = sizes
+    form.size = [0 if s is None else s for s in sizes]
+    return form
 
 
 def _param_shard_bytes(bundle) -> list[int]:
@@ -316,6 +365,8 @@ def _held_across(bundle) -> tuple[int, int]:
     backward does not take, as :func:`~dcsched.sim.bundle_figures.simulated_figures` counts them): (parameter
     shards, the rest)."""
     from dcsched.graph.specs import flat_nodes, recorded_bytes
+    from dcsched.sim.saved_storage import saved_forward_roots
+    from dcsched.sim.simulate import compile_view
     if bundle.backward is None:
         return 0, 0
     output = next(node for node in bundle.forward.nodes if node.op == "output")
@@ -325,7 +376,10 @@ def _held_across(bundle) -> tuple[int, int]:
     placeholders = [node for node in bundle.forward.nodes if node.op == "placeholder"]
     params = {node for node, entry in zip(placeholders, bundle.forward_placeholders) if entry.get("kind") == "param"}
     inputs = [node for node in bundle.forward.nodes if node.op in ("placeholder", "get_attr")]
-    held = [n for n in dict.fromkeys(inputs + outputs[:bundle.num_user_outputs]) if n not in saved]
+    forward = compile_view(bundle.forward, assume_zero=True)
+    shared = saved_forward_roots(bundle)  # a user output viewing a saved tensor's storage is counted with it
+    held = [n for n in dict.fromkeys(inputs + outputs[:bundle.num_user_outputs])
+            if n not in saved and forward.root[forward.index[n.name]] not in shared]
     return (sum(recorded_bytes(n) for n in held if n in params),
             sum(recorded_bytes(n) for n in held if n not in params))
 

@@ -188,3 +188,39 @@ def _as_dtype(value, dtype: torch.dtype):
     if not isinstance(value, torch.Tensor) or value.dtype == dtype:
         return value
     return torch.empty_strided(tuple(value.shape), tuple(value.stride()), dtype=dtype, device="meta")
+
+
+@dataclasses.dataclass(frozen=True)
+class _ShardDtypes:
+    """What :func:`carry_dtypes` reads of a shard spec: its ds_id, the shard's (master) dtype, the gathered dtype
+    and the reduce dtype."""
+
+    ds_id: int
+    dtype: torch.dtype
+    param_dtype: torch.dtype
+    reduce_dtype: torch.dtype | None
+
+
+def with_master_dtype(bundle, master_dtype: torch.dtype, reduce_dtype: torch.dtype | None = None) -> None:
+    """Make a bundle captured from a model in its compute dtype say what FSDP2 runs under
+    ``MixedPrecisionPolicy(param_dtype=<the captured dtype>, reduce_dtype=reduce_dtype)`` over master weights of
+    ``master_dtype``, in place, before it is profiled (``dcsched profile --master-dtype ... --reduce-dtype ...``).
+
+    Every floating parameter's shard becomes ``master_dtype`` (the optimizer's states follow it), its gathers
+    stay the captured dtype, and its gradient is cast to ``reduce_dtype`` (default: the captured dtype) right
+    before its reduce, as :func:`carry_dtypes` does for ``dcsched.shard(mp_policy=...)``; the provenance records
+    the policy (``mixed_precision``).
+
+    >>> from dcsched import replay
+    >>> bundle = replay.example_bundle()
+    >>> with_master_dtype(bundle, torch.float64)
+    >>> bundle.params[0].dtype, bundle.provenance["mixed_precision"]["master_dtype"]
+    (torch.float64, 'float64')
+    """
+    specs = [_ShardDtypes(p.ds_id, master_dtype, p.dtype, reduce_dtype) for p in bundle.params
+             if p.dtype.is_floating_point]
+    gathered = sorted({str(spec.param_dtype).removeprefix("torch.") for spec in specs})
+    carry_dtypes(bundle, specs)
+    bundle.provenance["mixed_precision"] = {
+        "master_dtype": str(master_dtype).removeprefix("torch."), "param_dtype": ",".join(gathered),
+        "reduce_dtype": str(reduce_dtype).removeprefix("torch.") if reduce_dtype is not None else None}

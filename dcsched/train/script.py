@@ -26,7 +26,7 @@ import os
 import statistics
 import weakref
 from pathlib import Path
-from typing import Callable, ContextManager, Sequence
+from typing import Any, Callable, ContextManager, Sequence
 
 import torch
 
@@ -92,6 +92,9 @@ class TrainResult:
     activation_memory: dict[str, dict] = dataclasses.field(default_factory=dict)
     #: With ``--plan FILE``: ``{"path": FILE, "reused": bool}``, whether the plan came from FILE or was stored there.
     plan_file: dict | None = None
+    #: With ``measure``: per compiled module (its label), the whole step's simulated memory per rank by kind
+    #: (:class:`dcsched.sim.step_memory.StepMemory`, under its plans, with the script's optimizer).
+    step_memory: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict:
         out = {"script": self.script, "algo": self.algo, "compute": self.compute, "world_size": self.world_size,
@@ -105,6 +108,8 @@ class TrainResult:
             out["activation_memory"] = self.activation_memory
         if self.plan_file is not None:
             out["plan_file"] = self.plan_file
+        if self.step_memory:
+            out["step_memory"] = {label: memory.to_json() for label, memory in self.step_memory.items()}
         return out
 
 
@@ -116,6 +121,9 @@ class _RecordingBackend(Backend):
         super().__init__(options)
         self.name, self.measure, self.compiling = name, measure, compiling
         self.losses: list[torch.Tensor] = []
+        #: With ``measure``: per program, the optimizer the script built over its module's parameters (found at
+        #: its first step; None: none dcsched models), for its whole-step memory.
+        self.optimizers: dict[int, Any] = {}
 
     def __call__(self, gm, example_inputs):
         with self.compiling(f"{self.name} ({len(self.programs) + 1}): capture, profile, schedule "
@@ -129,6 +137,9 @@ class _RecordingBackend(Backend):
         def step(*args):
             # Memory on the first step, time alone on the others (the memory tracker slows a step down).
             program.track_memory = program.compute == "eager" and not program.stats
+            if self.measure and id(program) not in self.optimizers:
+                from dcsched.profile.capture import optimizer_over
+                self.optimizers[id(program)] = optimizer_over(program.sharding.module.parameters())
             return program(*args)
 
         return step
@@ -300,6 +311,7 @@ def _result(path: Path, options: ScriptOptions, backends: list[_RecordingBackend
             rank: int, world_size: int) -> TrainResult:
     graphs: list[GraphFigures] = []
     activation_memory: dict[str, dict] = {}
+    step_memory: dict[str, Any] = {}
     for backend in backends:
         for k, program in enumerate(backend.programs):
             label = backend.name if len(backend.programs) == 1 else f"{backend.name} ({k + 1})"
@@ -307,6 +319,8 @@ def _result(path: Path, options: ScriptOptions, backends: list[_RecordingBackend
             saved = saved_memory.from_provenance(program.bundle.provenance)
             if saved is not None:
                 activation_memory[label] = saved.to_json()
+            if options.measure:
+                step_memory[label] = _step_memory(program, backend.optimizers.get(id(program)))
     from dcsched.sim.bundle_figures import timing_caveat
     losses = next(([float(v) for v in b.losses] for b in backends if b.losses), None)
     programs = [p for b in backends for p in b.programs]
@@ -318,7 +332,23 @@ def _result(path: Path, options: ScriptOptions, backends: list[_RecordingBackend
         "path": str(options.train.plan), "reused": any(getattr(p, "reused_plan", False) for p in programs)}
     return TrainResult(str(path), options.train.algo, rank, world_size, exit_code,
                        [b.name for b in backends], graphs, losses, caveat, options.train.compute,
-                       activation_memory, plan_file)
+                       activation_memory, plan_file, {k: v for k, v in step_memory.items() if v is not None})
+
+
+def _step_memory(program, optimizer) -> Any:
+    """The program's whole-step memory per rank under its plans (:func:`dcsched.sim.step_memory.step_memory`),
+    with the script's optimizer; None where its graphs do not simulate."""
+    from dcsched.collective_issue import SIMULATOR
+    from dcsched.errors import DcschedError
+    from dcsched.sim.step_memory import step_memory
+    # as the per-graph figures: the backward's way without gloo's copies (what the memory tracker sees); one
+    # process issues nothing in flight
+    issue = getattr(program.runtime, "issue", None)
+    issue = issue.without_staging() if issue is not None and program.sharding.world_size > 1 else SIMULATOR
+    try:
+        return step_memory(program.bundle, optimizer, issue=issue)
+    except DcschedError:
+        return None
 
 
 def _figures(label: str, program) -> list[GraphFigures]:

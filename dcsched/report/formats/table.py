@@ -129,8 +129,8 @@ def step_memory_table(memories: dict[str, StepMemory]) -> Table:
     if first.cuda is not None:
         table.add_row("CUDA allocated", *(format_bytes(m.cuda.allocated_bytes) if m.cuda else "-"
                                           for m in memories.values()))
-        table.add_row("CUDA reserved (at least)", *(format_bytes(m.cuda.reserved_bytes) if m.cuda else "-"
-                                                    for m in memories.values()))
+        table.add_row("CUDA reserved", *(format_bytes(m.cuda.reserved_bytes) if m.cuda else "-"
+                                         for m in memories.values()))
     return table
 
 
