@@ -128,11 +128,6 @@ class MeasuredCostModel(CostModel):
         self.timer = Timer(device)
         #: the latency measured under a process group (:meth:`annotate`), None before or in one process
         self.measured_latency_ms: float | None = None
-        #: Under a process group, time each all-gather and reduce-scatter (``iters`` runs of its size after
-        #: ``warmup``, each a meeting of the ranks). False: each runs once, where the step needs its value, and
-        #: costs the measured latency plus the link's bandwidth term, the figure steady figures give every
-        #: measured collective anyway (:mod:`dcsched.profile.steady`): what training profiles.
-        self.time_collectives = True
 
     @classmethod
     def from_options(cls, options: ProfileOptions) -> MeasuredCostModel:
@@ -162,14 +157,10 @@ class MeasuredCostModel(CostModel):
             node.meta.update(device_time=ms, time_source="measured")
             return out
         measuring = self.measures_collectives(run.topology)
-        if measuring and role in (Role.ALLGATHER, Role.REDUCE) and (
-                self.time_collectives or self.measured_latency_ms is None):
+        if measuring and role in (Role.ALLGATHER, Role.REDUCE):
             ms = measure_collective(node, run.topology.world_size, self.device, self.timer, self.iters,
                                     self.warmup)
             node.meta.update(device_time=ms, time_source="measured")
-        elif measuring and role in (Role.ALLGATHER, Role.REDUCE):  # the latency measured, the link's bandwidth
-            term = max(0.0, modelled_comm_time(node, run.topology) - run.topology.link.latency_us / 1000)
-            node.meta.update(device_time=self.measured_latency_ms + term, time_source="measured")
         elif measuring:
             node.meta.update(device_time=0.0, time_source="measured")
         else:

@@ -163,8 +163,7 @@ def _provenance(model: CostModel, options: ProfileOptions, run: ProfileRun, devi
 
 def profile_bundle(bundle: Bundle, options: ProfileOptions = ProfileOptions(), *,
                    params: Mapping[int, torch.Tensor] | None = None,
-                   inputs: Sequence[torch.Tensor] | None = None, topology: Topology | None = None,
-                   time_collectives: bool = True) -> Bundle:
+                   inputs: Sequence[torch.Tensor] | None = None, topology: Topology | None = None) -> Bundle:
     """A copy of ``bundle`` whose nodes carry ``device_time``, ``tensor_size`` and ``time_source``.
 
     Parameters
@@ -182,11 +181,6 @@ def profile_bundle(bundle: Bundle, options: ProfileOptions = ProfileOptions(), *
         The ranks the figures are for and the link of modelled collectives, as the caller that started the
         run resolved it (:func:`profile_topology`); by default resolved here from ``options`` and the process
         group.
-    time_collectives : bool, optional
-        Under a process group with the measured model: time each all-gather and reduce-scatter (default).
-        False: run each once and cost it the measured latency plus the link's bandwidth term (what
-        :func:`dcsched.profile.steady.steady_figures` makes of a timed one: training, which makes its figures
-        steady, passes False and saves a meeting of the ranks per timed run).
 
     Returns
     -------
@@ -212,8 +206,6 @@ def profile_bundle(bundle: Bundle, options: ProfileOptions = ProfileOptions(), *
     topology = profile_topology(options) if topology is None else topology
     options.check()
     model = build_cost_model(options)
-    if hasattr(model, "time_collectives"):
-        model.time_collectives = time_collectives
     run = ProfileRun(topology, params, inputs)
     bundle = with_sizes(bundle, topology.world_size)
     # Under a process group: the same step on every rank before the profile's collectives pair up, and the

@@ -268,9 +268,7 @@ def _profile_and_plan(captured, sharding, options: TrainOptions,
     # The world size is the sharding's (its group cut the shards), alone too: the topology is resolved from it.
     profile_options = options.profile_options(sharding.world_size)
     topology = profile_topology(profile_options, group_size=sharding.world_size)
-    # Each collective run once: steady figures cost it the measured latency and the link's bandwidth term anyway.
-    profiled = profile_bundle(captured.bundle, profile_options, inputs=captured.inputs, topology=topology,
-                              time_collectives=False)
+    profiled = profile_bundle(captured.bundle, profile_options, inputs=captured.inputs, topology=topology)
     # the same on every rank already (the maximum over them); now steady from run to run
     steady_figures(profiled, topology=topology)
     budget = options.budget(profiled, issue=fastest)
