@@ -2,14 +2,16 @@
 schedulers all read.
 
 A step's graph says where each collective is issued and where it is waited on; how the process group runs
-it between the two is the run's choice, and changes the memory a step takes, never its order or (in the
-simulator) its step time. :class:`CollectiveIssue` names that choice; the constants below are the ways that
-occur.
+it between the two is the run's choice, and changes the memory a step takes and, where a collective blocks
+the host that issues it, the step time (never the order). :class:`CollectiveIssue` names that choice; the
+constants below are the ways that occur.
 
->>> SIMULATOR.async_gather, SIMULATOR.async_reduce, SIMULATOR.staging
-(True, False, False)
+>>> SIMULATOR.async_gather, SIMULATOR.async_reduce, SIMULATOR.staging, SIMULATOR.blocking_in_step
+(True, False, False, False)
 >>> FSDP2_ON_GLOO == CollectiveIssue(async_gather=False, async_reduce=False, staging=True)
 True
+>>> FSDP2_ON_GLOO.blocks_step, GLOO.blocks_step, SIMULATOR.blocks_step
+(True, False, False)
 >>> GLOO.without_staging() == PROCESS_GROUP
 True
 """
@@ -23,8 +25,13 @@ import dataclasses
 class CollectiveIssue:
     """How a run issues its all-gathers and reduce-scatters, and whether their staging copies count.
 
-    None of the three changes the simulated step time (a blocking collective is timed as if it ran beside
-    the compute); each changes how long some bytes live in the simulated memory series.
+    Each of the first three changes how long some bytes live in the simulated memory series. A blocking
+    collective (``async_gather`` or ``async_reduce`` False) also holds the compute stream: the host that
+    issues it waits in the call, so the compute goes on only once the collective has ended (it starts when
+    the communication stream is free); the simulated step adds that wait. :data:`SIMULATOR` alone
+    (``blocking_in_step`` False) times its reduce-scatters, done where they stand for the memory, on the
+    communication stream as if they ran beside the compute: the model every scheduler's figures and the
+    plans from files are made with.
 
     Attributes
     ----------
@@ -47,6 +54,10 @@ class CollectiveIssue:
         clone of its input; an all-reduce works in place). The memory series adds each for as long as
         ``async_gather`` and ``async_reduce`` say it lives. The runtime does not read it: gloo makes the
         copies whatever dcsched counts, and the per-rank memory tracker does not see them.
+    blocking_in_step : bool
+        Price a blocking collective on the critical path (default): the compute stream waits for it from
+        its issue point until it ends (:attr:`blocks_step`). False: timed as if it ran beside the compute
+        (:data:`SIMULATOR`'s model; the flags above then change the memory alone).
 
     Examples
     --------
@@ -57,6 +68,13 @@ class CollectiveIssue:
     async_gather: bool = True
     async_reduce: bool = False
     staging: bool = False
+    blocking_in_step: bool = True
+
+    @property
+    def blocks_step(self) -> bool:
+        """Whether some collective holds the compute stream in the simulated step: ``blocking_in_step`` and
+        the all-gathers or the reduce-scatters blocking."""
+        return self.blocking_in_step and not (self.async_gather and self.async_reduce)
 
     @property
     def adds_memory(self) -> bool:
@@ -70,8 +88,9 @@ class CollectiveIssue:
 
 
 #: The simulator's default, with which the schedulers plan and the reports compare orders: every all-gather
-#: waited on at its wait node, every reduce-scatter done where it stands, no staging copies.
-SIMULATOR = CollectiveIssue()
+#: waited on at its wait node, every reduce-scatter done where it stands (for the memory; timed on the
+#: communication stream beside the compute: ``blocking_in_step`` False), no staging copies.
+SIMULATOR = CollectiveIssue(blocking_in_step=False)
 #: The runtime's default under a process group (:class:`~dcsched.runtime.distributed.DistributedZero3Runtime`),
 #: as replay and training compare their measured peaks with it: all-gathers and reduce-scatters asynchronous,
 #: one reduce-scatter in flight; gloo's staging copies not counted (the memory tracker does not see them).
@@ -83,5 +102,6 @@ FSDP2 = PROCESS_GROUP
 GLOO = CollectiveIssue(async_reduce=True, staging=True)
 #: FSDP2 on gloo (``unshard_async_op`` False by default, and the CPU has no stream to run a collective beside
 #: the compute): every collective blocking, gloo's staging copies counted. The least memory the runtime can
-#: run a plan in on gloo: ``overlap-plan``'s ``staging`` option plans with it.
+#: run a plan in on gloo, and the slowest (every collective on the critical path): ``overlap-plan``'s
+#: ``staging`` option plans its peaks with it (its ``blocking`` option its step times too).
 FSDP2_ON_GLOO = CollectiveIssue(async_gather=False, async_reduce=False, staging=True)

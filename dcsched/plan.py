@@ -48,6 +48,9 @@ MERGED_OVERLAP_OPTION = "merged_overlap"
 #: blocking (:mod:`dcsched.sim.staging`). Training on gloo turns it on: the flat tensors gloo's collectives
 #: allocate for themselves are memory the budget promised.
 STAGING_OPTION = "staging"
+#: ``overlap-plan``'s option: the step times count every collective blocking, on the critical path (the plan of
+#: a run that issues them so); off, the simulator's model times them beside the compute.
+BLOCKING_OPTION = "blocking"
 #: :class:`Plan`'s default residency: none named (read-only, so one object can serve every plan).
 NO_RESIDENCY: Mapping[int, str] = types.MappingProxyType({})
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from pathlib import Path
 
 import pytest
@@ -157,29 +159,37 @@ def test_within_fsdps_own_peak_on_gloo_the_plan_is_no_slower_than_fsdp_with_no_m
 
 
 # ---------------------------------------------------------------------------
-# How collectives are issued: memory only, each field where its docstring says
+# How collectives are issued: memory, each field where its docstring says; the step time where one blocks
 # ---------------------------------------------------------------------------
 
 @settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 50), backward=st.booleans(), async_gather=st.booleans(), async_reduce=st.booleans(),
        staging=st.booleans())
 def test_how_collectives_are_issued_changes_memory_alone(seed, backward, async_gather, async_reduce, staging):
-    """No way of issuing changes the step time or the collectives; without staging copies the all-gathers'
-    asynchrony changes nothing; a way that adds no memory gives the simulator's default figures exactly;
-    reduce-scatters in flight and staging copies only ever add bytes."""
+    """Unpriced (``blocking_in_step=False``), no way of issuing changes the step time or the collectives;
+    without staging copies the all-gathers' asynchrony changes nothing; a way that adds no memory gives the
+    simulator's default figures exactly; reduce-scatters in flight and staging copies only ever add bytes.
+    Priced, the same way has the same memory and collectives and a step no shorter, equal where nothing blocks."""
     kind = "backward" if backward else "forward"
     graph = random_graph(seed, kind=kind)
     plan = fsdp({kind: GraphForm(graph)})[kind]
     compiled = compile_view(graph)
-    issue = CollectiveIssue(async_gather=async_gather, async_reduce=async_reduce, staging=staging)
+    issue = CollectiveIssue(async_gather=async_gather, async_reduce=async_reduce, staging=staging,
+                            blocking_in_step=False)
 
     def run(way: CollectiveIssue):
         return simulate_plan(compiled, plan, kind, detail="series", issue=way)
 
     plain, result = run(SIMULATOR), run(issue)
     assert (result.step_ms, result.collectives) == (plain.step_ms, plain.collectives)
+    priced = run(dataclasses.replace(issue, blocking_in_step=True))
+    assert priced.memory == result.memory and priced.collectives == result.collectives
+    assert priced.step_ms >= result.step_ms - 1e-9
+    if async_gather and async_reduce:
+        assert priced.step_ms == result.step_ms
     assert all(r >= p for r, p in zip(result.memory, plain.memory))
     if not issue.adds_memory:
         assert result.memory == plain.memory and result.peak_bytes == plain.peak_bytes
     if not staging:
-        assert result.memory == run(CollectiveIssue(async_gather=not async_gather, async_reduce=async_reduce)).memory
+        assert result.memory == run(CollectiveIssue(async_gather=not async_gather, async_reduce=async_reduce,
+                                                    blocking_in_step=False)).memory

@@ -14,23 +14,43 @@ makes a profiled bundle's measured figures steady, in place:
    :func:`collective_fit`), on a grid relative to the latency (a collective
    within a grid step of the latency costs the latency): the spikes and noise of
    single collectives move nothing;
-2. every other measured figure, and the latency, is rounded to the nearest
-   point of a grid of :data:`STEPS_PER_DOUBLING` points per factor of two
-   (:func:`quantise_ms`).
+2. every other measured figure, and the latency, is put on a grid of
+   :data:`STEPS_PER_DOUBLING` points per factor of two *relative to the step's
+   scale* (:func:`scale_ms`: the sum of its measured compute times), and the
+   scale on a grid of its own (:func:`quantise_ms`): ``figure = quantise(scale)
+   x quantise(figure / scale)``.
+
+Why relative to the scale: a machine whose load changes between runs (or
+within one: the other engineers' jobs on a shared host) moves every figure of
+a run together, by up to 1.7x here between fresh runs, and a grid of absolute
+times puts a figure near a rounding midpoint on different points run to run
+(the measured latency, 0.21-0.35 ms over runs at one time of day, lies about
+the midpoint 0.354 ms of 0.25 and 0.5, and one run in five planned its
+backward otherwise). The planner's choices depend on the figures' ratios
+alone: its simulator is linear in time and its budget is in bytes, so
+multiplying every figure by a power of two (exact in floating point) changes
+no comparison and no plan. The common scale is therefore rounded on its own,
+where it moves every figure together and nothing in the plan, and each figure
+is rounded as a ratio to the scale, which a load shared by the whole run does
+not move (the latency over the scale lay within 0.19-0.24 in the same runs,
+all on one point of the grid).
 
 Why powers of two (``STEPS_PER_DOUBLING = 1``): over 5 fresh 2-rank runs of
 a small GPT on the project's shared 2-core machine, after the median of 5
 timed runs per node, a node's time lay within ``2**0.03``-``2**0.05`` of its
 median over the runs for half the nodes and within ``2**0.27``-``2**0.50`` for
 9 in 10 (``docs/train.md``, One plan per job). A finer grid puts those nodes on
-different points run to run; powers of two keep each figure within a factor
-1.41 of its measurement. Analytic and modelled figures do not move and are
-left alone. A figure near the midpoint of two grid points can still round
-either way: a stored plan (``dcsched train --plan FILE``) is what makes a
-job's plan one for good.
+different points run to run; powers of two keep each ratio within a factor
+1.41 of its measurement (each figure within a factor 2: 1.41 for the ratio and
+1.41 for the scale). Analytic and modelled figures do not move and are left
+alone. A ratio near the midpoint of two grid points can still round either
+way: a stored plan (``dcsched train --plan FILE``) is what makes a job's plan
+one for good.
 
 >>> quantise_ms(0.3), quantise_ms(0.36), quantise_ms(0.0)
 (0.25, 0.5, 0.0)
+>>> relative_ms(0.354, 1.48), relative_ms(0.354 * 0.95, 1.48 * 0.95)  # the run's load moves both: one plan
+(0.5, 0.25)
 """
 
 from __future__ import annotations
@@ -46,8 +66,8 @@ from dcsched.graph.roles import Role, role_of
 #: Grid points per factor of two of a steady figure (:func:`quantise_ms`): 1, powers of two (module docstring).
 STEPS_PER_DOUBLING = 1
 #: ``provenance['figures']`` of a bundle whose measured times were made steady.
-STEADY = (f"measured times rounded to the nearest of {STEPS_PER_DOUBLING} point(s) per factor of two "
-          "(dcsched.profile.steady)")
+STEADY = (f"measured times rounded to the nearest of {STEPS_PER_DOUBLING} point(s) per factor of two, relative to "
+          "the step's measured compute (dcsched.profile.steady)")
 
 
 def quantise_ms(ms: float, steps_per_doubling: int = STEPS_PER_DOUBLING) -> float:
@@ -60,6 +80,30 @@ def quantise_ms(ms: float, steps_per_doubling: int = STEPS_PER_DOUBLING) -> floa
     if not (ms > 0 and math.isfinite(ms)):
         return ms
     return 2.0 ** (round(math.log2(ms) * steps_per_doubling) / steps_per_doubling)
+
+
+def relative_ms(ms: float, scale: float, steps_per_doubling: int = STEPS_PER_DOUBLING) -> float:
+    """``ms`` as ``quantise_ms(scale) * quantise_ms(ms / scale)``: on the grid relative to the step's ``scale``
+    (module docstring), so that figures measured under one load keep their ratios whatever the load; a scale
+    that is no positive finite number leaves ``ms`` on the absolute grid (:func:`quantise_ms`).
+
+    >>> relative_ms(0.3, 1.0), relative_ms(0.3, 1.45), relative_ms(0.3, 0.0)
+    (0.25, 0.5, 0.25)
+    """
+    if not (scale > 0 and math.isfinite(scale)) or not (ms > 0 and math.isfinite(ms)):
+        return quantise_ms(ms, steps_per_doubling)
+    return quantise_ms(scale, steps_per_doubling) * quantise_ms(ms / scale, steps_per_doubling)
+
+
+def scale_ms(bundle: Bundle) -> float:
+    """The step's scale: the sum of its measured compute figures (every node measured that is not an all-gather
+    or a reduce), the figure a run's load moves as it moves each of them, and the steadiest (a sum of many).
+    0 where none was measured."""
+    return math.fsum(float(node.meta["device_time"]) for graph in bundle.graphs.values() for node in graph.nodes
+                     if node.meta.get("time_source") == "measured" and isinstance(node.meta.get("device_time"),
+                                                                                  (int, float))
+                     and math.isfinite(node.meta["device_time"]) and node.meta["device_time"] > 0
+                     and role_of(node) not in (Role.ALLGATHER, Role.REDUCE))
 
 
 def collective_fit(points: Sequence[tuple[float, float]]) -> float:
@@ -119,16 +163,17 @@ def steady_figures(bundle: Bundle, steps_per_doubling: int = STEPS_PER_DOUBLING,
     >>> node.meta["device_time"], bundle.provenance["figures"].startswith("measured times rounded")
     (0.25, True)
     """
+    scale = scale_ms(bundle)
     latency = bundle.provenance.get("comm_latency_ms")
     if str(bundle.provenance.get("comm_time", "")).startswith("measured") and isinstance(latency, (int, float)):
-        bundle.provenance["comm_latency_ms"] = quantise_ms(float(latency), steps_per_doubling)
+        bundle.provenance["comm_latency_ms"] = relative_ms(float(latency), scale, steps_per_doubling)
     steady_comm = _steady_collectives(bundle, steps_per_doubling, topology)
     rounded = False
     for graph in bundle.graphs.values():
         for node in graph.nodes:
             if node.meta.get("time_source") == "measured" and "device_time" in node.meta and not (
                     steady_comm and role_of(node) in (Role.ALLGATHER, Role.REDUCE)):
-                node.meta["device_time"] = quantise_ms(float(node.meta["device_time"]), steps_per_doubling)
+                node.meta["device_time"] = relative_ms(float(node.meta["device_time"]), scale, steps_per_doubling)
                 rounded = True
     if rounded:
         bundle.provenance["figures"] = STEADY

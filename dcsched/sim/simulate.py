@@ -135,6 +135,9 @@ class CompiledGraph(MemoryModel, Timeline, GraphForm):
         self.name = name
         #: The per-collective latency (ms) the communication figures include: what a bucket saves per extra member.
         self.comm_latency_ms = comm_latency_ms
+        #: How :meth:`timeline_figures` times the collectives where its caller names no way
+        #: (:data:`~dcsched.collective_issue.SIMULATOR`: blocking ones beside the compute).
+        self.timing: CollectiveIssue = SIMULATOR
         self.missing = self._check_figures(label, assume_zero)
         #: Inputs (placeholders, constants) with no size at all, counted as 0 bytes.
         self.unsized_inputs = [self.names[i] for i, (k, nbytes) in enumerate(zip(self.kind, self.tensor_size))
@@ -379,22 +382,27 @@ class CompiledGraph(MemoryModel, Timeline, GraphForm):
         graph's end. With ``staging`` the memory series counts gloo's staging
         copies, the flat tensors its collectives allocate for themselves while
         they run (:mod:`dcsched.sim.staging`), each alive as ``async_gather``
-        and ``async_reduce`` say. The step time is unchanged.
+        and ``async_reduce`` say. A blocking collective (``async_gather`` or
+        ``async_reduce`` False, where ``issue.blocks_step``: every issue but
+        :data:`~dcsched.collective_issue.SIMULATOR`) holds the compute stream
+        from its issue point until it ends, so the step time adds it where no
+        asynchronous one would (:meth:`Timeline._blocking_timeline`).
         """
         idx = self.order_indices(order, check=check)
         keep, held = frozenset(keep), frozenset(held)
-        if not buckets and not keep and not held and not issue.adds_memory:
+        if not buckets and not keep and not held and not issue.adds_memory and not issue.blocks_step:
             return self.simulate_with_frees(idx, detail=detail)[0]
         fused = self._fused(self.bucket_indices(buckets or (), idx), self._held_gathers(held), keep)
         fused = dataclasses.replace(fused, issue=issue)
         return self.simulate_with_frees(idx, detail=detail, fused=fused)[0]
 
     def timeline_figures(self, idx: list[int], *, buckets: Sequence | None = None, held: Iterable[int] = (),
-                         check: bool = True) -> tuple[float, int]:
+                         check: bool = True, issue: CollectiveIssue | None = None) -> tuple[float, int]:
         """:meth:`simulate`'s step time and collectives alone (no memory model, a third of the cost) for the
         node numbers ``idx`` (unchecked) with ``buckets`` and the ``held`` parameters (ds_ids).
         ``check=False`` takes the buckets as lists of node numbers, each in ``idx``'s order
-        (:meth:`bucket_indices`), unchecked.
+        (:meth:`bucket_indices`), unchecked. ``issue``: how the collectives are issued, as :meth:`simulate`
+        times them; by default :attr:`timing` (a planner that plans for blocking collectives sets it once).
 
         Examples
         --------
@@ -405,10 +413,13 @@ class CompiledGraph(MemoryModel, Timeline, GraphForm):
         True
         """
         held = frozenset(held)
-        if not buckets and not held:
+        issue = self.timing if issue is None else issue
+        if not buckets and not held and not issue.blocks_step:
             return self._timeline(idx, False)[0], self.num_allgathers + self.num_reduces
         listed = self.bucket_indices(buckets or (), idx) if check else [list(b) for b in buckets or ()]
         fused = self._fused(listed, self._held_gathers(held))
+        if issue.blocks_step:
+            return self._blocking_timeline(idx, False, dataclasses.replace(fused, issue=issue))[0], fused.collectives
         return self._fused_timeline(idx, False, fused)[0], fused.collectives
 
     def _held_gathers(self, held: frozenset) -> list[int]:
@@ -443,6 +454,7 @@ class CompiledGraph(MemoryModel, Timeline, GraphForm):
         gpeak, gpeak_pos = _first_peak(gathered)
         record = bool(detail)
         step, reach, start, end = self._timeline(idx, record) if fused is None else \
+            self._blocking_timeline(idx, record, fused) if fused.issue.blocks_step else \
             self._fused_timeline(idx, record, fused)
         result = self._result(idx, step, peak, peak_pos, gpeak, gpeak_pos, record and detail != "series", fused)
         if record:

@@ -1,13 +1,16 @@
 """The simulator's two streams: compute in program order, communication issued in program order, one at a time.
 
 :class:`Timeline` is a part of :class:`dcsched.sim.simulate.CompiledGraph`; the rules are in that module's
-docstring and docs/simulator.md.
+docstring and docs/simulator.md. A collective issued blocking
+(:attr:`dcsched.collective_issue.CollectiveIssue.blocks_step`) also holds the compute stream until it ends
+(:meth:`Timeline._blocking_timeline`).
 """
 
 from __future__ import annotations
 
 import itertools
 
+from dcsched.graph.form import ALLGATHER
 from dcsched.sim.fused import HELD, Fused
 from dcsched.sim.result import Clocks
 
@@ -21,6 +24,7 @@ class Timeline:
     gates: list
     is_comm: list
     timed: list
+    kind: list
 
     def clocks(self, idx: list[int]) -> Clocks:
         """The step time and each position's reach, start and end (ms) for the node numbers ``idx``
@@ -107,6 +111,58 @@ class Timeline:
                     issued[i] = (tc, s)
                     r = tc
                 else:  # a later member: issued with its bucket
+                    done[i] = done[first]
+                    r, s = issued[first]
+                if record:
+                    reach.append(r)
+                    start.append(s)
+                    end.append(done[i])
+            else:
+                if record:
+                    reach.append(tc)
+                for g in gates[i]:
+                    e = done[g]
+                    if e > tc:
+                        tc = e
+                if record:
+                    start.append(tc)
+                tc += dur[i]
+                if record:
+                    end.append(tc)
+        return (tc if tc > tq else tq), reach, start, end
+
+    def _blocking_timeline(self, idx: list[int], record: bool, fused: Fused) -> tuple[float, list, list, list]:
+        """:meth:`_fused_timeline` where some collectives block the host that issues them
+        (``fused.issue``: ``async_gather`` or ``async_reduce`` False, priced as :attr:`blocks_step
+        <dcsched.collective_issue.CollectiveIssue.blocks_step>` says): such a collective starts when the
+        communication stream is free, and the compute stream waits at its issue point until it ends, so its
+        whole time, and any wait for the collectives before it, is on the critical path. An asynchronous one
+        runs beside the compute as in :meth:`_fused_timeline`.
+
+        Kept apart from :meth:`_fused_timeline`, a planner's inner loop, which stays as it is."""
+        is_comm, dur, gates, kind = self.is_comm, self.duration, self.gates, self.kind
+        issue = fused.issue
+        blocks = (not issue.async_gather, not issue.async_reduce)  # (all-gathers, reduce-scatters and all-reduces)
+        lead, time = fused.lead, fused.time
+        tc = tq = 0.0
+        done: list = [None] * len(self.names)
+        issued: dict[int, tuple[float, float]] = {}
+        reach: list[float] = []
+        start: list[float] = []
+        end: list[float] = []
+        for i in idx:
+            if is_comm[i]:
+                first = lead[i]
+                if first == HELD:  # gathered since the forward: ready when reached, no collective
+                    done[i] = r = s = tc
+                elif first < 0 or first == i:
+                    s = tc if tc > tq else tq
+                    tq = done[i] = s + (dur[i] if first < 0 else time[i])
+                    issued[i] = (tc, s)
+                    r = tc
+                    if blocks[kind[i] != ALLGATHER]:  # the host waits in the call until it ends
+                        tc = tq
+                else:  # a later member: issued with its bucket (the host waited there already, if it blocks)
                     done[i] = done[first]
                     r, s = issued[first]
                 if record:

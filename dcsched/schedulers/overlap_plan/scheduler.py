@@ -76,13 +76,14 @@ True
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Mapping
 
 from dcsched.budget import DEFAULT_SCOPE
-from dcsched.collective_issue import FSDP2_ON_GLOO, SIMULATOR
+from dcsched.collective_issue import FSDP2_ON_GLOO, SIMULATOR, CollectiveIssue
 from dcsched.graph.form import GraphForm
 from dcsched.errors import BudgetError, OptionError
-from dcsched.plan import MERGED_OVERLAP_OPTION, REPLICATE_OPTION, STAGING_OPTION, Plan
+from dcsched.plan import BLOCKING_OPTION, MERGED_OVERLAP_OPTION, REPLICATE_OPTION, STAGING_OPTION, Plan
 from dcsched.schedulers.fsdp.scheduler import bucketed, kept_root, plan_of, reads_gathers_directly, step_blocks
 from dcsched.schedulers.overlap.planner import UNLIMITED, check_scope
 from dcsched.schedulers.overlap_plan.candidates import Candidate, GraphOrders, GraphPlanner, doubling_counts
@@ -100,7 +101,7 @@ from dcsched.units import format_bytes
 def overlap_plan(forms: Mapping[str, GraphForm], *, budget_bytes: float = UNLIMITED,
                  budget_scope: str = DEFAULT_SCOPE, comm_latency_ms: float = DEFAULT_LATENCY_MS,
                  replicate_max_bytes: int = REPLICATE_MAX_BYTES, merged_overlap: bool = True,
-                 staging: bool = False) -> dict[str, Plan]:
+                 staging: bool = False, blocking: bool = False) -> dict[str, Plan]:
     """The step's communication plan (module docstring).
 
     Parameters
@@ -127,7 +128,13 @@ def overlap_plan(forms: Mapping[str, GraphForm], *, budget_bytes: float = UNLIMI
         gloo's staging copies counted (:mod:`dcsched.sim.staging`), each collective blocking: the least
         memory the runtime can run a plan in on gloo, which picks the fastest way of issuing them that fits
         (:func:`dcsched.train.backend.asynchrony`). Default False (the simulator's default,
-        :data:`~dcsched.collective_issue.SIMULATOR`); ``dcsched train`` on gloo: True.
+        :data:`~dcsched.collective_issue.SIMULATOR`); ``dcsched train`` on gloo: True. The step times stay
+        the simulator's (collectives beside the compute) unless ``blocking``.
+    blocking : bool, optional
+        Plan for a run that issues every collective blocking: each candidate's step time counts its
+        collectives on the critical path (:attr:`~dcsched.collective_issue.CollectiveIssue.blocks_step`),
+        so the planner weighs collectives by what they cost the step rather than by what they leave exposed.
+        Default False.
 
     Returns
     -------
@@ -140,7 +147,7 @@ def overlap_plan(forms: Mapping[str, GraphForm], *, budget_bytes: float = UNLIMI
         When even ``overlap`` finds no order within the budget.
     OptionError
         For an unknown ``budget_scope``, a ``replicate_max_bytes`` that is no whole number of bytes, or a
-        ``merged_overlap`` or ``staging`` that is no bool.
+        ``merged_overlap``, ``staging`` or ``blocking`` that is no bool.
 
     Examples
     --------
@@ -153,11 +160,14 @@ def overlap_plan(forms: Mapping[str, GraphForm], *, budget_bytes: float = UNLIMI
     if isinstance(replicate_max_bytes, bool) or not isinstance(replicate_max_bytes, int) or replicate_max_bytes < 0:
         raise OptionError(REPLICATE_OPTION, f"must be a whole number of bytes, 0 or more (0: replicate nothing), "
                                             f"not {replicate_max_bytes!r}")
-    for name, value in ((MERGED_OVERLAP_OPTION, merged_overlap), (STAGING_OPTION, staging)):
+    for name, value in ((MERGED_OVERLAP_OPTION, merged_overlap), (STAGING_OPTION, staging),
+                        (BLOCKING_OPTION, blocking)):
         if not isinstance(value, bool):
             raise OptionError(name, f"must be true or false, not {value!r}")
-    issue = FSDP2_ON_GLOO if staging else SIMULATOR
+    issue = planning_issue(staging, blocking)
     orders = {name: GraphOrders(form, comm_latency_ms, budget_scope, issue) for name, form in forms.items()}
+    for graph_orders in orders.values():  # every candidate's step time as the run issues its collectives
+        graph_orders.compiled.timing = issue
     if any(reads_gathers_directly(form) for form in forms.values()):
         return _input_orders(orders, budget_bytes, budget_scope)
     fsdp_units = step_blocks(forms)
@@ -255,6 +265,21 @@ def _coalesced_if_better(planners: dict[str, GraphPlanner], planned: tuple[float
         return None
     figures_merged = (sum(c.step_ms for c in merged.values()), sum(c.collectives for c in merged.values()))
     return merged if figures_merged < planned else None
+
+
+def planning_issue(staging: bool, blocking: bool) -> CollectiveIssue:
+    """How ``overlap-plan`` simulates its candidates: the peaks with gloo's staging copies (``staging``: as
+    :data:`~dcsched.collective_issue.FSDP2_ON_GLOO`, the least memory), the step times with every collective
+    blocking (``blocking``) or beside the compute (the simulator's model).
+
+    >>> planning_issue(True, True) == FSDP2_ON_GLOO, planning_issue(False, False) == SIMULATOR
+    (True, True)
+    >>> planning_issue(True, False).blocks_step, planning_issue(False, True).blocks_step
+    (False, True)
+    """
+    if blocking:
+        return CollectiveIssue(async_gather=False, async_reduce=False, staging=staging)
+    return dataclasses.replace(FSDP2_ON_GLOO if staging else SIMULATOR, blocking_in_step=False)
 
 
 def _input_orders(orders: Mapping[str, GraphOrders], budget: float, scope: str) -> dict[str, Plan]:
