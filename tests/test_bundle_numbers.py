@@ -15,7 +15,6 @@ from hypothesis import given, strategies as st
 
 import dcsched
 from dcsched import replay
-from dcsched.bundle import core as bundle_io
 from dcsched.bundle import fileio
 from dcsched.bundle.core import Bundle, ParamInfo
 from dcsched.cli import run

@@ -286,7 +286,7 @@ def test_graph_break_is_an_error_naming_where(tmp_path):
         "        return y.sum()\n"
         "net = torch.compile(Net())\n"
         "net(torch.randn(2, 4)).backward()\n"))
-    with pytest.raises(CaptureError, match=rf"graph break in Net at .*train\.py:8"):
+    with pytest.raises(CaptureError, match=r"graph break in Net at .*train\.py:8"):
         capture_script_step(path)
 
 

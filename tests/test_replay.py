@@ -7,7 +7,6 @@ import functools
 import json
 import os
 import random
-import sys
 from pathlib import Path
 
 import pytest
