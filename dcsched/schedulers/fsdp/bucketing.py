@@ -151,6 +151,7 @@ def bucketed(form: GraphForm, order: Sequence[int], gathers: Sequence[Sequence[i
 
     Examples
     --------
+    >>> from dcsched.graph.form import ALLGATHER
     >>> from dcsched.synthetic import layered_stack
     >>> form = GraphForm(layered_stack(2).forward)
     >>> gathers = [[i for i in form.topo if form.kind[i] == ALLGATHER]]

@@ -1,0 +1,160 @@
+"""A candidate bucketed again with a few blocks changed, laid out and timed again only where they reach.
+
+``overlap-plan``'s refinement (:mod:`dcsched.schedulers.overlap_plan.refine`)
+tries thousands of candidates, each its current candidate with one or two
+blocks cut, merged or moved. Made whole, each costs the graph's length
+three times over: :func:`~dcsched.schedulers.fsdp.bucketing.bucketed`, its
+:func:`~dcsched.schedulers.fsdp.waits_first.waits_first` pass and the timeline.
+:func:`spliced` makes the same candidate from its current one's
+:class:`Bucketing`, to the same node and the same bit:
+
+* the blocks' :func:`~dcsched.schedulers.fsdp.bucketing.landings` compared
+  with the current ones give the base positions where anything lands, moves or
+  changes bucket (:func:`touched`); outside them the base order is laid out as
+  before, so only that stretch is laid out again
+  (:func:`~dcsched.schedulers.fsdp.bucketing.emit`) and put between the
+  current layout's head and tail;
+* the waits pass moves nodes only within runs of all-gathers and waits, so it
+  runs again on the runs that stretch touches;
+* the timeline resumes where the orders part and stops where it meets the
+  current one's again (:func:`dcsched.sim.resume.resumed_clocks`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from typing import Sequence
+
+from dcsched.graph.form import ALLGATHER, OUTPUT, WAIT, GraphForm, output_last_indices
+from dcsched.schedulers.fsdp.bucketing import Landings, Placement, emit, landings
+from dcsched.schedulers.fsdp.waits_first import waits_first
+from dcsched.sim.resume import Clocks, bucket_sizes, resumed_clocks
+
+#: The kinds :func:`~dcsched.schedulers.fsdp.waits_first.waits_first` may move (it works within their runs).
+_MOVABLE = (ALLGATHER, WAIT)
+
+
+@dataclasses.dataclass
+class Bucketing:
+    """One candidate's bucketed order in the parts :func:`spliced` reuses: the base order and how far
+    ahead it buckets, the held parameters (ds_ids), the blocks' landings, the base laid out with them
+    (``raw``), that after the waits pass (``spread``), the order (output last), the buckets of two or more
+    members, and its clocks."""
+
+    base: list[int]
+    ahead: int
+    held: frozenset
+    found: Landings
+    raw: list[int]
+    spread: list[int]
+    order: list[int]
+    buckets: list[list[int]]
+    clocks: Clocks
+    collectives: int
+    #: sorted base positions of the moved members, and of where they land (:meth:`raw_start`, made once)
+    _counts: tuple[list[int], list[int]] | None = None
+
+    def raw_start(self, p: int, pos: Sequence[int]) -> int:
+        """Where in ``raw`` base position ``p``'s stretch starts (``pos``: each node's base position):
+        ``p``, less the members moved from before it, plus those landing before it."""
+        if self._counts is None:
+            self._counts = (sorted(pos[m] for m in self.found.land), sorted(self.found.land.values()))
+        moved, landed = self._counts
+        return p - bisect.bisect_left(moved, p) + bisect.bisect_left(landed, p)
+
+
+def full(form: GraphForm, compiled, placed: Placement, base: list[int], groups: tuple, ahead: int,
+         held: frozenset) -> Bucketing:
+    """``base`` bucketed with the blocks ``groups`` (all-gather blocks, reduce blocks) ``ahead`` blocks
+    ahead, and timed with the ``held`` parameters (ds_ids), on ``compiled`` (``form``'s
+    :class:`~dcsched.sim.simulate.CompiledGraph`): what
+    :func:`~dcsched.schedulers.fsdp.bucketing.bucketed` and
+    :meth:`~dcsched.sim.simulate.CompiledGraph.timeline_figures` give, in parts."""
+    found = landings(base, groups[0], groups[1], ahead, placed)
+    buckets = [b for b in found.buckets if len(b) > 1]
+    raw = emit(base, found)
+    spread = waits_first(form, raw, buckets)
+    order = output_last_indices(form.kind, spread)
+    fused = compiled._fused([list(b) for b in buckets], compiled._held_gathers(held))
+    clocks = resumed_clocks(compiled, order, fused)
+    return Bucketing(base, ahead, held, found, raw, spread, order, buckets, clocks, fused.collectives)
+
+
+def spliced(current: Bucketing, form: GraphForm, compiled, placed: Placement, groups: tuple) -> Bucketing | None:
+    """:func:`full` of ``current``'s base, ahead and held parameters with the blocks ``groups``, made from
+    ``current`` (module docstring); None where the output does not end both orders (then :func:`full`)."""
+    pos = placed[0]
+    found = landings(current.base, groups[0], groups[1], current.ahead, placed)
+    buckets = [b for b in found.buckets if len(b) > 1]
+    where = touched(current.found, found, current.buckets, buckets, pos)
+    if not where:  # laid out as before, the same buckets (perhaps blocks listed otherwise)
+        return dataclasses.replace(current, found=found, buckets=buckets, _counts=None)
+    lo, hi = min(where), max(where)
+    head, tail = current.raw_start(lo, pos), current.raw_start(hi + 1, pos)
+    middle = emit(current.base, found, lo, hi)
+    if len(middle) != tail - head:  # cannot be (the stretch holds the same nodes): made whole instead
+        return None
+    raw = current.raw[:head] + middle + current.raw[tail:]
+    kind, n = form.kind, len(raw)
+    while head > 0 and kind[raw[head - 1]] in _MOVABLE:  # to the runs' ends: the waits pass works within them
+        head -= 1
+    while tail < n and kind[raw[tail]] in _MOVABLE:
+        tail += 1
+    spread = current.spread[:head] + waits_first(form, raw[head:tail], buckets) + current.spread[tail:]
+    if kind[spread[-1]] != OUTPUT or kind[current.spread[-1]] != OUTPUT:
+        return None
+    fused = compiled._fused([list(b) for b in buckets], compiled._held_gathers(current.held))
+    clocks = resumed_clocks(compiled, spread, fused, current.clocks, start=head, end=tail,
+                            sizes=bucket_sizes(fused, buckets))
+    return Bucketing(current.base, current.ahead, current.held, found, raw, spread, spread, buckets, clocks,
+                     fused.collectives)
+
+
+def touched(was: Landings, now: Landings, was_buckets: list[list[int]], now_buckets: list[list[int]],
+            pos: Sequence[int]) -> list[int]:
+    """The base positions whose stretch two landings lay out differently: where the members landing differ,
+    where a member moves in one and not the other, and where each member of a bucket in one and not the
+    other stands in either (``pos``: each node's base position).
+
+    >>> one = Landings({0: [1, 2]}, {}, {1: 0, 2: 0}, [[1, 2]])
+    >>> two = Landings({0: [1], 3: [2]}, {}, {1: 0, 2: 3}, [[1], [2]])
+    >>> sorted(set(touched(one, two, [[1, 2]], [], [0, 1, 2, 3])))
+    [0, 3]
+    """
+    where = [at for at in was.before.keys() | now.before.keys() if was.before.get(at) != now.before.get(at)]
+    where += [at for at in was.after.keys() | now.after.keys() if was.after.get(at) != now.after.get(at)]
+    where += [pos[m] for m in was.land.keys() ^ now.land.keys()]
+    for bucket in set(map(tuple, was_buckets)) ^ set(map(tuple, now_buckets)):
+        for m in bucket:
+            where += (was.land.get(m, pos[m]), now.land.get(m, pos[m]))
+    return where
+
+
+class BucketingRef:
+    """A candidate's :class:`Bucketing`, made when first needed (most candidates are never refined): made
+    already (``value``), or to be made from another candidate's (``parent``: None, from the base) with the
+    blocks ``groups``."""
+
+    __slots__ = ("value", "parent", "base", "groups", "ahead", "held")
+
+    def __init__(self, value: Bucketing | None, parent: BucketingRef | None, base: list[int], groups: tuple,
+                 ahead: int, held: frozenset) -> None:
+        self.value, self.parent, self.base, self.groups, self.ahead, self.held = \
+            value, parent, base, groups, ahead, held
+
+    def made(self, form: GraphForm, compiled, placed: Placement) -> Bucketing:
+        """The :class:`Bucketing`, made (and its parents, oldest first) where not yet."""
+        chain: list[BucketingRef] = []
+        ref: BucketingRef | None = self
+        while ref is not None and ref.value is None:
+            chain.append(ref)
+            ref = ref.parent
+        for ref in reversed(chain):
+            parent = ref.parent.value if ref.parent is not None else None
+            value = spliced(parent, form, compiled, placed, ref.groups) if parent is not None else None
+            ref.value = value if value is not None else full(form, compiled, placed, ref.base, ref.groups,
+                                                             ref.ahead, ref.held)
+            ref.parent = None  # made: its parents may go
+        assert self.value is not None
+        return self.value
