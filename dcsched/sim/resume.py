@@ -51,7 +51,7 @@ class Clocks:
 
 
 def resumed_clocks(graph, order: Sequence[int], fused: Fused, current: Clocks | None = None, *, start: int = 0,
-                   end: int | None = None, sizes: dict[int, int] | None = None) -> Clocks:
+                   end: int | None = None, members: dict[int, list[int]] | None = None) -> Clocks:
     """The clocks of ``order`` (node numbers) with ``fused``, on ``graph`` (a
     :class:`~dcsched.sim.simulate.CompiledGraph`).
 
@@ -69,9 +69,9 @@ def resumed_clocks(graph, order: Sequence[int], fused: Fused, current: Clocks | 
     start, end : int, optional
         The first and one past the last position where ``order`` or its buckets may differ from ``current``'s
         (``end`` default: the order's length).
-    sizes : dict of int to int, optional
-        Each bucket's first member (as ``fused`` has it) and how many members issue with it: needed with
-        ``current`` (:func:`bucket_sizes`).
+    members : dict of int to list of int, optional
+        Each bucket's first member (as ``fused`` has it) and its members issuing with it (:func:`bucket_members`):
+        with ``current``, what else reads a first member's end.
 
     Returns
     -------
@@ -86,32 +86,33 @@ def resumed_clocks(graph, order: Sequence[int], fused: Fused, current: Clocks | 
         mark = start // MARK_EVERY
         done, compute, comm = current.done.copy(), current.compute[:mark], current.comm[:mark]
         tc, tq = current.compute[mark], current.comm[mark]
-    # Collectives that end otherwise than in ``current``, each with how many nodes still read its end: the
-    # run may stop once none is left.
-    pending: dict[int, int] = {}
-    readers = _readers(graph) if current is not None else None
-    sizes = {} if sizes is None else sizes
+    # The collectives that end otherwise than in ``current`` (from ``mark``'s position on, where this run
+    # starts, so every node reading them runs in it) and the nodes run: the run may stop at a mark where
+    # both clocks are ``current``'s and every node reading such an end has run.
+    changed: list[int] = []
+    ran: set[int] = set()
     for at in range(mark * MARK_EVERY, n, MARK_EVERY):
         c = at // MARK_EVERY
-        if current is not None and at >= end and not pending and tc == current.compute[c] \
-                and tq == current.comm[c]:
+        if current is not None and at >= end and tc == current.compute[c] and tq == current.comm[c] \
+                and not _still_read(graph, changed, ran, fused, members):
             return Clocks(done, compute + current.compute[c:], comm + current.comm[c:], current.step)
         compute.append(tc)
         comm.append(tq)
-        tc, tq = _run(graph, order[at:at + MARK_EVERY], fused, done, (tc, tq), current, (pending, readers, sizes))
+        chunk = order[at:at + MARK_EVERY]
+        tc, tq = _run(graph, chunk, fused, done, (tc, tq), current, changed)
+        if changed:
+            ran.update(chunk)
     return Clocks(done, compute, comm, tc if tc > tq else tq)
 
 
-def _run(graph, chunk: list[int], fused: Fused, done: list, clocks: tuple[float, float], current: Clocks | None,
-         tracked: tuple[dict[int, int], list[int] | None, dict[int, int]]) -> tuple[float, float]:
+def _run(graph, chunk: Sequence[int], fused: Fused, done: list, clocks: tuple[float, float], current: Clocks | None,
+         changed: list[int]) -> tuple[float, float]:
     """``chunk`` timed from ``clocks`` (compute's, the communication stream's; ``done`` filled in): the loop of
-    :meth:`~dcsched.sim.timeline.Timeline._fused_timeline`, noting in ``tracked``'s pending each collective
-    whose end differs from ``current``'s (None: nothing to compare) while nodes still read it (``tracked``:
-    pending, readers per node, bucket sizes per first member)."""
+    :meth:`~dcsched.sim.timeline.Timeline._fused_timeline`, each collective whose end differs from ``current``'s
+    (None: nothing to compare) added to ``changed``."""
     is_comm, dur, gates = graph.is_comm, graph.duration, graph.gates
-    tc, tq = clocks
-    pending, readers, sizes = tracked
     lead, time = fused.lead, fused.time
+    tc, tq = clocks
     was = current.done if current is not None else None
     for i in itertools.compress(chunk, map(graph.timed.__getitem__, chunk)):
         if is_comm[i]:
@@ -123,58 +124,55 @@ def _run(graph, chunk: list[int], fused: Fused, done: list, clocks: tuple[float,
                 tq = done[i] = s + (dur[i] if first < 0 else time[i])
             else:
                 done[i] = done[first]
-                if first in pending:
-                    _read(pending, first)
-            if was is not None and done[i] != was[i] and readers is not None:
-                # a bucket's first member is also read by the later members
-                left = readers[i] + (sizes[i] - 1 if first == i else 0)
-                if left:
-                    pending[i] = left
+            if was is not None and done[i] != was[i]:
+                changed.append(i)
         else:
             for g in gates[i]:
                 e = done[g]
                 if e > tc:
                     tc = e
-                if pending and g in pending:
-                    _read(pending, g)
             tc += dur[i]
     return tc, tq
 
 
-def bucket_sizes(fused: Fused, buckets: Sequence[Sequence[int]]) -> dict[int, int]:
-    """Each bucket's first member issuing (as ``fused`` has it: held members left out) and how many members
-    issue with it.
+def _still_read(graph, changed: list[int], ran: set[int], fused: Fused, members: dict[int, list[int]] | None
+                ) -> bool:
+    """Whether a node not yet ``ran`` reads the end of a ``changed`` collective (waiting on it, or issued in
+    its bucket); ``changed`` keeps only those still read."""
+    readers = _readers(graph)
+    members = {} if members is None else members
+    lead = fused.lead
+    still = [i for i in changed
+             if not ran.issuperset(readers[i]) or (lead[i] == i and not ran.issuperset(members.get(i, ())))]
+    changed[:] = still
+    return bool(still)
 
-    >>> bucket_sizes(Fused([0, 0, -2], {0: 1.0}, 0.0, 1), [[2, 0, 1]])
-    {0: 2}
+
+def bucket_members(fused: Fused, buckets: Sequence[Sequence[int]]) -> dict[int, list[int]]:
+    """Each bucket's first member issuing (as ``fused`` has it: held members left out) and the members
+    issuing with it.
+
+    >>> bucket_members(Fused([0, 0, -2], {0: 1.0}, 0.0, 1), [[2, 0, 1]])
+    {0: [0, 1]}
     """
-    sizes = {}
-    for members in buckets:
-        issuing = [m for m in members if fused.lead[m] != HELD]
+    found = {}
+    for bucket in buckets:
+        issuing = [m for m in bucket if fused.lead[m] != HELD]
         if issuing:
-            sizes[issuing[0]] = len(issuing)
-    return sizes
+            found[issuing[0]] = issuing
+    return found
 
 
-def _read(pending: dict[int, int], node: int) -> None:
-    """One reader of ``node``'s end has run."""
-    left = pending[node] - 1
-    if left:
-        pending[node] = left
-    else:
-        del pending[node]
-
-
-def _readers(graph) -> list[int]:
-    """Per node, how many nodes wait on it (it is in their gates), counted once per graph."""
+def _readers(graph) -> list[list[int]]:
+    """Per node, the nodes that wait on it (it is in their gates), found once per graph."""
     found = _READERS.get(graph)
     if found is None:
-        found = [0] * len(graph.names)
-        for gates in graph.gates:
+        found = [[] for _ in graph.names]
+        for i, gates in enumerate(graph.gates):
             for g in gates:
-                found[g] += 1
+                found[g].append(i)
         _READERS[graph] = found
     return found
 
 
-_READERS: "weakref.WeakKeyDictionary[object, list[int]]" = weakref.WeakKeyDictionary()
+_READERS: "weakref.WeakKeyDictionary[object, list[list[int]]]" = weakref.WeakKeyDictionary()

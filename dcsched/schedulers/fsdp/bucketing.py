@@ -17,6 +17,8 @@ from typing import Sequence
 from dcsched.graph.form import GraphForm, output_last_indices
 from dcsched.schedulers.fsdp.waits_first import waits_first
 
+#: The key under which :func:`landings`' ``known`` counts the node numbers it holds (its owner may empty it).
+KNOWN_SIZE = _SIZE = "size"
 #: :func:`placement`'s figures of an order: per node its position, its last predecessor's, its first successor's.
 Placement = tuple[list[int], list[int], list[int]]
 
@@ -60,33 +62,54 @@ def placement(form: GraphForm, order: Sequence[int]) -> Placement:
 
 
 def landings(order: Sequence[int], gathers: Sequence[Sequence[int]], reduces: Sequence[Sequence[int]],
-             ahead: int, placed: Placement) -> Landings:
+             ahead: int, placed: Placement, known: dict | None = None) -> Landings:
     """Where :func:`bucketed` lands each block's members in ``order`` (``placed``: its :func:`placement`).
+
+    ``known``: what earlier calls on the same order found per block, kept there and given back as the same
+    lists (a planner buckets one order many ways with most blocks the same; the same list shows a bucket
+    unchanged at a glance). Nothing else may change those lists.
 
     >>> found = landings([0, 1, 2, 3], [[1, 3]], [], 0, ([0, 1, 2, 3], [-1, -1, -1, -1], [4, 4, 4, 4]))
     >>> found.before, found.land, found.buckets
     ({1: [1, 3]}, {1: 1, 3: 1}, [[1, 3]])
     """
     pos, last_pred, first_succ = placed
+    known = {} if known is None else known
     found = Landings({}, {}, {}, [])
-    firsts = [min(map(pos.__getitem__, group)) if group else -1 for group in gathers]
+    firsts = []
+    for group in gathers:
+        key = ("first", tuple(group))
+        if key not in known:
+            known[key] = min(map(pos.__getitem__, group)) if group else -1
+            known[_SIZE] = known.get(_SIZE, 0) + len(group)
+        firsts.append(known[key])
     for k, group in enumerate(gathers):
         if not group:
             continue
         at = min(firsts[max(0, k - ahead)], firsts[k])
-        members = sorted([m for m in group if last_pred[m] < at], key=pos.__getitem__)
+        gkey: tuple = ("gather", tuple(group), at)
+        members = known.get(gkey)
+        if members is None:
+            members = known[gkey] = sorted([m for m in group if last_pred[m] < at], key=pos.__getitem__)
+            known[_SIZE] = known.get(_SIZE, 0) + 2 * len(group)
         found.before.setdefault(at, []).extend(members)
         found.land.update(zip(members, itertools.repeat(at)))
         found.buckets.append(members)
     for group in reduces:
         if not group:
             continue
-        at = max(map(pos.__getitem__, group))
-        members = sorted([m for m in group if first_succ[m] > at], key=pos.__getitem__)
-        later = [m for m in members if pos[m] != at]
+        key = ("reduce", tuple(group))
+        if key not in known:
+            at = max(map(pos.__getitem__, group))
+            members = sorted([m for m in group if first_succ[m] > at], key=pos.__getitem__)
+            later = [m for m in members if pos[m] != at]
+            # as it runs: the last gradient's reduce, then those moved after it
+            known[key] = (at, later, [order[at]] + later)
+            known[_SIZE] = known.get(_SIZE, 0) + 3 * len(group)
+        at, later, bucket = known[key]
         found.after.setdefault(at, []).extend(later)
         found.land.update(zip(later, itertools.repeat(at)))
-        found.buckets.append([order[at]] + later)  # as it runs: the last gradient's reduce, then those moved after it
+        found.buckets.append(bucket)
     return found
 
 

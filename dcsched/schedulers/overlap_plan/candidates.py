@@ -22,6 +22,7 @@ from dcsched.graph.form import ALLGATHER, GraphForm, paused_gc
 from dcsched.plan import Plan
 from dcsched.schedulers.fast_free.scheduler import fast_free_indices
 from dcsched.schedulers.overlap_plan.head_pieces import head_pieces
+from dcsched.schedulers.fsdp.bucketing import KNOWN_SIZE
 from dcsched.schedulers.fsdp.scheduler import (Blocks, Placement, bucketed, gathered_ids, just_in_time, placement,
                                               plan_of)
 from dcsched.schedulers.overlap.scheduler import Overlap
@@ -51,8 +52,8 @@ REFINED = 3
 HEAD_GROUPS = (1, 2, 3, 4)
 #: The most collectives :meth:`GraphPlanner.head_cuts` adds to a graph's head.
 HEAD_MORE = 8
-#: How many node numbers' worth of bucketed orders and buckets :meth:`GraphOrders.bucketed` keeps (4 bytes
-#: each: 64 MiB).
+#: How many node numbers' worth of bucketed orders and buckets :meth:`GraphOrders.bucketed` keeps (8 bytes
+#: each, a pointer to an int the base order holds already: 128 MiB), and of blocks' landings.
 BUCKETED_KEPT = 1 << 24
 
 
@@ -104,11 +105,11 @@ class GraphOrders:
         self._overlap: Overlap | None = None
         self._overlap_orders: dict[float, list[int] | BudgetError] = {}
         #: per base order (by id, the order kept so its id is not reused): its placement
-        self._placements: dict[int, tuple[list[int], Placement]] = {}
+        self._placements: dict[int, tuple[list[int], Placement, dict]] = {}
         #: per (base order's id, ahead, blocks' digest), the latest used first out: what bucketing gives,
         #: and its figures per held set (the refinement tries the same blocks again: each graph's other
         #: candidates' cuts after every cut it makes)
-        self._bucketed: collections.OrderedDict[tuple, tuple[array, array, array, dict]] = collections.OrderedDict()
+        self._bucketed: collections.OrderedDict[tuple, tuple[tuple, tuple, tuple, dict]] = collections.OrderedDict()
         self._bucketed_size = 0
         #: per digest of (order, buckets, held): the simulated step and collectives
         self._figures: dict[bytes, tuple[float, int]] = {}
@@ -132,12 +133,13 @@ class GraphOrders:
             return order, buckets, found[3][held], BucketingRef(None, parent, base, groups, ahead, held)
         placed = self._placed(base)
         if parent is not None:
-            made = parent.made(self.form, self.compiled, placed)
-            value = spliced(made, self.form, self.compiled, placed, groups) or \
-                full(self.form, self.compiled, placed, base, groups, ahead, held)
+            known = self._known(base)
+            made = parent.made(self.form, self.compiled, placed, known)
+            value = spliced(made, self.form, self.compiled, placed, groups, known) or \
+                full(self.form, self.compiled, placed, base, groups, ahead, held, known)
             if found is None:
                 found = self._kept(key, value.order, value.buckets)
-            figures = found[3][held] = (value.clocks.step, value.collectives)
+            figures = found[3][held] = (value.clocks.step, value.fused.collectives)
             return list(value.order), [list(b) for b in value.buckets], figures, \
                 BucketingRef(value, None, base, groups, ahead, held)
         if found is None:
@@ -146,21 +148,29 @@ class GraphOrders:
         else:
             self._bucketed.move_to_end(key)
             order, buckets = _unpacked(found)
-        found[3][held] = self.figures(order, buckets, held, key=_plan_digest(found[0], found[1], found[2], held))
+        found[3][held] = self.figures(order, buckets, held)
         return order, buckets, found[3][held], BucketingRef(None, None, base, groups, ahead, held)
 
     def _placed(self, base: list[int]) -> Placement:
         """The base order's placement, computed once per base (kept with it, so its id is not reused)."""
         if id(base) not in self._placements:
-            self._placements[id(base)] = (base, placement(self.form, base))
+            self._placements[id(base)] = (base, placement(self.form, base), {})
         return self._placements[id(base)][1]
 
-    def _kept(self, key: tuple, order: list[int], buckets: list[list[int]]) -> tuple[array, array, array, dict]:
-        """``order`` and ``buckets`` kept under ``key``, compactly (4 bytes a node number: a fan-in's orders
-        are long, and the same blocks come back after up to a few hundred others), the oldest let go past
-        :data:`BUCKETED_KEPT`."""
-        found = self._bucketed[key] = (array("i", order), array("i", itertools.chain.from_iterable(buckets)),
-                                       array("i", map(len, buckets)), {})
+    def _known(self, base: list[int]) -> dict:
+        """What :func:`~dcsched.schedulers.fsdp.bucketing.landings` found per block of ``base`` (emptied past
+        :data:`BUCKETED_KEPT` node numbers: a bucket then looks changed, which costs time, never a figure)."""
+        self._placed(base)
+        known = self._placements[id(base)][2]
+        if known.get(KNOWN_SIZE, 0) > BUCKETED_KEPT:
+            known.clear()
+        return known
+
+    def _kept(self, key: tuple, order: list[int], buckets: list[list[int]]) -> tuple[tuple, tuple, tuple, dict]:
+        """``order`` and ``buckets`` kept under ``key`` (tuples of the same int objects: copied at C speed, a
+        pointer a node number; a fan-in's orders are long, and the same blocks come back after up to a few
+        hundred others), the oldest let go past :data:`BUCKETED_KEPT`."""
+        found = self._bucketed[key] = (tuple(order), tuple(map(tuple, buckets)), (), {})
         self._bucketed_size += 2 * len(order)
         while self._bucketed_size > BUCKETED_KEPT and len(self._bucketed) > 1:
             _key, (old, *_rest) = self._bucketed.popitem(last=False)
@@ -431,11 +441,9 @@ class GraphPlanner:
         return plan_of(self.form, candidate.order, candidate.buckets, kept, held)
 
 
-def _unpacked(found: tuple[array, array, array, dict]) -> tuple[list[int], list[list[int]]]:
+def _unpacked(found: tuple[tuple, tuple, tuple, dict]) -> tuple[list[int], list[list[int]]]:
     """A kept order and its buckets (:meth:`GraphOrders._kept`) as lists again."""
-    flat = found[1].tolist()
-    ends = list(itertools.accumulate(found[2]))
-    return found[0].tolist(), [flat[end - n:end] for n, end in zip(found[2], ends)]
+    return list(found[0]), list(map(list, found[1]))
 
 
 def _digest(*parts: Sequence[Sequence[int]]) -> bytes:

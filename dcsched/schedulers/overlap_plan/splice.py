@@ -29,7 +29,9 @@ from typing import Sequence
 from dcsched.graph.form import ALLGATHER, OUTPUT, WAIT, GraphForm, output_last_indices
 from dcsched.schedulers.fsdp.bucketing import Landings, Placement, emit, landings
 from dcsched.schedulers.fsdp.waits_first import waits_first
-from dcsched.sim.resume import Clocks, bucket_sizes, resumed_clocks
+from dcsched.sim.collectives import bucket_time_ms
+from dcsched.sim.fused import HELD, Fused
+from dcsched.sim.resume import Clocks, bucket_members, resumed_clocks
 
 #: The kinds :func:`~dcsched.schedulers.fsdp.waits_first.waits_first` may move (it works within their runs).
 _MOVABLE = (ALLGATHER, WAIT)
@@ -50,8 +52,8 @@ class Bucketing:
     spread: list[int]
     order: list[int]
     buckets: list[list[int]]
+    fused: Fused
     clocks: Clocks
-    collectives: int
     #: sorted base positions of the moved members, and of where they land (:meth:`raw_start`, made once)
     _counts: tuple[list[int], list[int]] | None = None
 
@@ -65,30 +67,38 @@ class Bucketing:
 
 
 def full(form: GraphForm, compiled, placed: Placement, base: list[int], groups: tuple, ahead: int,
-         held: frozenset) -> Bucketing:
+         held: frozenset, known: dict | None = None) -> Bucketing:
     """``base`` bucketed with the blocks ``groups`` (all-gather blocks, reduce blocks) ``ahead`` blocks
     ahead, and timed with the ``held`` parameters (ds_ids), on ``compiled`` (``form``'s
     :class:`~dcsched.sim.simulate.CompiledGraph`): what
     :func:`~dcsched.schedulers.fsdp.bucketing.bucketed` and
-    :meth:`~dcsched.sim.simulate.CompiledGraph.timeline_figures` give, in parts."""
-    found = landings(base, groups[0], groups[1], ahead, placed)
+    :meth:`~dcsched.sim.simulate.CompiledGraph.timeline_figures` give, in parts (``known``: as
+    :func:`~dcsched.schedulers.fsdp.bucketing.landings` takes it)."""
+    found = landings(base, groups[0], groups[1], ahead, placed, known)
     buckets = [b for b in found.buckets if len(b) > 1]
     raw = emit(base, found)
     spread = waits_first(form, raw, buckets)
     order = output_last_indices(form.kind, spread)
     fused = compiled._fused([list(b) for b in buckets], compiled._held_gathers(held))
     clocks = resumed_clocks(compiled, order, fused)
-    return Bucketing(base, ahead, held, found, raw, spread, order, buckets, clocks, fused.collectives)
+    return Bucketing(base, ahead, held, found, raw, spread, order, buckets, fused, clocks)
 
 
-def spliced(current: Bucketing, form: GraphForm, compiled, placed: Placement, groups: tuple) -> Bucketing | None:
+def spliced(current: Bucketing, form: GraphForm, compiled, placed: Placement, groups: tuple,
+            known: dict | None = None) -> Bucketing | None:
     """:func:`full` of ``current``'s base, ahead and held parameters with the blocks ``groups``, made from
-    ``current`` (module docstring); None where the output does not end both orders (then :func:`full`)."""
+    ``current`` (module docstring); None where the output does not end both orders (then :func:`full`).
+    ``known``: as :func:`~dcsched.schedulers.fsdp.bucketing.landings` takes it (the same as ``current``
+    was made with, or a bucket left as it was may look changed, which costs time, never a figure)."""
     pos = placed[0]
-    found = landings(current.base, groups[0], groups[1], current.ahead, placed)
+    found = landings(current.base, groups[0], groups[1], current.ahead, placed, known)
     buckets = [b for b in found.buckets if len(b) > 1]
-    where = touched(current.found, found, current.buckets, buckets, pos)
-    if not where:  # laid out as before, the same buckets (perhaps blocks listed otherwise)
+    ids = set(map(id, buckets))
+    was_ids = set(map(id, current.buckets))
+    gone = [b for b in current.buckets if id(b) not in ids]  # the same list: the same bucket (landings' known)
+    new = [b for b in buckets if id(b) not in was_ids]
+    where = touched(current.found, found, gone + new, pos)
+    if not where:  # laid out as before, the same buckets
         return dataclasses.replace(current, found=found, buckets=buckets, _counts=None)
     lo, hi = min(where), max(where)
     head, tail = current.raw_start(lo, pos), current.raw_start(hi + 1, pos)
@@ -104,28 +114,49 @@ def spliced(current: Bucketing, form: GraphForm, compiled, placed: Placement, gr
     spread = current.spread[:head] + waits_first(form, raw[head:tail], buckets) + current.spread[tail:]
     if kind[spread[-1]] != OUTPUT or kind[current.spread[-1]] != OUTPUT:
         return None
-    fused = compiled._fused([list(b) for b in buckets], compiled._held_gathers(current.held))
+    fused = _refused(compiled, current.fused, gone, new)
     clocks = resumed_clocks(compiled, spread, fused, current.clocks, start=head, end=tail,
-                            sizes=bucket_sizes(fused, buckets))
-    return Bucketing(current.base, current.ahead, current.held, found, raw, spread, spread, buckets, clocks,
-                     fused.collectives)
+                            members=bucket_members(fused, buckets))
+    return Bucketing(current.base, current.ahead, current.held, found, raw, spread, spread, buckets, fused, clocks)
 
 
-def touched(was: Landings, now: Landings, was_buckets: list[list[int]], now_buckets: list[list[int]],
-            pos: Sequence[int]) -> list[int]:
+def _refused(compiled, fused: Fused, gone: list[list[int]], new: list[list[int]]) -> Fused:
+    """``fused`` with the buckets ``gone`` taken out and ``new`` put in, each first member's time computed as
+    :meth:`~dcsched.sim.simulate.CompiledGraph._fused` computes it (the saved time is not kept: 0)."""
+    lead, time = fused.lead.copy(), dict(fused.time)
+    collectives = fused.collectives
+    for bucket in gone:
+        issuing = [m for m in bucket if lead[m] != HELD]
+        if issuing:
+            del time[issuing[0]]
+            for m in issuing:
+                lead[m] = -1
+            collectives += len(issuing) - 1
+    dur, latency = compiled.duration, compiled.comm_latency_ms
+    for bucket in new:
+        issuing = [m for m in bucket if lead[m] != HELD]
+        if issuing:
+            for m in issuing:
+                lead[m] = issuing[0]
+            time[issuing[0]] = bucket_time_ms([dur[m] for m in issuing], latency_ms=latency)
+            collectives -= len(issuing) - 1
+    return dataclasses.replace(fused, lead=lead, time=time, saved_ms=0.0, collectives=collectives)
+
+
+def touched(was: Landings, now: Landings, changed: list[list[int]], pos: Sequence[int]) -> list[int]:
     """The base positions whose stretch two landings lay out differently: where the members landing differ,
-    where a member moves in one and not the other, and where each member of a bucket in one and not the
-    other stands in either (``pos``: each node's base position).
+    where a member moves in one and not the other, and where each member of a ``changed`` bucket (in one and
+    not the other) stands in either (``pos``: each node's base position).
 
     >>> one = Landings({0: [1, 2]}, {}, {1: 0, 2: 0}, [[1, 2]])
     >>> two = Landings({0: [1], 3: [2]}, {}, {1: 0, 2: 3}, [[1], [2]])
-    >>> sorted(set(touched(one, two, [[1, 2]], [], [0, 1, 2, 3])))
+    >>> sorted(set(touched(one, two, [[1, 2]], [0, 1, 2, 3])))
     [0, 3]
     """
     where = [at for at in was.before.keys() | now.before.keys() if was.before.get(at) != now.before.get(at)]
     where += [at for at in was.after.keys() | now.after.keys() if was.after.get(at) != now.after.get(at)]
     where += [pos[m] for m in was.land.keys() ^ now.land.keys()]
-    for bucket in set(map(tuple, was_buckets)) ^ set(map(tuple, now_buckets)):
+    for bucket in changed:
         for m in bucket:
             where += (was.land.get(m, pos[m]), now.land.get(m, pos[m]))
     return where
@@ -143,7 +174,7 @@ class BucketingRef:
         self.value, self.parent, self.base, self.groups, self.ahead, self.held = \
             value, parent, base, groups, ahead, held
 
-    def made(self, form: GraphForm, compiled, placed: Placement) -> Bucketing:
+    def made(self, form: GraphForm, compiled, placed: Placement, known: dict | None = None) -> Bucketing:
         """The :class:`Bucketing`, made (and its parents, oldest first) where not yet."""
         chain: list[BucketingRef] = []
         ref: BucketingRef | None = self
@@ -152,9 +183,9 @@ class BucketingRef:
             ref = ref.parent
         for ref in reversed(chain):
             parent = ref.parent.value if ref.parent is not None else None
-            value = spliced(parent, form, compiled, placed, ref.groups) if parent is not None else None
+            value = spliced(parent, form, compiled, placed, ref.groups, known) if parent is not None else None
             ref.value = value if value is not None else full(form, compiled, placed, ref.base, ref.groups,
-                                                             ref.ahead, ref.held)
+                                                             ref.ahead, ref.held, known)
             ref.parent = None  # made: its parents may go
         assert self.value is not None
         return self.value
