@@ -51,7 +51,7 @@ class Clocks:
 
 
 def resumed_clocks(graph, order: Sequence[int], fused: Fused, current: Clocks | None = None, *, start: int = 0,
-                   end: int | None = None, members: dict[int, list[int]] | None = None) -> Clocks:
+                   end: int | None = None, buckets: Sequence[Sequence[int]] = ()) -> Clocks:
     """The clocks of ``order`` (node numbers) with ``fused``, on ``graph`` (a
     :class:`~dcsched.sim.simulate.CompiledGraph`).
 
@@ -69,9 +69,9 @@ def resumed_clocks(graph, order: Sequence[int], fused: Fused, current: Clocks | 
     start, end : int, optional
         The first and one past the last position where ``order`` or its buckets may differ from ``current``'s
         (``end`` default: the order's length).
-    members : dict of int to list of int, optional
-        Each bucket's first member (as ``fused`` has it) and its members issuing with it (:func:`bucket_members`):
-        with ``current``, what else reads a first member's end.
+    buckets : sequence of sequences of int, optional
+        The buckets ``fused`` was made of: with ``current``, what else reads a first member's end (its bucket's
+        later members).
 
     Returns
     -------
@@ -91,10 +91,11 @@ def resumed_clocks(graph, order: Sequence[int], fused: Fused, current: Clocks | 
     # both clocks are ``current``'s and every node reading such an end has run.
     changed: list[int] = []
     ran: set[int] = set()
+    members: dict[int, list[int]] = {}  # each bucket's first member's bucket, made where a check first needs it
     for at in range(mark * MARK_EVERY, n, MARK_EVERY):
         c = at // MARK_EVERY
         if current is not None and at >= end and tc == current.compute[c] and tq == current.comm[c] \
-                and not _still_read(graph, changed, ran, fused, members):
+                and not _still_read(graph, changed, ran, fused, (members, buckets)):
             return Clocks(done, compute + current.compute[c:], comm + current.comm[c:], current.step)
         compute.append(tc)
         comm.append(tq)
@@ -135,13 +136,16 @@ def _run(graph, chunk: Sequence[int], fused: Fused, done: list, clocks: tuple[fl
     return tc, tq
 
 
-def _still_read(graph, changed: list[int], ran: set[int], fused: Fused, members: dict[int, list[int]] | None
-                ) -> bool:
+def _still_read(graph, changed: list[int], ran: set[int], fused: Fused,
+                buckets: tuple[dict[int, list[int]], Sequence[Sequence[int]]]) -> bool:
     """Whether a node not yet ``ran`` reads the end of a ``changed`` collective (waiting on it, or issued in
-    its bucket); ``changed`` keeps only those still read."""
+    its bucket); ``changed`` keeps only those still read. ``buckets``: each first member's bucket (filled
+    here, :func:`bucket_members`, where a changed collective is a first member) and the buckets."""
     readers = _readers(graph)
-    members = {} if members is None else members
+    members, listed = buckets
     lead = fused.lead
+    if not members and any(lead[i] == i for i in changed):
+        members.update(bucket_members(fused, listed))
     still = [i for i in changed
              if not ran.issuperset(readers[i]) or (lead[i] == i and not ran.issuperset(members.get(i, ())))]
     changed[:] = still

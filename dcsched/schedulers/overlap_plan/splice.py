@@ -31,7 +31,7 @@ from dcsched.schedulers.fsdp.bucketing import Landings, Placement, emit, landing
 from dcsched.schedulers.fsdp.waits_first import waits_first
 from dcsched.sim.collectives import bucket_time_ms
 from dcsched.sim.fused import HELD, Fused
-from dcsched.sim.resume import Clocks, bucket_members, resumed_clocks
+from dcsched.sim.resume import Clocks, resumed_clocks
 
 #: The kinds :func:`~dcsched.schedulers.fsdp.waits_first.waits_first` may move (it works within their runs).
 _MOVABLE = (ALLGATHER, WAIT)
@@ -116,7 +116,7 @@ def spliced(current: Bucketing, form: GraphForm, compiled, placed: Placement, gr
         return None
     fused = _refused(compiled, current.fused, gone, new)
     clocks = resumed_clocks(compiled, spread, fused, current.clocks, start=head, end=tail,
-                            members=bucket_members(fused, buckets))
+                            buckets=buckets)
     return Bucketing(current.base, current.ahead, current.held, found, raw, spread, spread, buckets, fused, clocks)
 
 
@@ -155,7 +155,8 @@ def touched(was: Landings, now: Landings, changed: list[list[int]], pos: Sequenc
     """
     where = [at for at in was.before.keys() | now.before.keys() if was.before.get(at) != now.before.get(at)]
     where += [at for at in was.after.keys() | now.after.keys() if was.after.get(at) != now.after.get(at)]
-    where += [pos[m] for m in was.land.keys() ^ now.land.keys()]
+    if was.land != now.land:
+        where += [pos[m] for m in was.land.keys() ^ now.land.keys()]
     for bucket in changed:
         for m in bucket:
             where += (was.land.get(m, pos[m]), now.land.get(m, pos[m]))
