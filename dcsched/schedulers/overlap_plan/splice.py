@@ -24,17 +24,19 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 from typing import Sequence
 
-from dcsched.graph.form import ALLGATHER, OUTPUT, WAIT, GraphForm, output_last_indices
+from dcsched.graph.form import OUTPUT, GraphForm, output_last_indices
 from dcsched.schedulers.fsdp.bucketing import Landings, Placement, emit, landings
-from dcsched.schedulers.fsdp.waits_first import waits_first
+from dcsched.schedulers.fsdp.waits_first import waits_first_until
 from dcsched.sim.collectives import bucket_time_ms
 from dcsched.sim.fused import HELD, Fused
 from dcsched.sim.resume import Clocks, resumed_clocks
 
-#: The kinds :func:`~dcsched.schedulers.fsdp.waits_first.waits_first` may move (it works within their runs).
-_MOVABLE = (ALLGATHER, WAIT)
+#: How many positions past the changed stretch :func:`spliced` first lets the waits pass run to find where it
+#: meets the current order's pass again (doubled until it does).
+PASS_AHEAD = 1024
 
 
 @dataclasses.dataclass
@@ -54,6 +56,9 @@ class Bucketing:
     buckets: list[list[int]]
     fused: Fused
     clocks: Clocks
+    #: where the waits pass over ``raw`` is quiet, ascending
+    #: (:func:`~dcsched.schedulers.fsdp.waits_first.waits_first_until`)
+    quiet: list[int]
     #: sorted base positions of the moved members, and of where they land (:meth:`raw_start`, made once)
     _counts: tuple[list[int], list[int]] | None = None
 
@@ -77,11 +82,12 @@ def full(form: GraphForm, compiled, placed: Placement, base: list[int], groups: 
     found = landings(base, groups[0], groups[1], ahead, placed, known)
     buckets = [b for b in found.buckets if len(b) > 1]
     raw = emit(base, found)
-    spread = waits_first(form, raw, buckets)
+    quiet: list[int] = []
+    spread = waits_first_until(form, raw, buckets, quiet)[0]
     order = output_last_indices(form.kind, spread)
     fused = compiled._fused([list(b) for b in buckets], compiled._held_gathers(held))
     clocks = resumed_clocks(compiled, order, fused)
-    return Bucketing(base, ahead, held, found, raw, spread, order, buckets, fused, clocks)
+    return Bucketing(base, ahead, held, found, raw, spread, order, buckets, fused, clocks, quiet)
 
 
 def spliced(current: Bucketing, form: GraphForm, compiled, placed: Placement, groups: tuple,
@@ -106,18 +112,40 @@ def spliced(current: Bucketing, form: GraphForm, compiled, placed: Placement, gr
     if len(middle) != tail - head:  # cannot be (the stretch holds the same nodes): made whole instead
         return None
     raw = current.raw[:head] + middle + current.raw[tail:]
-    kind, n = form.kind, len(raw)
-    while head > 0 and kind[raw[head - 1]] in _MOVABLE:  # to the runs' ends: the waits pass works within them
-        head -= 1
-    while tail < n and kind[raw[tail]] in _MOVABLE:
-        tail += 1
-    spread = current.spread[:head] + waits_first(form, raw[head:tail], buckets) + current.spread[tail:]
+    spread, quiet, head, tail = _passed(form, current, raw, buckets, head, tail)
+    kind = form.kind
     if kind[spread[-1]] != OUTPUT or kind[current.spread[-1]] != OUTPUT:
         return None
     fused = _refused(compiled, current.fused, gone, new)
     clocks = resumed_clocks(compiled, spread, fused, current.clocks, start=head, end=tail,
                             buckets=buckets)
-    return Bucketing(current.base, current.ahead, current.held, found, raw, spread, spread, buckets, fused, clocks)
+    return Bucketing(current.base, current.ahead, current.held, found, raw, spread, spread, buckets, fused, clocks,
+                     quiet)
+
+
+def _passed(form: GraphForm, current: Bucketing, raw: list[int], buckets: list[list[int]], changed: int,
+            end: int) -> tuple[list[int], list[int], int, int]:
+    """The waits pass over ``raw``, which differs from ``current.raw`` only in ``changed`` to ``end``: run
+    from the last position before ``changed`` where ``current``'s pass is quiet (it runs from there as if
+    it started there) to the first from ``end`` on where both passes are quiet (from there they give the
+    same), ``current``'s pass taken for the rest. Returns the pass's order, its quiet positions, and where
+    the two passes may part and meet again."""
+    was = current.quiet
+    first = bisect.bisect_right(was, changed) - 1
+    head = was[first]
+    reach = min(len(raw), end + max(PASS_AHEAD, end - head))
+    while True:
+        stretch = raw[head:reach]
+        quiet: list[int] = []
+        out, stopped = waits_first_until(form, stretch, buckets, quiet,
+                                         functools.partial(_meets, was, head, end, len(stretch)))
+        if stopped is not None or reach == len(raw):
+            break
+        reach = min(len(raw), head + 2 * (reach - head))
+    tail = head + (len(stretch) if stopped is None else stopped)
+    later = was[bisect.bisect_right(was, tail):]
+    return current.spread[:head] + out + current.spread[tail:], was[:first] + [head + q for q in quiet] + later, \
+        head, tail
 
 
 def _refused(compiled, fused: Fused, gone: list[list[int]], new: list[list[int]]) -> Fused:
@@ -161,6 +189,14 @@ def touched(was: Landings, now: Landings, changed: list[list[int]], pos: Sequenc
         for m in bucket:
             where += (was.land.get(m, pos[m]), now.land.get(m, pos[m]))
     return where
+
+
+def _meets(was: list[int], head: int, end: int, length: int, p: int) -> bool:
+    """Whether the waits pass run from ``head`` over ``length`` positions may stop at its quiet position
+    ``p``: past the change (``end``), quiet in the current order's pass too (``was``), and not where the
+    stretch it ran over was cut short (its last segment may go on)."""
+    at = bisect.bisect_left(was, p + head)
+    return p + head >= end and p < length and at < len(was) and was[at] == p + head
 
 
 class BucketingRef:
