@@ -27,16 +27,15 @@ import dataclasses
 import functools
 from typing import Sequence
 
-from dcsched.graph.form import OUTPUT, GraphForm, output_last_indices
+from dcsched.graph.form import ALLGATHER, OUTPUT, WAIT, GraphForm, output_last_indices
 from dcsched.schedulers.fsdp.bucketing import Landings, Placement, emit, landings
 from dcsched.schedulers.fsdp.waits_first import waits_first_until
 from dcsched.sim.collectives import bucket_time_ms
 from dcsched.sim.fused import HELD, Fused
 from dcsched.sim.resume import Clocks, resumed_clocks
 
-#: How many positions past the changed stretch :func:`spliced` first lets the waits pass run to find where it
-#: meets the current order's pass again (doubled until it does).
-PASS_AHEAD = 1024
+#: The kinds :func:`~dcsched.schedulers.fsdp.waits_first.waits_first` may move: it works within their runs.
+_MOVABLE = (ALLGATHER, WAIT)
 
 
 @dataclasses.dataclass
@@ -126,25 +125,26 @@ def spliced(current: Bucketing, form: GraphForm, compiled, placed: Placement, gr
 def _passed(form: GraphForm, current: Bucketing, raw: list[int], buckets: list[list[int]], changed: int,
             end: int) -> tuple[list[int], list[int], int, int]:
     """The waits pass over ``raw``, which differs from ``current.raw`` only in ``changed`` to ``end``: run
-    from the last position before ``changed`` where ``current``'s pass is quiet (it runs from there as if
-    it started there) to the first from ``end`` on where both passes are quiet (from there they give the
-    same), ``current``'s pass taken for the rest. Returns the pass's order, its quiet positions, and where
-    the two passes may part and meet again."""
-    was = current.quiet
-    first = bisect.bisect_right(was, changed) - 1
-    head = was[first]
-    reach = min(len(raw), end + max(PASS_AHEAD, end - head))
-    while True:
-        stretch = raw[head:reach]
-        quiet: list[int] = []
-        out, stopped = waits_first_until(form, stretch, buckets, quiet,
-                                         functools.partial(_meets, was, head, end, len(stretch)))
-        if stopped is not None or reach == len(raw):
-            break
-        reach = min(len(raw), head + 2 * (reach - head))
+    from the last position before ``changed`` where the pass starts afresh (``current``'s last quiet one, or
+    the start of the run of all-gathers and waits there) to the first from ``end`` on where both passes do
+    (quiet in both, or the end of the run of all-gathers and waits there), ``current``'s pass taken for the
+    rest. Returns the pass's order, its quiet positions, and where the two passes may part and meet again."""
+    was, kind, n = current.quiet, form.kind, len(raw)
+    head = was[bisect.bisect_right(was, changed) - 1]
+    start = changed
+    while start > head and kind[raw[start - 1]] in _MOVABLE:  # the pass works within these runs
+        start -= 1
+    head = start
+    tail = end
+    while tail < n and kind[raw[tail]] in _MOVABLE:
+        tail += 1
+    stretch = raw[head:tail]
+    quiet: list[int] = []
+    out, stopped = waits_first_until(form, stretch, buckets, quiet,
+                                     functools.partial(_meets, was, head, end, len(stretch)))
     tail = head + (len(stretch) if stopped is None else stopped)
-    later = was[bisect.bisect_right(was, tail):]
-    return current.spread[:head] + out + current.spread[tail:], was[:first] + [head + q for q in quiet] + later, \
+    return current.spread[:head] + out + current.spread[tail:], \
+        was[:bisect.bisect_left(was, head)] + [head + q for q in quiet] + was[bisect.bisect_right(was, tail):], \
         head, tail
 
 
