@@ -20,6 +20,13 @@ still no slower than that baseline (no more memory, pairwise), with at most ``fs
     .venv/bin/python benchmarks/bench_plan.py              # everything
     .venv/bin/python benchmarks/bench_plan.py --quick      # the samples and the small synthetic steps
     .venv/bin/python benchmarks/bench_plan.py --json
+
+With ``--bundle PATH`` it times the schedulers instead, on one bundle's step (e.g. a 70B step captured with
+``dcsched profile --meta``): one row per algorithm with the step's nodes, the wall and CPU seconds of loading
+the bundle and of ``run_step`` (the scheduler alone), the load average, and the plan's simulated step and
+collectives::
+
+    .venv/bin/python benchmarks/bench_plan.py --bundle step.pt --algos overlap-plan,fsdp,fast-free --budget unlimited
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -174,13 +182,55 @@ def _markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def time_bundle(path: str, algos: list[str], budget_text: str | None) -> list[dict]:
+    """One row per algorithm: the scheduler's wall and CPU seconds on the bundle's step at ``budget_text``
+    (None: the bundle's default budget), and the plan's simulated step (ms) and collectives."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    bundle = load(path)
+    forms = {name: GraphForm(bundle.graphs[name]) for name in bundle.graph_names}
+    loaded = {"load_s": time.perf_counter() - wall, "load_cpu_s": time.process_time() - cpu}
+    budget = default_budget(bundle) if budget_text is None else Budget.parse(budget_text)
+    latency = latency_from_provenance(bundle.provenance)
+    rows = []
+    for algo in algos:
+        # each algorithm on forms of its own: what one computed and kept on a form would flatter the next
+        forms = {name: GraphForm(bundle.graphs[name]) for name in bundle.graph_names}
+        wall, cpu = time.perf_counter(), time.process_time()
+        plans = run_step(algo, forms, budget=budget, comm_latency_ms=latency)
+        seconds, cpu_s = time.perf_counter() - wall, time.process_time() - cpu
+        compiled = {name: CompiledGraph(forms[name], comm_latency_ms=latency) for name in plans}
+        results = [simulate_plan(compiled[name], plan, name, check=False) for name, plan in plans.items()]
+        rows.append({"bundle": Path(path).name, "nodes": sum(len(form) for form in forms.values()), "algo": algo,
+                     "sched_s": seconds, "sched_cpu_s": cpu_s, **loaded, "load_avg": os.getloadavg()[0],
+                     "step_ms": sum(r.step_ms for r in results),
+                     "collectives": sum(r.collectives for r in results)})
+    return rows
+
+
+def _timing_table(rows: list[dict]) -> str:
+    """:func:`time_bundle`'s rows as a text table."""
+    lines = [f"{'bundle':<20} {'nodes':>7} {'algorithm':<14} {'seconds':>8} {'CPU s':>7} {'load s':>7} "
+             f"{'load avg':>8} {'step ms':>10} {'collectives':>11}"]
+    for r in rows:
+        lines.append(f"{r['bundle']:<20} {r['nodes']:>7} {r['algo']:<14} {r['sched_s']:>8.2f} {r['sched_cpu_s']:>7.2f} "
+                     f"{r['load_s']:>7.2f} {r['load_avg']:>8.1f} {r['step_ms']:>10.3f} {r['collectives']:>11}")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bundle", help="time the schedulers on this bundle's step instead (one row per algorithm)")
+    parser.add_argument("--algos", default=f"{PLANNER},fsdp,fast-free", help="with --bundle: comma-separated")
+    parser.add_argument("--budget", default=None, help="with --bundle: the memory budget (default: the bundle's)")
     parser.add_argument("--quick", action="store_true", help="the samples and the small synthetic steps")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     parser.add_argument("--markdown", action="store_true", help="also print a markdown table (docs/train.md)")
     parser.add_argument("only", nargs="*", help="step names to run (default: all)")
     args = parser.parse_args(argv)
+    if args.bundle:
+        timed = time_bundle(args.bundle, args.algos.split(","), args.budget)
+        print(json.dumps(timed, indent=2) if args.json else _timing_table(timed))
+        return
     rows = []
     for name, (graphs, latency, default) in steps(args.quick).items():
         if args.only and name not in args.only:

@@ -115,14 +115,14 @@ def test_fast_free_computed_once_is_both_orders_fast_free(seed, n_params, fanin,
 
 
 def test_a_plan_simulated_from_its_lists_is_the_cached_one():
-    """:meth:`GraphOrders.figures` keys a plan given as lists as :meth:`GraphOrders.bucketed` keys it from
-    its arrays: the second asks no new simulation."""
+    """:meth:`GraphOrders.figures` keys a plan given as lists as :meth:`GraphOrders.bucketed` keys it: the
+    second asks no new simulation."""
     form = GraphForm(moe_graph(2, kind="backward"))
     blocks = step_blocks({"graph": form})["graph"]
     orders = GraphOrders(form, 0.05, "all")
     base = just_in_time(form, list(form.topo))
     held = frozenset(blocks.gathers[0][:1])
-    order, buckets, figures = orders.bucketed(base, (blocks.gathers, blocks.reduces), 1, held)
+    order, buckets, figures, _parts = orders.bucketed(base, (blocks.gathers, blocks.reduces), 1, held)
     assert len(orders._figures) == 1
     assert orders.figures(order, buckets, held) == figures
     assert orders.figures(order, buckets, frozenset()) == orders.compiled.timeline_figures(order, buckets=buckets,

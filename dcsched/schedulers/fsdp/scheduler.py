@@ -52,14 +52,13 @@ True
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 from typing import Hashable, Iterable, Mapping, Sequence
 
-from dcsched.graph.form import ALLGATHER, REDUCE, WAIT, GraphForm, output_last_indices, paused_gc
+from dcsched.graph.form import ALLGATHER, REDUCE, WAIT, GraphForm, paused_gc
 from dcsched.plan import Bucket, Plan
 from dcsched.schedulers.registry import register
-from dcsched.schedulers.fsdp.waits_first import waits_first
+from dcsched.schedulers.fsdp.bucketing import Placement, bucketed, placement  # noqa: F401  (re-exported)
 
 #: The most parameters one block may hold (the longest period searched).
 MAX_BLOCK_PARAMS = 64
@@ -68,8 +67,6 @@ PERIOD_MATCH = 0.7
 #: How much less of a share a divisor of the best period may match and still be the block length (blocks that
 #: differ a little, e.g. one layer of another width, are blocks still: FSDP2 wraps every layer).
 DIVISOR_SLACK = 0.05
-#: :func:`placement`'s figures of an order: per node its position, its last predecessor's, its first successor's.
-Placement = tuple[list[int], list[int], list[int]]
 
 
 def blocks(keys: Sequence[Hashable]) -> list[tuple[int, int]]:
@@ -376,110 +373,6 @@ def _joined(form: GraphForm, kind: int, unit: Mapping[int, int], loose: frozense
         else:
             groups[-1].append(i)
     return groups or ([pending] if pending else [])
-
-
-def placement(form: GraphForm, order: Sequence[int]) -> Placement:
-    """Per node, its position in ``order``, its last predecessor's and its first successor's (-1 and
-    ``len(order)`` where it has none): what :func:`bucketed` reads of ``order``, computed once for an order
-    bucketed many ways.
-
-    >>> from dcsched.synthetic import layered_stack
-    >>> form = GraphForm(layered_stack(1).forward)
-    >>> pos, last_pred, first_succ = placement(form, list(form.topo))
-    >>> first = form.topo[0]
-    >>> pos[first], last_pred[first], first_succ[first] == min(pos[s] for s in form.succs[first])
-    (0, -1, True)
-    """
-    pos = [0] * len(form.kind)
-    for p, v in enumerate(order):
-        pos[v] = p
-    end = len(order)
-    last_pred = [max((pos[p] for p in preds), default=-1) for preds in form.preds]
-    first_succ = [min((pos[s] for s in succs), default=end) for succs in form.succs]
-    return pos, last_pred, first_succ
-
-
-def bucketed(form: GraphForm, order: Sequence[int], gathers: Sequence[Sequence[int]],
-             reduces: Sequence[Sequence[int]], *, ahead: int = 0, placed: Placement | None = None
-             ) -> tuple[list[int], list[list[int]]]:
-    """``order`` with each block of ``gathers`` and of ``reduces`` made one bucket.
-
-    A block's all-gathers move to where the block ``ahead`` blocks before it
-    (in ``gathers``' order, the order they are needed) has its first
-    all-gather in ``order``, or its own first where that is earlier: ``ahead``
-    0 issues each bucket when its first parameter would have been gathered,
-    1 when the block before is (FSDP2's prefetch). A block's reduces move to
-    where its last one stands (every gradient of the block is ready there).
-    A wait then goes before the buckets issued right before it
-    (:func:`~dcsched.schedulers.waits_first.waits_first`: the same step, less
-    memory), so a prefetch is issued once the block before has waited, as
-    FSDP2 issues it. A member that cannot move (an all-gather whose input
-    has not run by then, a reduce read before the last one: neither occurs
-    in DeepCompile graphs) stays alone.
-
-    Parameters
-    ----------
-    form : GraphForm
-        The graph.
-    order : sequence of int
-        A topological order (node numbers).
-    gathers, reduces : sequence of sequences of int
-        The blocks (node numbers).
-    ahead : int, optional
-        How many blocks ahead a bucket of all-gathers is issued (default 0).
-    placed : Placement, optional
-        :func:`placement` of ``order`` (computed here where not given).
-
-    Returns
-    -------
-    (list of int, list of list of int)
-        The order (output last) and the buckets of two or more members, each in its order.
-
-    Examples
-    --------
-    >>> from dcsched.synthetic import layered_stack
-    >>> form = GraphForm(layered_stack(2).forward)
-    >>> gathers = [[i for i in form.topo if form.kind[i] == ALLGATHER]]
-    >>> order, buckets = bucketed(form, list(form.topo), gathers, [])
-    >>> form.check_order(form.order_names(order)); len(buckets), len(buckets[0]) == len(gathers[0])
-    (1, True)
-    """
-    pos, last_pred, first_succ = placement(form, order) if placed is None else placed
-    before: dict[int, list[int]] = {}  # base position -> all-gathers issued right before the node there
-    after: dict[int, list[int]] = {}  # base position -> reduces issued right after the node there
-    moved: set[int] = set()
-    buckets: list[list[int]] = []
-    firsts = [min(map(pos.__getitem__, group)) if group else -1 for group in gathers]
-    for k, group in enumerate(gathers):
-        if not group:
-            continue
-        at = min(firsts[max(0, k - ahead)], firsts[k])
-        members = sorted([m for m in group if last_pred[m] < at], key=pos.__getitem__)
-        before.setdefault(at, []).extend(members)
-        moved.update(members)
-        buckets.append(members)
-    for group in reduces:
-        if not group:
-            continue
-        at = max(map(pos.__getitem__, group))
-        members = sorted([m for m in group if first_succ[m] > at], key=pos.__getitem__)
-        later = [m for m in members if pos[m] != at]
-        after.setdefault(at, []).extend(later)
-        moved.update(later)
-        buckets.append([order[at]] + later)  # as it runs: the last gradient's reduce, then the ones moved after it
-    result: list[int] = []
-    gone = moved.__contains__
-    done = 0  # the order up to here is placed: between the positions where something lands, copied less what moved
-    for p in sorted(before.keys() | after.keys()):
-        result.extend(itertools.filterfalse(gone, order[done:p]))
-        result.extend(before.get(p, ()))
-        if order[p] not in moved:
-            result.append(order[p])
-        result.extend(after.get(p, ()))
-        done = p + 1
-    result.extend(itertools.filterfalse(gone, order[done:]))
-    buckets = [b for b in buckets if len(b) > 1]
-    return output_last_indices(form.kind, waits_first(form, result, buckets)), buckets
 
 
 def kept_root(forms: Mapping[str, GraphForm], found: Mapping[str, Blocks]) -> frozenset:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 import re
 import weakref
-from typing import Sequence
+from typing import Callable, Sequence
 
 from dcsched.graph.form import ALLGATHER, WAIT, GraphForm
 
@@ -65,11 +65,55 @@ def waits_first(form: GraphForm, order: Sequence[int], buckets: Sequence[Sequenc
     >>> moved[moved.index(first):moved.index(first) + 3] == [first, wait, second]
     True
     """
+    return waits_first_until(form, order, buckets)[0]
+
+
+def waits_first_until(form: GraphForm, order: Sequence[int], buckets: Sequence[Sequence[int]] = (),
+                      quiet: list[int] | None = None, stop: Callable[[int], bool] | None = None
+                      ) -> tuple[list[int], int | None]:
+    """:func:`waits_first` of ``order``, noting the positions where the pass is *quiet* (every all-gather
+    before them placed: from there it runs as if it started there), and stopping at the first quiet
+    position ``stop`` accepts.
+
+    Parameters
+    ----------
+    form, order, buckets
+        As :func:`waits_first`.
+    quiet : list of int, optional
+        Filled with the quiet positions (in ``order``), ascending: 0, where each segment of all-gathers and
+        waits starts, where each stretch in it ends with nothing left to place, and where each segment ends
+        (but before all-gathers). Each is a position the pass may restart at on an order that agrees with
+        ``order`` up to it (and one past it), whatever follows.
+    stop : callable, optional
+        Called with each quiet position; where it returns True the pass stops there.
+
+    Returns
+    -------
+    (list of int, int or None)
+        The pass's order of ``order`` up to where it stopped (all of it where it did not), and that
+        position (None: it did not stop).
+
+    Examples
+    --------
+    >>> from dcsched.synthetic import layered_stack
+    >>> form = GraphForm(layered_stack(2).forward)
+    >>> quiet = []
+    >>> whole, stopped = waits_first_until(form, list(form.topo), quiet=quiet)
+    >>> stopped is None and whole == waits_first(form, list(form.topo)) and quiet[0] == 0
+    True
+    >>> head, at = waits_first_until(form, list(form.topo), stop=lambda p: p >= quiet[-1])
+    >>> head == whole[:at]
+    True
+    """
     kind = form.kind
+    quiet = [] if quiet is None else quiet
     kinds = bytes(map(kind.__getitem__, order))
+    quiet.append(0)
+    if stop is not None and stop(0):
+        return [], 0
     segments = list(_SEGMENT.finditer(kinds))  # C speed: most of an order is never looked at in Python
     if not segments:
-        return list(order)
+        return list(order), None
     own_gather = _own_gathers(form)
     bucket_of: dict[int, int] = {}  # each bucket member's bucket, made where a wait first needs it
     result: list[int] = []
@@ -77,6 +121,10 @@ def waits_first(form: GraphForm, order: Sequence[int], buckets: Sequence[Sequenc
     for segment in segments:
         start, end = segment.span()
         result.extend(order[done:start])
+        if start:
+            quiet.append(start)
+            if stop is not None and stop(start):
+                return result, start
         # The all-gathers directly before the node being placed, in issue order: run[head:], each one's
         # place in run kept, so a wait on the run's k-th costs O(1) plus what it places (a fan-in's run of
         # N all-gathers and its N waits cost O(N^2) with list lookups and deletions).
@@ -101,10 +149,21 @@ def waits_first(form: GraphForm, order: Sequence[int], buckets: Sequence[Sequenc
                 result.extend(run[head:keep])
                 result.append(v)
                 head = keep
+            if head == len(run) and stretch.end(2) < end:  # nothing left to place: quiet
+                quiet.append(stretch.end(2))
+                if stop is not None and stop(stretch.end(2)):
+                    return result, stretch.end(2)
         result.extend(run[head:])
         done = end
+        # quiet once its run is placed; but where all-gathers follow, whether the segment ends here can
+        # depend on nodes far ahead (their waits), so the position is no place to restart an order that
+        # differs there: left out
+        if end == len(kinds) or kinds[end] != ALLGATHER:
+            quiet.append(end)
+            if stop is not None and stop(end):
+                return result, end
     result.extend(order[done:])
-    return result
+    return result, None
 
 
 def _past_bucket(own: int, at: int, run: list[int], buckets: Sequence[Sequence[int]],

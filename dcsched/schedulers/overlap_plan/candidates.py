@@ -22,9 +22,11 @@ from dcsched.graph.form import ALLGATHER, GraphForm, paused_gc
 from dcsched.plan import Plan
 from dcsched.schedulers.fast_free.scheduler import fast_free_indices
 from dcsched.schedulers.overlap_plan.head_pieces import head_pieces
+from dcsched.schedulers.fsdp.bucketing import KNOWN_SIZE
 from dcsched.schedulers.fsdp.scheduler import (Blocks, Placement, bucketed, gathered_ids, just_in_time, placement,
                                               plan_of)
 from dcsched.schedulers.overlap.scheduler import Overlap
+from dcsched.schedulers.overlap_plan.splice import BucketingRef, full, spliced
 from dcsched.sim.plans import replicated_fused
 from dcsched.sim.simulate import CompiledGraph
 
@@ -50,8 +52,8 @@ REFINED = 3
 HEAD_GROUPS = (1, 2, 3, 4)
 #: The most collectives :meth:`GraphPlanner.head_cuts` adds to a graph's head.
 HEAD_MORE = 8
-#: How many node numbers' worth of bucketed orders and buckets :meth:`GraphOrders.bucketed` keeps (4 bytes
-#: each: 64 MiB).
+#: How many node numbers' worth of bucketed orders and buckets :meth:`GraphOrders.bucketed` keeps (8 bytes
+#: each, a pointer to an int the base order holds already: 128 MiB), and of blocks' landings.
 BUCKETED_KEPT = 1 << 24
 
 
@@ -78,6 +80,8 @@ class Candidate:
     base: list[int] | None = None
     groups: tuple[list[list[int]], list[list[int]]] | None = None
     ahead: int = 0
+    #: its parts, to bucket it again locally (:mod:`~dcsched.schedulers.overlap_plan.splice`); None: not bucketed
+    bucketing: BucketingRef | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def key(self) -> tuple:
         """What ranks candidates: step time, then collectives."""
@@ -101,44 +105,77 @@ class GraphOrders:
         self._overlap: Overlap | None = None
         self._overlap_orders: dict[float, list[int] | BudgetError] = {}
         #: per base order (by id, the order kept so its id is not reused): its placement
-        self._placements: dict[int, tuple[list[int], Placement]] = {}
+        self._placements: dict[int, tuple[list[int], Placement, dict]] = {}
         #: per (base order's id, ahead, blocks' digest), the latest used first out: what bucketing gives,
         #: and its figures per held set (the refinement tries the same blocks again: each graph's other
         #: candidates' cuts after every cut it makes)
-        self._bucketed: collections.OrderedDict[tuple, tuple[array, array, array, dict]] = collections.OrderedDict()
+        self._bucketed: collections.OrderedDict[tuple, tuple[tuple, tuple, tuple, dict]] = collections.OrderedDict()
         self._bucketed_size = 0
         #: per digest of (order, buckets, held): the simulated step and collectives
         self._figures: dict[bytes, tuple[float, int]] = {}
 
-    def bucketed(self, base: list[int], groups: tuple, ahead: int, held: frozenset
-                 ) -> tuple[list[int], list[list[int]], tuple[float, int]]:
+    def bucketed(self, base: list[int], groups: tuple, ahead: int, held: frozenset, parent: BucketingRef | None = None
+                 ) -> tuple[list[int], list[list[int]], tuple[float, int], BucketingRef]:
         """:func:`~dcsched.schedulers.fsdp.scheduler.bucketed` of ``base`` with the blocks ``groups``, and the order's
         :meth:`figures` with the ``held`` parameters: each computed once per base, blocks and ``ahead`` (while
         that is among the last :data:`BUCKETED_KEPT` node numbers' worth bucketed), the base's placement once
-        per base."""
+        per base; and a reference to its parts, to bucket it again locally. ``parent``: the parts of a
+        candidate of the same base, ahead and held parameters, with other blocks: where given, the order is
+        made from them (:func:`~dcsched.schedulers.overlap_plan.splice.spliced`: the same order and figures,
+        at the cost of what changed)."""
         key = (id(base), ahead, _digest(groups[0], [[-2]], groups[1]))
+        if parent is not None and (parent.base is not base or parent.ahead != ahead or parent.held != held):
+            parent = None
         found = self._bucketed.get(key)
+        if found is not None and held in found[3]:  # made before: its parts are made again only if needed
+            self._bucketed.move_to_end(key)
+            order, buckets = _unpacked(found)
+            return order, buckets, found[3][held], BucketingRef(None, parent, base, groups, ahead, held)
+        placed = self._placed(base)
+        if parent is not None:
+            known = self._known(base)
+            made = parent.made(self.form, self.compiled, placed, known)
+            value = spliced(made, self.form, self.compiled, placed, groups, known) or \
+                full(self.form, self.compiled, placed, base, groups, ahead, held, known)
+            if found is None:
+                found = self._kept(key, value.order, value.buckets)
+            figures = found[3][held] = (value.clocks.step, value.fused.collectives)
+            return list(value.order), [list(b) for b in value.buckets], figures, \
+                BucketingRef(value, None, base, groups, ahead, held)
         if found is None:
-            if id(base) not in self._placements:
-                self._placements[id(base)] = (base, placement(self.form, base))
-            order, buckets = bucketed(self.form, base, *groups, ahead=ahead, placed=self._placements[id(base)][1])
-            # kept compactly (4 bytes a node number): a fan-in's orders are long, and the same blocks come back
-            # after up to a few hundred others
-            found = self._bucketed[key] = (array("i", order), array("i", itertools.chain.from_iterable(buckets)),
-                                           array("i", map(len, buckets)), {})
-            self._bucketed_size += 2 * len(order)
-            while self._bucketed_size > BUCKETED_KEPT and len(self._bucketed) > 1:
-                _key, (old, *_rest) = self._bucketed.popitem(last=False)
-                self._bucketed_size -= 2 * len(old)
+            order, buckets = bucketed(self.form, base, *groups, ahead=ahead, placed=placed)
+            found = self._kept(key, order, buckets)
         else:
             self._bucketed.move_to_end(key)
-            flat = found[1].tolist()
-            ends = list(itertools.accumulate(found[2]))
-            order, buckets = found[0].tolist(), [flat[end - n:end] for n, end in zip(found[2], ends)]
-        figures = found[3]
-        if held not in figures:
-            figures[held] = self.figures(order, buckets, held, key=_plan_digest(found[0], found[1], found[2], held))
-        return order, buckets, figures[held]
+            order, buckets = _unpacked(found)
+        found[3][held] = self.figures(order, buckets, held)
+        return order, buckets, found[3][held], BucketingRef(None, None, base, groups, ahead, held)
+
+    def _placed(self, base: list[int]) -> Placement:
+        """The base order's placement, computed once per base (kept with it, so its id is not reused)."""
+        if id(base) not in self._placements:
+            self._placements[id(base)] = (base, placement(self.form, base), {})
+        return self._placements[id(base)][1]
+
+    def _known(self, base: list[int]) -> dict:
+        """What :func:`~dcsched.schedulers.fsdp.bucketing.landings` found per block of ``base`` (emptied past
+        :data:`BUCKETED_KEPT` node numbers: a bucket then looks changed, which costs time, never a figure)."""
+        self._placed(base)
+        known = self._placements[id(base)][2]
+        if known.get(KNOWN_SIZE, 0) > BUCKETED_KEPT:
+            known.clear()
+        return known
+
+    def _kept(self, key: tuple, order: list[int], buckets: list[list[int]]) -> tuple[tuple, tuple, tuple, dict]:
+        """``order`` and ``buckets`` kept under ``key`` (tuples of the same int objects: copied at C speed, a
+        pointer a node number; a fan-in's orders are long, and the same blocks come back after up to a few
+        hundred others), the oldest let go past :data:`BUCKETED_KEPT`."""
+        found = self._bucketed[key] = (tuple(order), tuple(map(tuple, buckets)), (), {})
+        self._bucketed_size += 2 * len(order)
+        while self._bucketed_size > BUCKETED_KEPT and len(self._bucketed) > 1:
+            _key, (old, *_rest) = self._bucketed.popitem(last=False)
+            self._bucketed_size -= 2 * len(old)
+        return found
 
     def figures(self, order: list[int], buckets: list[list[int]], held: frozenset, *, key: bytes | None = None
                 ) -> tuple[float, int]:
@@ -234,11 +271,15 @@ class GraphPlanner:
             for ahead in BUCKETS_AHEAD:
                 yield self.rebucketed(f"{source}, {ahead} ahead{label}", base, groups, role, ahead)
 
-    def rebucketed(self, source: str, base: list[int], groups: tuple, role: dict, ahead: int) -> Candidate:
-        order, buckets, (step, collectives) = self.orders.bucketed(base, groups, ahead, role.get("held", frozenset()))
+    def rebucketed(self, source: str, base: list[int], groups: tuple, role: dict, ahead: int,
+                   parent: Candidate | None = None) -> Candidate:
+        """``base`` bucketed with the blocks ``groups`` ``ahead`` blocks ahead, simulated with ``role``; made
+        from ``parent``'s parts where given (a candidate of the same base with other blocks)."""
+        order, buckets, (step, collectives), ref = self.orders.bucketed(
+            base, groups, ahead, role.get("held", frozenset()), parent.bucketing if parent is not None else None)
         return Candidate(source, order, buckets, step, collectives, None if math.isfinite(self.budget) else 0,
                          {"keep": role.get("keep", frozenset()), "held": role.get("held", frozenset())}, base=base,
-                         groups=groups, ahead=ahead)
+                         groups=groups, ahead=ahead, bucketing=ref)
 
     def simulated(self, source: str, order: list[int], buckets: list[list[int]], *, keep: frozenset = frozenset(),
                   held: frozenset = frozenset()) -> Candidate:
@@ -307,7 +348,7 @@ class GraphPlanner:
                     if which == 0:  # all-gather blocks go in the order they are needed (the root's pieces are not)
                         cut_blocks.sort(key=lambda block: min(position[m] for m in block))
                     groups = with_blocks(candidate.groups, which, cut_blocks)
-                    yield self.rebucketed(candidate.source, candidate.base, groups, role, candidate.ahead)
+                    yield self.rebucketed(candidate.source, candidate.base, groups, role, candidate.ahead, candidate)
 
     def shifted(self, candidate: Candidate, kept: frozenset) -> Iterable[Candidate]:
         """The candidate with the boundary between two neighbouring reduce blocks moved, as many collectives:
@@ -322,7 +363,7 @@ class GraphPlanner:
             for point in _shift_points(len(joined), now):
                 moved = blocks[:k] + [joined[:point], joined[point:]] + blocks[k + 2:]
                 yield self.rebucketed(candidate.source, candidate.base, with_blocks(candidate.groups, 1, moved),
-                                      role, candidate.ahead)
+                                      role, candidate.ahead, candidate)
 
     def head_cuts(self, candidate: Candidate, kept: frozenset, most: int) -> Iterable[Candidate]:
         """The candidate with its first :data:`HEAD_GROUPS` all-gather buckets cut again, into 1 to ``most``
@@ -348,7 +389,7 @@ class GraphPlanner:
                                       self.orders.latency_ms).values():
                 pieces[0] = resting + pieces[0]
                 yield self.rebucketed(candidate.source, candidate.base, (pieces + groups[count:], reduces), role,
-                                      candidate.ahead)
+                                      candidate.ahead, candidate)
 
     def merged(self, candidate: Candidate, kept: frozenset) -> Candidate:
         """The candidate with neighbouring inner blocks merged wherever that costs no time and still fits the budget
@@ -362,7 +403,7 @@ class GraphPlanner:
                 blocks = candidate.groups[which]
                 joined = blocks[:k] + [blocks[k] + blocks[k + 1]] + blocks[k + 2:]
                 groups = with_blocks(candidate.groups, which, joined)
-                trial = self.rebucketed(candidate.source, candidate.base, groups, role, candidate.ahead)
+                trial = self.rebucketed(candidate.source, candidate.base, groups, role, candidate.ahead, candidate)
                 if trial.step_ms <= candidate.step_ms and trial.collectives < candidate.collectives:
                     fitted = self.fitted(trial)
                     if fitted is not None:
@@ -398,6 +439,11 @@ class GraphPlanner:
 
     def plan(self, candidate: Candidate, kept: Iterable[int], held: frozenset) -> Plan:
         return plan_of(self.form, candidate.order, candidate.buckets, kept, held)
+
+
+def _unpacked(found: tuple[tuple, tuple, tuple, dict]) -> tuple[list[int], list[list[int]]]:
+    """A kept order and its buckets (:meth:`GraphOrders._kept`) as lists again."""
+    return list(found[0]), list(map(list, found[1]))
 
 
 def _digest(*parts: Sequence[Sequence[int]]) -> bytes:

@@ -69,7 +69,7 @@ def coalesced(planner: GraphPlanner, budget: float) -> Candidate:
         while k < len(groups[which]) - 1:
             joined = _joined(groups[which], k, span)
             trial_groups = with_blocks(groups, which, joined)
-            trial = planner.rebucketed("overlap, coalesced", base, trial_groups, {}, 0)
+            trial = planner.rebucketed("overlap, coalesced", base, trial_groups, {}, 0, best)
             fitted = planner.fitted(trial) if trial.step_ms <= best.step_ms else None
             if fitted is not None and fitted.collectives < best.collectives:
                 best, groups = fitted, trial_groups  # the run at k grows on, by twice as many next
