@@ -386,7 +386,7 @@ class CompiledGraph(MemoryModel, Timeline, GraphForm):
         ``async_reduce`` False, where ``issue.blocks_step``: every issue but
         :data:`~dcsched.collective_issue.SIMULATOR`) holds the compute stream
         from its issue point until it ends, so the step time adds it where no
-        asynchronous one would (:meth:`Timeline._blocking_timeline`).
+        asynchronous one would (:meth:`Timeline._fused_timeline`).
         """
         idx = self.order_indices(order, check=check)
         keep, held = frozenset(keep), frozenset(held)
@@ -419,7 +419,7 @@ class CompiledGraph(MemoryModel, Timeline, GraphForm):
         listed = self.bucket_indices(buckets or (), idx) if check else [list(b) for b in buckets or ()]
         fused = self._fused(listed, self._held_gathers(held))
         if issue.blocks_step:
-            return self._blocking_timeline(idx, False, dataclasses.replace(fused, issue=issue))[0], fused.collectives
+            fused = dataclasses.replace(fused, issue=issue)
         return self._fused_timeline(idx, False, fused)[0], fused.collectives
 
     def _held_gathers(self, held: frozenset) -> list[int]:
@@ -454,7 +454,6 @@ class CompiledGraph(MemoryModel, Timeline, GraphForm):
         gpeak, gpeak_pos = _first_peak(gathered)
         record = bool(detail)
         step, reach, start, end = self._timeline(idx, record) if fused is None else \
-            self._blocking_timeline(idx, record, fused) if fused.issue.blocks_step else \
             self._fused_timeline(idx, record, fused)
         result = self._result(idx, step, peak, peak_pos, gpeak, gpeak_pos, record and detail != "series", fused)
         if record:

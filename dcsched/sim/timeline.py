@@ -3,7 +3,7 @@
 :class:`Timeline` is a part of :class:`dcsched.sim.simulate.CompiledGraph`; the rules are in that module's
 docstring and docs/simulator.md. A collective issued blocking
 (:attr:`dcsched.collective_issue.CollectiveIssue.blocks_step`) also holds the compute stream until it ends
-(:meth:`Timeline._blocking_timeline`).
+(:meth:`Timeline._fused_timeline`).
 """
 
 from __future__ import annotations
@@ -73,8 +73,19 @@ class Timeline:
 
     def _fused_timeline(self, idx: list[int], record: bool, fused: Fused) -> tuple[float, list, list, list]:
         """:meth:`_timeline` with buckets: a bucket's first member issues the fused collective; the later
-        members take no time and end with it (their reach, start and end are the bucket's)."""
-        is_comm, dur, gates = self.is_comm, self.duration, self.gates
+        members take no time and end with it (their reach, start and end are the bucket's).
+
+        Where some collectives block the host that issues them (``fused.issue``: ``async_gather`` or
+        ``async_reduce`` False, priced as :attr:`blocks_step
+        <dcsched.collective_issue.CollectiveIssue.blocks_step>` says), such a collective starts when the
+        communication stream is free and the compute stream waits at its issue point until it ends, so its
+        whole time, and any wait for the collectives before it, is on the critical path; an asynchronous one
+        runs beside the compute. The planner's inner loop (``record`` False, nothing blocking) has a loop of
+        its own, the same arithmetic with nothing recorded."""
+        is_comm, dur, gates, kind = self.is_comm, self.duration, self.gates, self.kind
+        issue = fused.issue
+        blocking = issue.blocks_step
+        blocks = (blocking and not issue.async_gather, blocking and not issue.async_reduce)  # (all-gathers, reductions)
         lead, time = fused.lead, fused.time
         tc = tq = 0.0
         done: list = [None] * len(self.names)
@@ -82,7 +93,8 @@ class Timeline:
         reach: list[float] = []
         start: list[float] = []
         end: list[float] = []
-        if not record:  # as in _timeline: nodes that take no time and wait for nothing leave both clocks alone
+        if not record and not blocking:
+            # as in _timeline: nodes that take no time and wait for nothing leave both clocks alone
             for i in itertools.compress(idx, map(self.timed.__getitem__, idx)):
                 if is_comm[i]:
                     first = lead[i]
@@ -100,56 +112,6 @@ class Timeline:
                             tc = e
                     tc += dur[i]
             return (tc if tc > tq else tq), reach, start, end
-        for i in idx:
-            if is_comm[i]:
-                first = lead[i]
-                if first == HELD:  # gathered since the forward: ready when reached
-                    done[i] = r = s = tc
-                elif first < 0 or first == i:
-                    s = tc if tc > tq else tq
-                    tq = done[i] = s + (dur[i] if first < 0 else time[i])
-                    issued[i] = (tc, s)
-                    r = tc
-                else:  # a later member: issued with its bucket
-                    done[i] = done[first]
-                    r, s = issued[first]
-                if record:
-                    reach.append(r)
-                    start.append(s)
-                    end.append(done[i])
-            else:
-                if record:
-                    reach.append(tc)
-                for g in gates[i]:
-                    e = done[g]
-                    if e > tc:
-                        tc = e
-                if record:
-                    start.append(tc)
-                tc += dur[i]
-                if record:
-                    end.append(tc)
-        return (tc if tc > tq else tq), reach, start, end
-
-    def _blocking_timeline(self, idx: list[int], record: bool, fused: Fused) -> tuple[float, list, list, list]:
-        """:meth:`_fused_timeline` where some collectives block the host that issues them
-        (``fused.issue``: ``async_gather`` or ``async_reduce`` False, priced as :attr:`blocks_step
-        <dcsched.collective_issue.CollectiveIssue.blocks_step>` says): such a collective starts when the
-        communication stream is free, and the compute stream waits at its issue point until it ends, so its
-        whole time, and any wait for the collectives before it, is on the critical path. An asynchronous one
-        runs beside the compute as in :meth:`_fused_timeline`.
-
-        Kept apart from :meth:`_fused_timeline`, a planner's inner loop, which stays as it is."""
-        is_comm, dur, gates, kind = self.is_comm, self.duration, self.gates, self.kind
-        issue = fused.issue
-        blocks = (not issue.async_gather, not issue.async_reduce)  # (all-gathers, reduce-scatters and all-reduces)
-        lead, time = fused.lead, fused.time
-        tc = tq = 0.0
-        done: list = [None] * len(self.names)
-        issued: dict[int, tuple[float, float]] = {}
-        reach: list[float] = []
-        start: list[float] = []
-        end: list[float] = []
         for i in idx:
             if is_comm[i]:
                 first = lead[i]
