@@ -85,12 +85,12 @@ def step_events(bundle, shards: list[int], states: list[int], temporaries: list[
     states and its update's temporaries (:func:`dcsched.sim.step_memory.step_memory`'s)."""
     from dcsched.plan import Plan
     from dcsched.sim.collectives import latency_from_provenance
-    from dcsched.sim.simulate import compile_view
+    from dcsched.sim.reuse import compiled
 
     latency = latency_from_provenance(bundle.provenance)
-    forward = compile_view(bundle.forward, comm_latency_ms=latency)
+    forward = compiled(bundle.forward, comm_latency_ms=latency)
     forward_events, forward_inputs = graph_events(forward, plans.get("forward") or Plan(()), "forward", issue=issue)
-    backward = compile_view(bundle.backward, comm_latency_ms=latency) if bundle.backward is not None else None
+    backward = compiled(bundle.backward, comm_latency_ms=latency) if bundle.backward is not None else None
     yield from (("alloc", ("shard", k), s) for k, s in enumerate(shards) if s)
     for step in range(steps):
         live = _Live()
