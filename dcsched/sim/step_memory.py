@@ -399,8 +399,11 @@ def compared_step_memory(bundle, comparison, optimizer: Any = None) -> dict[str,
     OptimizerError
         As :func:`resolve_optimizer`.
     """
+    from dcsched.graph.form import paused_gc
     from dcsched.sim.reuse import reusing
-    with reusing():  # the graphs compiled, their saved storages found, once for all the plans
+    # the graphs compiled, their saved storages found, once for all the plans; 10^5 small containers made beside
+    # the FX graphs and no cycles: no full collections
+    with reusing(), paused_gc():
         out = {"before": step_memory(bundle, optimizer)}
         for algo in comparison.algorithms:
             plans = {name: cmp.plans[algo] for name, cmp in comparison.graphs.items() if algo in cmp.plans}
