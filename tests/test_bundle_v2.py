@@ -250,6 +250,9 @@ def test_reordered_bundle_permutes_columns_like_fx(tmp_path):
     permuted = fresh.reordered(orders)
     assert all(isinstance(permuted.__dict__[f"_graph_{n}"], GraphColumns) for n in fresh.graph_names)
     by_fx = bundle.reordered(orders)  # an FX-holding bundle: to_fx
+    # Saved straight from the permuted columns (no FX graph built): the bytes encoding the reordered FX graphs gives
+    unbuilt = dcsched.load(path).reordered(orders)
+    assert dcsched.save(unbuilt, tmp_path / "c.pt").read_bytes() == dcsched.save(by_fx, tmp_path / "f.pt").read_bytes()
     for name in bundle.graph_names:
         assert _encoded(permuted.graphs[name]) == _encoded(by_fx.graphs[name])
         _same_form(permuted.form(name), GraphForm(by_fx.graphs[name]))

@@ -97,6 +97,11 @@ def test_reserved_holds_the_allocated_blocks_which_hold_the_live_bytes(ops):
         assert allocator.reserved_bytes >= allocator.allocated_bytes >= live_bytes
         blocks = allocator._blocks.values()
         assert sum(b.size for b in blocks) == allocator.reserved_bytes  # the blocks tile the segments
+        free = [b for b in blocks if not b.allocated]
+        assert sorted(key for pool in allocator._free.values() for key in pool) == \
+            sorted((b.size, b.address) for b in free)  # the pools cache exactly the free blocks
+        ends = {b.address + b.size: b for b in free}
+        assert not any(b.address in ends and ends[b.address].segment == b.segment for b in free)  # neighbours merged
     assert allocator.reserved_bytes >= allocator.peak_allocated_bytes >= peak_live
     for handle, _ in live:
         allocator.free(handle)

@@ -211,6 +211,27 @@ class GraphColumns(CheckedColumns, ColumnViews):
                             **{k: [self._comm[k][i] for i in rank.tolist()] for k in ("graph_id", "id", "n_users")}}
         return result
 
+    def in_first_use_order(self) -> "GraphColumns":
+        """These columns with the tables of distinct values (targets' strings, argument templates, metas) in the
+        order the nodes first use them, as :func:`encode_nodes` numbers them: a graph reordered by
+        :meth:`permuted` is stored as encoding it afresh would store it. ``self`` where they are in that order
+        already (an encoded or loaded graph)."""
+        renumbered = {}
+        for column, table in (("target", "strings"), ("args", "templates"), ("meta", "metas")):
+            codes = getattr(self, column).tolist()
+            first: dict[int, int] = {}
+            for code in codes:
+                first.setdefault(code, len(first))
+            if list(first) != list(range(len(getattr(self, table)))):
+                values = getattr(self, table)
+                renumbered[column] = torch.tensor([first[c] for c in codes], dtype=getattr(self, column).dtype)
+                renumbered[table] = [values[c] for c in first]
+        if not renumbered:
+            return self
+        parts = {key: getattr(self, key) for key in (*PER_NODE, "names", "inputs", "input_offsets", "ints",
+                                                      "int_offsets", "strings", "templates", "metas", "graph_id")}
+        return GraphColumns(**{**parts, **renumbered})
+
 
 def _permute_csr(values: torch.Tensor, offsets: torch.Tensor, perm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A CSR column (``values`` split by ``offsets``) with its rows in ``perm``'s order, without a Python loop."""

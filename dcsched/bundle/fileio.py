@@ -60,7 +60,7 @@ def document_and_tensors(bundle) -> tuple[dict, dict[str, torch.Tensor]]:
     tensors: dict[str, torch.Tensor] = {}
     graphs = {}
     for name in bundle.graph_names:
-        columns = bundle.columns(name)
+        columns = bundle.columns(name).in_first_use_order()  # a reordered graph's as encoding it afresh gives
         graphs[name] = columns.tables()
         tensors.update(columns.tensors(f"graph.{name}."))
     inputs = []

@@ -131,6 +131,7 @@ def schedule(
         report: formats.Report = formats.SweepReport(
             path, scope, sweep_bundle(bundle, scope=scope, progress=progress), report_files)
         scheduled: dict = {}
+        to_save: dict = {}
     else:
         budget = budget_for(selection.budget, bundle, scope=selection.scope)  # the default rule, where none given
         comparison = run_comparison(bundle, selection, assume_zero=options.assume_zero, budget=budget,
@@ -138,6 +139,9 @@ def schedule(
         if selection.budget is None:  # after the run: a refusal stays the one line on stderr
             note_default_budget(bundle, selection, budget)
         scheduled = {a: p for a, p in outputs.items() if a in comparison.algorithms}
+        # Reordered before the step memory builds the input's FX graphs: permuted from the loaded columns,
+        # they are saved as they are, not encoded again from FX graphs.
+        to_save = {a: scheduled_bundle(bundle, comparison, a, input_name=path.name) for a in scheduled}
         report = formats.ScheduleReport(path, comparison, files=report_files, params=params,
                                         param_names={p.ds_id: p.name for p in bundle.params}, outputs=scheduled,
                                         saved=saved_memory.from_provenance(bundle.provenance),
@@ -145,7 +149,7 @@ def schedule(
     written = []
     with all_or_none(force=force):  # every output, or none where one fails (a full disk under --plot)
         for algo_name, out in scheduled.items():
-            bundle_io.save(scheduled_bundle(bundle, comparison, algo_name, input_name=path.name), out)
+            bundle_io.save(to_save[algo_name], out)
             written.append(out)
         for name, target in report.files.items():
             formats.get(name)(report, target)

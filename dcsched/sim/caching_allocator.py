@@ -81,8 +81,10 @@ class CachingAllocator:
         self.peak_allocated_bytes = 0
         self.segments = 0
         self._next_address = 0
-        # per pool (small: True), the free blocks as sorted (size, address) keys
+        # per pool (small: True), the free blocks as sorted (size, address) keys (best fit by bisection)
         self._free: dict[bool, list[tuple[int, int]]] = {True: [], False: []}
+        # per pool, the free blocks' end addresses -> their addresses (a freed block's free predecessor in one look-up)
+        self._free_ends: dict[bool, dict[int, int]] = {True: {}, False: {}}
         self._blocks: dict[int, _Block] = {}  # every block of every segment, by its address
 
     def malloc(self, nbytes: int) -> int:
@@ -92,14 +94,15 @@ class CachingAllocator:
         pool = self._free[small]
         at = bisect.bisect_left(pool, (size, -1))
         if at < len(pool):
-            block = self._blocks[pool.pop(at)[1]]
+            block = self._blocks[pool[at][1]]
+            self._uncache(block)
         else:
             block = self._new_segment(allocation_size(size), small)
         remaining = block.size - size
         if remaining >= MIN_BLOCK_SIZE if small else remaining > SMALL_SIZE:
             rest = _Block(block.address + size, remaining, block.segment, small)
             self._blocks[rest.address] = rest
-            bisect.insort(pool, (rest.size, rest.address))
+            self._cache(rest)
             block.size = size
         block.allocated = True
         self.allocated_bytes += block.size
@@ -113,28 +116,37 @@ class CachingAllocator:
             raise ValueError(f"block at {handle} is not allocated")
         block.allocated = False
         self.allocated_bytes -= block.size
-        pool = self._free[block.small]
         following = self._blocks.get(block.address + block.size)
         if following is not None and not following.allocated and following.segment == block.segment:
-            pool.remove((following.size, following.address))
+            self._uncache(following)
             del self._blocks[following.address]
             block.size += following.size
         preceding = self._preceding(block)
         if preceding is not None:
-            pool.remove((preceding.size, preceding.address))
+            self._uncache(preceding)
             del self._blocks[block.address]
             preceding.size += block.size
             block = preceding
-        bisect.insort(pool, (block.size, block.address))
+        self._cache(block)
 
     def _preceding(self, block: _Block) -> _Block | None:
         """The free block right before ``block`` in its segment, if any."""
+        address = self._free_ends[block.small].get(block.address)
+        if address is None:
+            return None
+        candidate = self._blocks[address]
+        return candidate if candidate.segment == block.segment else None
+
+    def _cache(self, block: _Block) -> None:
+        """Put the free ``block`` in its pool's cache."""
+        bisect.insort(self._free[block.small], (block.size, block.address))
+        self._free_ends[block.small][block.address + block.size] = block.address
+
+    def _uncache(self, block: _Block) -> None:
+        """Take ``block`` (free, its size as cached) out of its pool's cache."""
         pool = self._free[block.small]
-        for size, address in pool:  # free blocks are few beside the live ones; a scan keeps no second index
-            if address + size == block.address:
-                candidate = self._blocks[address]
-                return candidate if candidate.segment == block.segment else None
-        return None
+        del pool[bisect.bisect_left(pool, (block.size, block.address))]
+        del self._free_ends[block.small][block.address + block.size]
 
     def _new_segment(self, size: int, small: bool) -> _Block:
         self.segments += 1

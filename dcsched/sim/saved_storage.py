@@ -36,10 +36,15 @@ if TYPE_CHECKING:
 
 def _saved_roots(bundle) -> tuple[dict[int, list[int]], CompiledGraph, list[Any]]:
     """The forward's storage roots of the saved outputs: {root: [backward placeholder positions]}, the forward's
-    compiled view and the forward's output nodes."""
+    compiled view and the forward's output nodes (found once per bundle within :func:`dcsched.sim.reuse.reusing`)."""
+    from dcsched.sim.reuse import once
+    return once("saved roots", bundle, lambda: _find_saved_roots(bundle))
+
+
+def _find_saved_roots(bundle) -> tuple[dict[int, list[int]], CompiledGraph, list[Any]]:
     from dcsched.graph.specs import flat_nodes
-    from dcsched.sim.simulate import compile_view
-    forward = compile_view(bundle.forward, assume_zero=True)
+    from dcsched.sim.reuse import compiled
+    forward = compiled(bundle.forward, assume_zero=True)
     output = next(node for node in bundle.forward.nodes if node.op == "output")
     outputs = flat_nodes(output.args)
     groups: dict[int, list[int]] = {}

@@ -85,12 +85,14 @@ def step_events(bundle, shards: list[int], states: list[int], temporaries: list[
     states and its update's temporaries (:func:`dcsched.sim.step_memory.step_memory`'s)."""
     from dcsched.plan import Plan
     from dcsched.sim.collectives import latency_from_provenance
-    from dcsched.sim.simulate import compile_view
+    from dcsched.sim.reuse import compiled
 
     latency = latency_from_provenance(bundle.provenance)
-    forward = compile_view(bundle.forward, comm_latency_ms=latency)
+    forward = compiled(bundle.forward, comm_latency_ms=latency)
     forward_events, forward_inputs = graph_events(forward, plans.get("forward") or Plan(()), "forward", issue=issue)
-    backward = compile_view(bundle.backward, comm_latency_ms=latency) if bundle.backward is not None else None
+    backward = compiled(bundle.backward, comm_latency_ms=latency) if bundle.backward is not None else None
+    backward_events = _backward_events(bundle, backward, plans.get("backward") or Plan(()), issue) \
+        if backward is not None else None
     yield from (("alloc", ("shard", k), s) for k, s in enumerate(shards) if s)
     for step in range(steps):
         live = _Live()
@@ -99,8 +101,8 @@ def step_events(bundle, shards: list[int], states: list[int], temporaries: list[
         for what, r in forward_events:
             yield from (live.alloc(("f", step, r), forward.owned[r]) if what == "alloc" else live.free(("f", step, r)))
         gradients: list = []
-        if backward is not None:
-            yield from _backward(bundle, backward, plans.get("backward") or Plan(()), issue, step, live)
+        if backward is not None and backward_events is not None:
+            yield from _backward(backward, backward_events, step, live)
             gradients = sorted(k for k in live.keys if k[0] == "b" and backward.kind[k[2]] == REDUCE)
         for key in sorted(k for k in live.keys if k not in gradients):  # what the graphs left unread
             yield from live.free(key)
@@ -112,14 +114,23 @@ def step_events(bundle, shards: list[int], states: list[int], temporaries: list[
             yield from live.free(key)
 
 
-def _backward(bundle, backward, plan, issue: CollectiveIssue, step: int, live: _Live) -> Iterator[tuple[Any, ...]]:
-    """The backward's events: its tangents at its start, then its plan's; a saved placeholder is the forward's
-    storage it lives in, freed when the last alias of it is."""
+def _backward_events(bundle, backward, plan, issue: CollectiveIssue
+                     ) -> tuple[list[tuple[str, int]], list[int], dict[int, int]]:
+    """The backward's storages in its plan's order (:func:`graph_events`: events, inputs) and the forward's storage
+    each saved placeholder lives in (``{placeholder: forward root}``), the same every step."""
     from dcsched.sim.saved_storage import _saved_roots
     events, inputs = graph_events(backward, plan, "backward", issue=issue)
     groups = _saved_roots(bundle)[0]
     placeholders = [i for i, k in enumerate(backward.kind) if k == PLACEHOLDER]
     saved_in = {placeholders[k]: root for root, members in groups.items() for k in members if k < len(placeholders)}
+    return events, inputs, saved_in
+
+
+def _backward(backward, parts: tuple[list[tuple[str, int]], list[int], dict[int, int]], step: int, live: _Live
+              ) -> Iterator[tuple[Any, ...]]:
+    """The backward's events (``parts``: :func:`_backward_events`): its tangents at its start, then its plan's; a
+    saved placeholder is the forward's storage it lives in, freed when the last alias of it is."""
+    events, inputs, saved_in = parts
     readers: dict[int, int] = {}
     for root in saved_in.values():
         readers[root] = readers.get(root, 0) + 1

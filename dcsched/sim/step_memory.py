@@ -247,7 +247,7 @@ def step_memory(bundle, optimizer: Any = None, *, world_size: int | None = None,
     from dcsched.bundle.resharding import resharded
     from dcsched.plan import Plan
     from dcsched.sim.collectives import latency_from_provenance
-    from dcsched.sim.simulate import compile_view
+    from dcsched.sim.reuse import compiled
 
     model = resolve_optimizer(bundle, optimizer)
     profiled_for = bundle.provenance.get("world_size")
@@ -261,7 +261,7 @@ def step_memory(bundle, optimizer: Any = None, *, world_size: int | None = None,
         graph = bundle.graphs.get(name)
         if graph is not None:
             view = _storage_view(bundle, graph) if name == "backward" else graph
-            peaks[name] = graph_peak(compile_view(view, comm_latency_ms=latency), plans.get(name) or Plan(()),
+            peaks[name] = graph_peak(compiled(view, comm_latency_ms=latency), plans.get(name) or Plan(()),
                                      name, issue=issue, casts=_gradient_casts(graph))
     shards = _param_shard_bytes(bundle)
     states = _optimizer_states(model, shards, gpu)
@@ -310,7 +310,12 @@ def _cuda(bundle, sizes: tuple[int, ...], peak: int, step: tuple[list[int], list
 def _storage_view(bundle, graph):
     """The backward graph's form with each saved tensor counted at its storage's bytes, a storage shared by
     saved tensors once (:func:`dcsched.sim.saved_storage.saved_storage_bytes`); the graph itself where none
-    differs."""
+    differs. One view per bundle and graph within :func:`dcsched.sim.reuse.reusing`."""
+    from dcsched.sim.reuse import once
+    return once("storage view", bundle, lambda: _new_storage_view(bundle, graph), id(graph))
+
+
+def _new_storage_view(bundle, graph):
     from dcsched.graph.form import GraphForm
     from dcsched.sim.saved_storage import saved_storage_bytes
     counted = saved_storage_bytes(bundle)
@@ -365,8 +370,8 @@ def _held_across(bundle) -> tuple[int, int]:
     backward does not take, as :func:`~dcsched.sim.bundle_figures.simulated_figures` counts them): (parameter
     shards, the rest)."""
     from dcsched.graph.specs import flat_nodes, recorded_bytes
+    from dcsched.sim.reuse import compiled
     from dcsched.sim.saved_storage import saved_forward_roots
-    from dcsched.sim.simulate import compile_view
     if bundle.backward is None:
         return 0, 0
     output = next(node for node in bundle.forward.nodes if node.op == "output")
@@ -376,7 +381,7 @@ def _held_across(bundle) -> tuple[int, int]:
     placeholders = [node for node in bundle.forward.nodes if node.op == "placeholder"]
     params = {node for node, entry in zip(placeholders, bundle.forward_placeholders) if entry.get("kind") == "param"}
     inputs = [node for node in bundle.forward.nodes if node.op in ("placeholder", "get_attr")]
-    forward = compile_view(bundle.forward, assume_zero=True)
+    forward = compiled(bundle.forward, assume_zero=True)
     shared = saved_forward_roots(bundle)  # a user output viewing a saved tensor's storage is counted with it
     held = [n for n in dict.fromkeys(inputs + outputs[:bundle.num_user_outputs])
             if n not in saved and forward.root[forward.index[n.name]] not in shared]
@@ -394,10 +399,15 @@ def compared_step_memory(bundle, comparison, optimizer: Any = None) -> dict[str,
     OptimizerError
         As :func:`resolve_optimizer`.
     """
-    out = {"before": step_memory(bundle, optimizer)}
-    for algo in comparison.algorithms:
-        plans = {name: cmp.plans[algo] for name, cmp in comparison.graphs.items() if algo in cmp.plans}
-        out[algo] = step_memory(bundle, optimizer, plans=plans)
+    from dcsched.graph.form import paused_gc
+    from dcsched.sim.reuse import reusing
+    # the graphs compiled, their saved storages found, once for all the plans; 10^5 small containers made beside
+    # the FX graphs and no cycles: no full collections
+    with reusing(), paused_gc():
+        out = {"before": step_memory(bundle, optimizer)}
+        for algo in comparison.algorithms:
+            plans = {name: cmp.plans[algo] for name, cmp in comparison.graphs.items() if algo in cmp.plans}
+            out[algo] = step_memory(bundle, optimizer, plans=plans)
     return out
 
 
