@@ -28,11 +28,11 @@ True
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import weakref
 from typing import Sequence
 
 from dcsched.sim.fused import HELD, Fused
+from dcsched.sim.timeline import run_fused
 
 #: How many positions apart :class:`Clocks` keeps its marks: where a run resumes and where it may stop.
 MARK_EVERY = 64
@@ -100,40 +100,10 @@ def resumed_clocks(graph, order: Sequence[int], fused: Fused, current: Clocks | 
         compute.append(tc)
         comm.append(tq)
         chunk = order[at:at + MARK_EVERY]
-        tc, tq = _run(graph, chunk, fused, done, (tc, tq), current, changed)
+        tc, tq = run_fused(graph, chunk, fused, done, (tc, tq), current.done if current is not None else None, changed)
         if changed:
             ran.update(chunk)
     return Clocks(done, compute, comm, tc if tc > tq else tq)
-
-
-def _run(graph, chunk: Sequence[int], fused: Fused, done: list, clocks: tuple[float, float], current: Clocks | None,
-         changed: list[int]) -> tuple[float, float]:
-    """``chunk`` timed from ``clocks`` (compute's, the communication stream's; ``done`` filled in): the loop of
-    :meth:`~dcsched.sim.timeline.Timeline._fused_timeline`, each collective whose end differs from ``current``'s
-    (None: nothing to compare) added to ``changed``."""
-    is_comm, dur, gates = graph.is_comm, graph.duration, graph.gates
-    lead, time = fused.lead, fused.time
-    tc, tq = clocks
-    was = current.done if current is not None else None
-    for i in itertools.compress(chunk, map(graph.timed.__getitem__, chunk)):
-        if is_comm[i]:
-            first = lead[i]
-            if first == HELD:
-                done[i] = tc
-            elif first < 0 or first == i:
-                s = tc if tc > tq else tq
-                tq = done[i] = s + (dur[i] if first < 0 else time[i])
-            else:
-                done[i] = done[first]
-            if was is not None and done[i] != was[i]:
-                changed.append(i)
-        else:
-            for g in gates[i]:
-                e = done[g]
-                if e > tc:
-                    tc = e
-            tc += dur[i]
-    return tc, tq
 
 
 def _still_read(graph, changed: list[int], ran: set[int], fused: Fused,

@@ -9,6 +9,7 @@ docstring and docs/simulator.md. A collective issued blocking
 from __future__ import annotations
 
 import itertools
+from typing import Sequence
 
 from dcsched.graph.form import ALLGATHER
 from dcsched.sim.fused import HELD, Fused
@@ -80,8 +81,8 @@ class Timeline:
         <dcsched.collective_issue.CollectiveIssue.blocks_step>` says), such a collective starts when the
         communication stream is free and the compute stream waits at its issue point until it ends, so its
         whole time, and any wait for the collectives before it, is on the critical path; an asynchronous one
-        runs beside the compute. The planner's inner loop (``record`` False, nothing blocking) has a loop of
-        its own, the same arithmetic with nothing recorded."""
+        runs beside the compute. The planner's inner loop (``record`` False, nothing blocking) is
+        :func:`run_fused`, the same arithmetic with nothing recorded."""
         is_comm, dur, gates, kind = self.is_comm, self.duration, self.gates, self.kind
         issue = fused.issue
         blocking = issue.blocks_step
@@ -94,23 +95,7 @@ class Timeline:
         start: list[float] = []
         end: list[float] = []
         if not record and not blocking:
-            # as in _timeline: nodes that take no time and wait for nothing leave both clocks alone
-            for i in itertools.compress(idx, map(self.timed.__getitem__, idx)):
-                if is_comm[i]:
-                    first = lead[i]
-                    if first == HELD:
-                        done[i] = tc
-                    elif first < 0 or first == i:
-                        s = tc if tc > tq else tq
-                        tq = done[i] = s + (dur[i] if first < 0 else time[i])
-                    else:
-                        done[i] = done[first]
-                else:
-                    for g in gates[i]:
-                        e = done[g]
-                        if e > tc:
-                            tc = e
-                    tc += dur[i]
+            tc, tq = run_fused(self, idx, fused, done, (tc, tq))
             return (tc if tc > tq else tq), reach, start, end
         for i in idx:
             if is_comm[i]:
@@ -144,3 +129,36 @@ class Timeline:
                 if record:
                     end.append(tc)
         return (tc if tc > tq else tq), reach, start, end
+
+
+def run_fused(graph, chunk: Sequence[int], fused: Fused, done: list, clocks: tuple[float, float],
+              was: Sequence | None = None, changed: list[int] | None = None) -> tuple[float, float]:
+    """Time ``chunk`` (node numbers in order) with ``fused``'s buckets from ``clocks`` (the compute stream's,
+    the communication stream's), nothing recorded, no collective blocking: the planner's inner loop.
+
+    ``done`` (by node number) receives each timed node's end; nodes that take no time and wait for nothing
+    leave both clocks alone. With ``was`` (an earlier run's ``done``), each collective whose end differs from
+    it is appended to ``changed``. Returns the two clocks after the chunk.
+    """
+    is_comm, dur, gates = graph.is_comm, graph.duration, graph.gates
+    lead, time = fused.lead, fused.time
+    tc, tq = clocks
+    for i in itertools.compress(chunk, map(graph.timed.__getitem__, chunk)):
+        if is_comm[i]:
+            first = lead[i]
+            if first == HELD:  # gathered since the forward: ready when reached
+                done[i] = tc
+            elif first < 0 or first == i:
+                s = tc if tc > tq else tq
+                tq = done[i] = s + (dur[i] if first < 0 else time[i])
+            else:  # a later member: ends with its bucket
+                done[i] = done[first]
+            if was is not None and done[i] != was[i]:
+                changed.append(i)  # type: ignore[union-attr]
+        else:
+            for g in gates[i]:
+                e = done[g]
+                if e > tc:
+                    tc = e
+            tc += dur[i]
+    return tc, tq
