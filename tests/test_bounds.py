@@ -231,7 +231,7 @@ def tied_tail():
     """
     b = G(graph_id=1)
     h, g = b.input("h", 40), b.input("g", 40)
-    wh, ww, we = b.input("wh", 10), b.input("ww", 10), b.input("we", 10)
+    wh, ww, _we = b.input("wh", 10), b.input("ww", 10), b.input("we", 10)
     _, wait_h = b.gather(wh, 0, 1.0, 100)
     dx_head = b.mm("dx_head", g, wait_h, 2.0, 40)
     rel_h = b.release(dx_head, wh, 0, 1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -63,7 +64,7 @@ def test_scope():
 
 def test_budget_is_frozen_and_json():
     budget = Budget(100)
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         budget.bytes = 5
     assert budget.to_dict() == {"bytes": 100, "scope": "all"}
     assert Budget.unlimited("gathered").to_dict() == {"bytes": None, "scope": "gathered"}
@@ -161,7 +162,7 @@ def test_plan_type():
     assert kept.buckets == (Bucket("reduce", ("r1", "r2"), (1, 2)),)
     assert kept.residency_of(1) == "kept" and kept.residency_of(2) == "replicated" and kept.residency_of(9) == "sharded"
     assert kept.with_order(["z"]).order == ("z",) and kept.with_order(["z"]).buckets == kept.buckets
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         kept.order = ()
     with pytest.raises(TypeError):
         kept.residency[1] = "sharded"  # read-only
@@ -186,8 +187,8 @@ def test_deepcompile_fills_buckets_with_its_fused_groups():
             assert bucket.kind == "allgather"
             assert [form.ds_id[form.index[m]] for m in bucket.members] == list(bucket.ds_ids)
             # A bucket's members run back to back in the order.
-            assert [position[m] for m in bucket.members] == list(range(position[bucket.members[0]],
-                                                                      position[bucket.members[0]] + len(bucket.members)))
+            first = position[bucket.members[0]]
+            assert [position[m] for m in bucket.members] == list(range(first, first + len(bucket.members)))
         gathers = sum(1 for k in form.kind if k == 2)  # ALLGATHER
         assert sum(len(b.members) for b in plan.buckets) == gathers
 

@@ -78,7 +78,7 @@ def test_graphs_compute_eager_loss_and_gradients(captured):
             continue
         param = bundle.params[kind["ds_id"]]
         torch.testing.assert_close(backward_out[i], named[param.name].grad, rtol=1e-5, atol=1e-6,
-                                   msg=lambda m: f"{name} gradient of {param.name}: {m}")
+                                   msg=lambda m, param=param: f"{name} gradient of {param.name}: {m}")
         checked += 1
     assert checked == len(bundle.params) == len([p for p in model.parameters() if p.requires_grad])
     assert not ops.RUNTIME.gathered, "every gathered buffer is released by the end of each graph"
@@ -381,7 +381,7 @@ def _tricky_graphs():
                  e(4, 4, dtype=torch.bfloat16))
     xb = _call(g, prims.convert_element_type.default, (g0, torch.bfloat16), "convert_element_type_1",
                e(2, 4, dtype=torch.bfloat16))
-    mm = _call(g, aten.mm.default, (xb, cast), "mm", e(2, 4, dtype=torch.bfloat16))
+    _call(g, aten.mm.default, (xb, cast), "mm", e(2, 4, dtype=torch.bfloat16))
     tt = _call(g, aten.t.default, (tied,), "t_1", e(4, 8))
     mm2 = _call(g, aten.mm.default, (g0, tt), "mm_1", e(2, 8))
     vw = _call(g, aten.view.default, (tied, [32]), "view", e(32))

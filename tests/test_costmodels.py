@@ -104,7 +104,7 @@ def test_malformed_calibration_files_are_one_line_errors(tmp_path, text, message
 
 def test_fit_takes_the_median_ratio_by_op_kind(mlp, analytic):
     measured = profile_bundle(mlp, ANALYTIC)  # a copy whose times are scaled below
-    for name, node in compute_nodes(measured):
+    for _name, node in compute_nodes(measured):
         node.meta["device_time"] *= 4.0 if op_kind(node) == "aten.mm" else 0.5
     fitted = fit_calibration([(analytic, measured)], "h100", "fake device")
     assert fitted.factor("aten.mm") == pytest.approx(4.0)

@@ -102,7 +102,8 @@ def test_table_and_sweep_print_every_graph(report):
     console = Console(record=True, width=200, color_system=None)
     formats.get("table")(report, console)
     text = console.export_text()
-    assert text.count("nodes,") == len(report.comparison.graphs) and "fast-free" in text and text.rstrip().endswith("wrote in.none.pt (none)")
+    assert text.count("nodes,") == len(report.comparison.graphs) and "fast-free" in text
+    assert text.rstrip().endswith("wrote in.none.pt (none)")
     curves = sweep_bundle(linear_bundle(3), scope="all")
     console = Console(record=True, width=200, color_system=None)
     formats.get("sweep")(formats.SweepReport(Path("in.pt"), "all", curves), console)

@@ -229,9 +229,9 @@ def test_tracker_sees_gathered_buffers_freed_at_release(mlp):
     gathers = [e for e in tracker.events if e[0].startswith("allgather_param")]
     releases = [e for e in tracker.events if e[0].startswith("release_param")]
     assert len(gathers) == 4 and len(releases) == 4  # 3 in the forward, fc2.weight again in the backward
-    for name, before, after, args in gathers:
+    for _name, before, after, args in gathers:
         assert after - before == sizes[args[2]]  # a fresh buffer of the whole parameter
-    for name, before, after, args in releases:
+    for _name, before, after, args in releases:
         assert before - after == sizes[args[2]]  # n_users = 1: this release frees the buffer
 
 

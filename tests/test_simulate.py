@@ -429,7 +429,7 @@ def random_zero3_graph(seed: int, n_params: int, n_compute: int, backward: bool)
     x = b.input("x", rng.randint(1, 100))
     uses = {i: 0 for i in range(n_params)}
     plan = []
-    for k in range(n_compute):
+    for _ in range(n_compute):
         param = rng.randrange(n_params) if rng.random() < 0.6 else None
         if param is not None:
             uses[param] += 1

@@ -1,4 +1,5 @@
-"""Chained copies of a captured graph (dcsched.synthetic.stacking): a valid ZeRO-3 graph that schedules and simulates."""
+"""Chained copies of a captured graph (dcsched.synthetic.stacking): a valid ZeRO-3 graph that schedules and
+simulates."""
 
 from __future__ import annotations
 

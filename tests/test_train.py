@@ -58,7 +58,8 @@ def test_training_a_sharded_module_equals_eager_training_bit_for_bit():
     eager_optimizer = torch.optim.AdamW(eager.parameters(), lr=0.1)
     generator = torch.Generator().manual_seed(0)
     for _ in range(4):
-        idx, targets = torch.randint(0, 10, (4, 3), generator=generator), torch.randint(0, 10, (4,), generator=generator)
+        idx = torch.randint(0, 10, (4, 3), generator=generator)
+        targets = torch.randint(0, 10, (4,), generator=generator)
         loss, expected = compiled(idx, targets), eager(idx, targets)
         assert torch.equal(loss, expected)
         for opt, value in ((optimizer, loss), (eager_optimizer, expected)):

@@ -86,7 +86,8 @@ def test_a_batchnorm_model_with_tied_and_unused_parameters_trains_as_eager():
     eager_optimizer = torch.optim.AdamW(eager.parameters(), lr=0.1)
     generator = torch.Generator().manual_seed(0)
     for _ in range(4):
-        idx, targets = torch.randint(0, 10, (4, 3), generator=generator), torch.randint(0, 10, (4,), generator=generator)
+        idx = torch.randint(0, 10, (4, 3), generator=generator)
+        targets = torch.randint(0, 10, (4,), generator=generator)
         loss, expected = compiled(idx, targets), eager(idx, targets)
         torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-6)
         for opt, value in ((optimizer, loss), (eager_optimizer, expected)):

@@ -76,7 +76,8 @@ def test_help_lists_commands(capsys):
 
 @pytest.mark.parametrize("value,expected", [
     ("unlimited", math.inf), ("Infinite", math.inf), (" inf ", math.inf), ("none", math.inf), (math.inf, math.inf),
-    ("800MB", 800_000_000), (2**30, 2**30), (1.5e9, 1_500_000_000), ("0", 0), (1e30, int(1e30)), ("2e6TiB", 2 * 10**6 * 2**40),
+    ("800MB", 800_000_000), (2**30, 2**30), (1.5e9, 1_500_000_000), ("0", 0), (1e30, int(1e30)),
+    ("2e6TiB", 2 * 10**6 * 2**40),
 ])
 def test_parse_budget(value, expected):
     assert Budget.parse(value).bytes == expected
