@@ -99,11 +99,10 @@ def scale_ms(bundle: Bundle) -> float:
     """The step's scale: the sum of its measured compute figures (every node measured that is not an all-gather
     or a reduce), the figure a run's load moves as it moves each of them, and the steadiest (a sum of many).
     0 where none was measured."""
-    return math.fsum(float(node.meta["device_time"]) for graph in bundle.graphs.values() for node in graph.nodes
-                     if node.meta.get("time_source") == "measured" and isinstance(node.meta.get("device_time"),
-                                                                                  (int, float))
-                     and math.isfinite(node.meta["device_time"]) and node.meta["device_time"] > 0
-                     and role_of(node) not in (Role.ALLGATHER, Role.REDUCE))
+    measured = (node.meta.get("device_time") for graph in bundle.graphs.values() for node in graph.nodes
+                if node.meta.get("time_source") == "measured" and role_of(node) not in (Role.ALLGATHER, Role.REDUCE))
+    return math.fsum(float(ms) for ms in measured
+                     if isinstance(ms, (int, float)) and math.isfinite(ms) and ms > 0)
 
 
 def collective_fit(points: Sequence[tuple[float, float]]) -> float:
